@@ -1,0 +1,295 @@
+"""`from_linen`: run a Linen module inside an NNX model, as an NNX module.
+
+The Linen module's variables become NNX Variables on the wrapper (typed by collection through
+`collectionlib`, laid out per module as NNX lays out its own state), so the wrapper behaves
+like a native NNX layer: `model.train()` / `model.eval()` switch its mode arguments, state
+updates are written into the existing Variables in place (which is what makes them survive
+`nnx.jit` in graph and tree mode, `nnx.grad`, `nnx.scan` and friends), `nnx.Rngs` streams feed
+the Linen rng names the module asks for, and sown values are reported through `nnx.capture`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax import nnx
+from flax.core import meta
+from flax import errors as linen_errors
+from flax.nnx import traversals
+
+from nnx_bridge import collectionlib
+from nnx_bridge import layer_table
+from nnx_bridge import linen_state
+from nnx_bridge.errors import BridgeError
+from nnx_bridge.errors import MissingRngError
+
+_MISSING_RNG = re.compile(r'needs PRNG for "([^"]+)"')
+_PER_CALL_COLLECTIONS = ('intermediates',)
+"""Collections holding values sown during a call: reported through `nnx.capture`, never state."""
+
+
+def _as_dict(state: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
+  """Nested plain dicts of Variables, the container NNX accepts as module data."""
+  return {k: v if isinstance(v, nnx.Variable) else _as_dict(v) for k, v in state.items()}
+
+
+def _is_array(x: tp.Any) -> bool:
+  return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _mode_arguments_of(
+    module: nn.Module, method: tp.Callable[..., tp.Any], requested: tp.Sequence[str | layer_table.ModeArgument] | None
+) -> tuple[tuple[layer_table.ModeArgument, bool], ...]:
+  """(argument, is_field) for every mode argument the wrapped module takes."""
+  known = {m.name: m for m in layer_table.MODE_ARGUMENTS}
+  if requested is None:
+    candidates = list(known.values())
+  else:
+    candidates = []
+    for entry in requested:
+      if isinstance(entry, layer_table.ModeArgument):
+        candidates.append(entry)
+      elif entry in known:
+        candidates.append(known[entry])
+      else:
+        raise ValueError(
+            f'Unknown mode argument {entry!r}; the known ones are {sorted(known)}. For another '
+            f'name pass nnx_bridge.ModeArgument({entry!r}, "deterministic", inverted=...).'
+        )
+  parameters = inspect.signature(method).parameters
+  fields = {f.name for f in dataclasses.fields(module)}
+  found = []
+  for argument in candidates:
+    if argument.name in parameters:
+      # A Linen field that is set (not None) wins over the call argument (merge_param semantics).
+      if argument.name in fields and getattr(module, argument.name) is not None:
+        continue
+      found.append((argument, False))
+    elif argument.name in fields:
+      found.append((argument, True))
+    elif requested is not None:
+      raise ValueError(
+          f'{type(module).__name__} has no call argument or field named {argument.name!r}.'
+      )
+  return tuple(found)
+
+
+def _resolve_method(module: nn.Module, method: str | tp.Callable[..., tp.Any] | None) -> tp.Callable[..., tp.Any]:
+  if method is None:
+    return type(module).__call__
+  if isinstance(method, str):
+    return getattr(type(module), method)
+  return method
+
+
+class LinenModule(nnx.Module):
+  """An NNX module wrapping a Linen module; build it with `from_linen`.
+
+  Linen variables are attributes named after the first component of their path (a bare
+  `nn.Dense` gives `wrapper.kernel`; a model with a `Dense_0` child gives
+  `wrapper.Dense_0['kernel']`). `deterministic` and `use_running_average` are the attributes
+  `nnx.Module.train()` / `.eval()` set; they feed the Linen module's mode arguments.
+  """
+
+  def __init__(
+      self,
+      module: nn.Module,
+      *example_inputs: tp.Any,
+      rngs: nnx.Rngs | None,
+      method: str | tp.Callable[..., tp.Any] | None = None,
+      mode_arguments: tp.Sequence[str | layer_table.ModeArgument] | None = None,
+      **call_kwargs: tp.Any,
+  ):
+    self.linen_module = module
+    self.rngs = rngs.fork() if rngs is not None else None
+    self.deterministic = False
+    self.use_running_average = False
+    self.linen_mode_arguments = _mode_arguments_of(module, _resolve_method(module, method), mode_arguments)
+    self.linen_rng_names: tuple[str, ...] = ()
+    state = linen_state.linen_to_nnx_state(self._initial_variables(example_inputs, method, call_kwargs))
+    for name in state:
+      if hasattr(self, name):
+        raise BridgeError(
+            f'The Linen variable path {name!r} clashes with the wrapper attribute of that name; '
+            'rename the Linen submodule or variable.'
+        )
+    self.linen_variable_names = tuple(state)
+    for name, value in state.items():
+      setattr(self, name, value if isinstance(value, nnx.Variable) else nnx.data(_as_dict(value)))
+
+  # --- construction -------------------------------------------------------------------------
+
+  def _initial_variables(self, example_inputs, method, call_kwargs) -> dict[str, tp.Any]:
+    """Runs Linen `init` once under `jax.jit` on example arrays or shape structs."""
+    leaves, treedef = jax.tree.flatten(
+        (example_inputs, call_kwargs), is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct)
+    )
+    arrays = [x for x in leaves if _is_array(x)]
+    module = self._module_for_mode(deterministic=True, use_running_average=True)
+    mode_kwargs = self._mode_kwargs(deterministic=True, use_running_average=True)
+
+    def init(rngs, arrays):
+      # Shape structs become zeros inside jit: they only feed computations that XLA prunes
+      # when no variable depends on them, so no real data and no mesh are needed.
+      arrays = iter(arrays)
+      values = [
+          jnp.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct)
+          else next(arrays) if _is_array(x) else x
+          for x in leaves
+      ]
+      args, kwargs = jax.tree.unflatten(treedef, values)
+      return module.init(rngs, *args, method=method, **{**mode_kwargs, **kwargs})
+
+    variables = self._with_rngs(
+        lambda rngs: jax.jit(init)(rngs, arrays),
+        base={'params'} if self.rngs is not None else set(),
+        what='init',
+    )
+    return {k: v for k, v in variables.items() if k not in _PER_CALL_COLLECTIONS}
+
+  # --- mode arguments ---------------------------------------------------------------------------
+
+  def _mode_kwargs(self, **attributes: bool) -> dict[str, bool]:
+    return {
+        argument.name: argument.value(attributes[argument.nnx_attribute])
+        for argument, is_field in self.linen_mode_arguments
+        if not is_field
+    }
+
+  def _module_for_mode(self, **attributes: bool) -> nn.Module:
+    fields = {
+        argument.name: argument.value(attributes[argument.nnx_attribute])
+        for argument, is_field in self.linen_mode_arguments
+        if is_field
+    }
+    return self.linen_module.clone(**fields) if fields else self.linen_module
+
+  # --- rngs --------------------------------------------------------------------------------------
+
+  def _with_rngs(self, run: tp.Callable[[dict[str, jax.Array]], tp.Any], *, base: set[str], what: str):
+    """Calls `run(rng_dict)`, adding each rng name the Linen module turns out to need."""
+    names = set(base) | set(self.linen_rng_names)
+    while True:
+      try:
+        return run({name: self._stream(name, what)() for name in sorted(names)})
+      except linen_errors.InvalidRngError as error:
+        match = _MISSING_RNG.search(str(error))
+        if match is None or match.group(1) in names:
+          raise
+        name = match.group(1)
+        self._stream(name, what)  # raises MissingRngError when no stream can serve it
+        names.add(name)
+        if name not in base:
+          self.linen_rng_names = tuple(sorted(set(self.linen_rng_names) | {name}))
+
+  def _stream(self, name: str, what: str) -> nnx.RngStream:
+    available = sorted(self.rngs) if self.rngs is not None else []
+    if self.rngs is None or (name not in self.rngs and 'default' not in self.rngs):
+      raise MissingRngError(
+          f'{type(self.linen_module).__name__} asks for the rng stream {name!r} during {what}, '
+          f'but the nnx.Rngs given to from_linen has streams {available}. Pass '
+          f'rngs=nnx.Rngs({name}=...) (or a default stream, nnx.Rngs(0)) to from_linen.'
+      )
+    return self.rngs[name]
+
+  # --- calls -----------------------------------------------------------------------------------
+
+  def _state(self) -> dict[str, tp.Any]:
+    """The wrapper's Linen variables, as a nested mapping of Variables."""
+    return {name: getattr(self, name) for name in self.linen_variable_names}
+
+  def _captured_collections(self) -> dict[str, nnx.Variable]:
+    """Collection name -> the `nnx.capture` slot of that type, when called under capture."""
+    captures = getattr(self, '__captures__', ())
+    return {collectionlib.collection_name(type(slot)): slot for slot in captures}
+
+  def linen_call(self, method: str | tp.Callable[..., tp.Any] | None, *args, **kwargs) -> tp.Any:
+    """Calls `method` of the Linen module (None: `__call__`) on the wrapper's state."""
+    mode = {'deterministic': self.deterministic, 'use_running_average': self.use_running_average}
+    kwargs = {**self._mode_kwargs(**mode), **kwargs}
+    module = self._module_for_mode(**mode)
+    captured = self._captured_collections()
+    variables = linen_state.nnx_to_linen_variables(self._state(), boxed=False)
+    mutable = sorted((set(variables) - {'params'}) | set(captured))
+
+    def run(rngs):
+      return module.apply(variables, *args, rngs=rngs, mutable=mutable, method=method, **kwargs)
+
+    out, updates = self._with_rngs(run, base=set(), what='the call')
+    self._write_back(updates, captured)
+    return out
+
+  def _write_back(self, updates: tp.Mapping[str, tp.Any], captured: dict[str, nnx.Variable]) -> None:
+    """Writes updated collections into the existing Variables, in place."""
+    for collection in captured.keys() & updates.keys():
+      for name, value in updates[collection].items():
+        captured[collection][name] = value
+    current = {
+        (collectionlib.collection_name(type(variable)), tuple(map(str, path))): variable
+        for path, variable in traversals.flatten_mapping(
+            self._state(), is_leaf=lambda _, x: isinstance(x, nnx.Variable)
+        ).items()
+    }
+    by_linen_key = {
+        (collection, linen_state.linen_path_of(collection, path)): variable
+        for (collection, path), variable in current.items()
+    }
+    updated = {k: v for k, v in linen_state.flat_linen_variables(updates).items() if k[0] not in captured}
+    for (collection, path), value in updated.items():
+      variable = by_linen_key.get((collection, path))
+      if variable is None:
+        raise BridgeError(
+            f'{type(self.linen_module).__name__} created the variable '
+            f'{collection}/{"/".join(path)} after initialization. NNX state has a fixed '
+            'structure: create it during init (call from_linen with the example arguments and '
+            'mode that create it).'
+        )
+      variable.set_value(meta.unbox(value))
+
+  def __call__(self, *args, **kwargs) -> tp.Any:
+    return self.linen_call(None, *args, **kwargs)
+
+  def __getattr__(self, name: str) -> tp.Any:
+    """Exposes the Linen module's other methods: `wrapper.encode(x)`."""
+    if name.startswith('_') or name.startswith('linen_'):
+      raise AttributeError(name)
+    module = self.__dict__.get('linen_module')
+    if module is not None and callable(getattr(type(module), name, None)):
+      return lambda *args, **kwargs: self.linen_call(name, *args, **kwargs)
+    raise AttributeError(f'{type(self).__name__} has no attribute {name!r}')
+
+
+def from_linen(
+    module: nn.Module,
+    *example_inputs: tp.Any,
+    rngs: nnx.Rngs | None,
+    method: str | tp.Callable[..., tp.Any] | None = None,
+    mode_arguments: tp.Sequence[str | layer_table.ModeArgument] | None = None,
+    **call_kwargs: tp.Any,
+) -> LinenModule:
+  """Wraps a Linen module as an NNX module, initialized now from example inputs.
+
+  Args:
+    module: the Linen module (unbound).
+    *example_inputs: example call inputs, as arrays or `jax.ShapeDtypeStruct` (no data needed).
+    rngs: `nnx.Rngs`; its streams serve the Linen rng names by name (`params` at init,
+      `dropout` etc. at each call), falling back to a `default` stream as NNX layers do.
+    method: the Linen method used for initialization (default `__call__`).
+    mode_arguments: Linen arguments driven by `model.train()` / `model.eval()`; by default
+      every argument of the layer table's `MODE_ARGUMENTS` the module takes (as a call
+      argument, or as a field when it is not a call argument). Pass `()` to disable.
+    **call_kwargs: other keyword arguments of the example call.
+
+  Returns:
+    A `LinenModule` holding the Linen variables as NNX Variables.
+  """
+  return LinenModule(
+      module, *example_inputs, rngs=rngs, method=method, mode_arguments=mode_arguments, **call_kwargs
+  )
