@@ -149,7 +149,7 @@ class LinenModule(nnx.Module):
 
     variables = self._with_rngs(
         lambda rngs: jax.jit(init)(rngs, arrays),
-        base={'params'} if self.rngs is not None else set(),
+        base={'params'} if self._can_serve('params') else set(),
         what='init',
     )
     return {k: v for k, v in variables.items() if k not in _PER_CALL_COLLECTIONS}
@@ -189,9 +189,12 @@ class LinenModule(nnx.Module):
         if name not in base:
           self.linen_rng_names = tuple(sorted(set(self.linen_rng_names) | {name}))
 
+  def _can_serve(self, name: str) -> bool:
+    return self.rngs is not None and (name in self.rngs or 'default' in self.rngs)
+
   def _stream(self, name: str, what: str) -> nnx.RngStream:
     available = sorted(self.rngs) if self.rngs is not None else []
-    if self.rngs is None or (name not in self.rngs and 'default' not in self.rngs):
+    if not self._can_serve(name):
       raise MissingRngError(
           f'{type(self.linen_module).__name__} asks for the rng stream {name!r} during {what}, '
           f'but the nnx.Rngs given to from_linen has streams {available}. Pass '
@@ -205,6 +208,10 @@ class LinenModule(nnx.Module):
     """The wrapper's Linen variables, as a nested mapping of Variables."""
     return {name: getattr(self, name) for name in self.linen_variable_names}
 
+  def linen_variables(self, *, boxed: bool = True) -> dict[str, tp.Any]:
+    """The wrapped module's current variables as a Linen tree, ready for `Module.apply`."""
+    return linen_state.nnx_to_linen_variables(self._state(), boxed=boxed)
+
   def _captured_collections(self) -> dict[str, nnx.Variable]:
     """Collection name -> the `nnx.capture` slot of that type, when called under capture."""
     captures = getattr(self, '__captures__', ())
@@ -216,7 +223,7 @@ class LinenModule(nnx.Module):
     kwargs = {**self._mode_kwargs(**mode), **kwargs}
     module = self._module_for_mode(**mode)
     captured = self._captured_collections()
-    variables = linen_state.nnx_to_linen_variables(self._state(), boxed=False)
+    variables = self.linen_variables(boxed=False)
     mutable = sorted((set(variables) - {'params'}) | set(captured))
 
     def run(rngs):

@@ -11,13 +11,14 @@ the mapping is one-to-one and round trips are exact.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import typing as tp
 
 import jax
 from flax import nnx
 from flax.core import meta
 from flax.nnx import traversals
-from flax.nnx.bridge import variables as flax_bridge_variables
 
 from nnx_bridge import collectionlib
 
@@ -38,7 +39,10 @@ def to_variable(collection: str, value: tp.Any) -> nnx.Variable:
   var_type = collectionlib.variable_type(collection)
   if not isinstance(value, meta.AxisMetadata):
     return var_type(value)
-  metadata = dict(value.to_nnx_metadata() if hasattr(value, 'to_nnx_metadata') else vars(value))
+  # On a copy: flax 0.12.8's LogicallyPartitioned.to_nnx_metadata pops `names` out of the box
+  # itself, which would corrupt the caller's Linen variables.
+  box = copy.copy(value)
+  metadata = dict(box.to_nnx_metadata() if hasattr(box, 'to_nnx_metadata') else vars(box))
   raw = metadata.pop('value')
   if metadata.get('out_sharding') is not None and not _mesh_is_set():
     # Eager sharding needs a mesh; without one the metadata is kept and applied later
@@ -49,11 +53,14 @@ def to_variable(collection: str, value: tp.Any) -> nnx.Variable:
 
 def to_linen_leaf(variable: nnx.Variable) -> tp.Any:
   """An NNX Variable as a Linen leaf: its metadata box if it came from one, else its value."""
-  metadata = variable.get_metadata()
-  if 'linen_meta_type' in metadata:
-    metadata = {k: v for k, v in metadata.items() if k != 'eager_sharding'}
-    return flax_bridge_variables.to_linen_var(type(variable)(variable.get_value(), **metadata))
-  return variable.get_value()
+  metadata = dict(variable.get_metadata())
+  box_type = metadata.pop('linen_meta_type', None)
+  if box_type is None:
+    return variable.get_value()
+  if hasattr(box_type, 'from_nnx_metadata'):
+    return box_type.from_nnx_metadata({'value': variable.get_value(), **metadata})
+  fields = {f.name for f in dataclasses.fields(box_type)}
+  return box_type(**{k: v for k, v in {'value': variable.get_value(), **metadata}.items() if k in fields})
 
 
 def nnx_path_of(collection: str, linen_path: Path, shared: bool) -> Path:

@@ -1,0 +1,160 @@
+"""Applies a layer row's declarative transforms to real values.
+
+Weights: one Linen layer's variables ({collection: nested dict}) <-> the flat NNX state of the
+matching NNX layer ({path: array}), exactly inverse to each other. Constructor: Linen kwargs plus
+call inputs -> NNX kwargs, the same knowledge the codemod emits as code.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from nnx_bridge.errors import StateMismatchError
+from nnx_bridge.layer_table import LayerSpec, Path
+
+Array = jax.Array
+LinenPath = tuple[str, ...]  # (collection, *path)
+
+
+def _show(path: tuple[tp.Any, ...]) -> str:
+  return '/'.join(str(key) for key in path)
+
+
+def _check_tree(got: Mapping[tuple, tp.Any], expected: Mapping[tuple, tp.Any], what: str) -> None:
+  """Raises StateMismatchError naming every missing, extra, wrong-shape or wrong-dtype leaf."""
+  problems = [f'missing {_show(p)}' for p in sorted(set(expected) - set(got))]
+  problems += [f'extra {_show(p)}' for p in sorted(set(got) - set(expected))]
+  for path in sorted(set(got) & set(expected)):
+    have, want = got[path], expected[path]
+    if np.shape(have) != np.shape(want) or jnp.dtype(have.dtype) != jnp.dtype(want.dtype):
+      problems.append(
+          f'wrong {_show(path)}: {have.dtype}{list(np.shape(have))}, '
+          f'expected {want.dtype}{list(np.shape(want))}'
+      )
+  if problems:
+    raise StateMismatchError(f'{what} does not match: ' + '; '.join(problems))
+
+
+def linen_to_nnx_params(
+    spec: LayerSpec,
+    linen_variables: Mapping[str, tp.Any],
+    expected: Mapping[Path, tp.Any] | None = None,
+) -> dict[Path, Array]:
+  """Converts one Linen layer's variables to the flat NNX state of `spec.nnx`.
+
+  `expected` (NNX path -> array or ShapeDtypeStruct, e.g. the NNX layer's own state) makes any
+  missing, extra or mis-shaped leaf an error instead of a silently partial state.
+  """
+  flat: dict[LinenPath, tp.Any] = traverse_util.flatten_dict(linen_variables)
+  params = spec.params
+  out: dict[Path, Array] = {}
+  problems: list[str] = []
+  for fuse in params.fuse:
+    keys = [(fuse.collection, *part) for part in fuse.parts]
+    missing = [key for key in keys if key not in flat]
+    if missing:
+      problems += [f'missing {_show(key)} (fused into {_show(fuse.nnx_path)})' for key in missing]
+      continue
+    parts = [flat.pop(key) for key in keys]
+    if len({np.shape(part)[fuse.axis] for part in parts}) != 1:
+      problems.append(f'unequal widths fused into {_show(fuse.nnx_path)}: cannot split back')
+      continue
+    out[fuse.nnx_path] = jnp.concatenate(parts, axis=fuse.axis)
+  for drop in params.drop:
+    if flat.pop((drop.collection, *drop.path), None) is None:
+      problems.append(f'missing {_show((drop.collection, *drop.path))}')
+  renames = dict(params.key_renames)
+  for (collection, *path), leaf in flat.items():
+    nnx_path = tuple(renames.get(key, key) for key in path)
+    if params.collection(nnx_path) != collection:
+      problems.append(
+          f'extra {_show((collection, *path))} (this row takes {_show(nnx_path)} from '
+          f'{params.collection(nnx_path)!r})'
+      )
+    elif nnx_path in out:
+      problems.append(f'extra {_show((collection, *path))} (two leaves for {_show(nnx_path)})')
+    else:
+      out[nnx_path] = leaf
+  if problems:
+    raise StateMismatchError(f'{spec.linen} variables do not match the row: ' + '; '.join(problems))
+  if expected is not None:
+    _check_tree(out, expected, f'{spec.nnx} state converted from {spec.linen}')
+  return out
+
+
+def nnx_to_linen_params(
+    spec: LayerSpec,
+    nnx_flat: Mapping[Path, tp.Any],
+    expected: Mapping[LinenPath, tp.Any] | None = None,
+) -> dict[str, dict[str, tp.Any]]:
+  """Converts the flat NNX state of `spec.nnx` back to Linen variables, inverting `linen_to_nnx_params`.
+
+  Fused leaves split into equal widths; dropped Linen leaves come back as zeros. `expected`
+  ((collection, *path) -> array) checks the result leaf by leaf.
+  """
+  flat = dict(nnx_flat)
+  params = spec.params
+  out: dict[LinenPath, tp.Any] = {}
+  problems: list[str] = []
+  for fuse in params.fuse:
+    if fuse.nnx_path not in flat:
+      problems.append(f'missing {_show(fuse.nnx_path)}')
+      continue
+    value = flat.pop(fuse.nnx_path)
+    if np.shape(value)[fuse.axis] % len(fuse.parts):
+      problems.append(f'wrong {_show(fuse.nnx_path)}: width not divisible by {len(fuse.parts)}')
+      continue
+    for part, piece in zip(fuse.parts, jnp.split(value, len(fuse.parts), axis=fuse.axis)):
+      out[(fuse.collection, *part)] = piece
+  inverse = {new: old for old, new in params.key_renames}
+  for path, leaf in flat.items():
+    out[(params.collection(path), *(inverse.get(key, key) for key in path))] = leaf
+  for drop in params.drop:
+    like = out.get((drop.collection, *drop.zeros_like))
+    if like is None:
+      problems.append(f'missing {_show((drop.collection, *drop.zeros_like))} to shape the dropped leaf')
+    else:
+      out[(drop.collection, *drop.path)] = jnp.zeros_like(like)
+  if problems:
+    raise StateMismatchError(f'{spec.nnx} state does not match the row: ' + '; '.join(problems))
+  if expected is not None:
+    _check_tree(out, expected, f'{spec.linen} variables converted from {spec.nnx}')
+  return traverse_util.unflatten_dict(out)
+
+
+def nnx_constructor_kwargs(
+    spec: LayerSpec, linen_kwargs: Mapping[str, tp.Any], *call_inputs: tp.Any
+) -> dict[str, tp.Any]:
+  """The NNX constructor kwargs (all but `rngs`) for a Linen layer built with `linen_kwargs`.
+
+  Renames kwargs, makes Linen defaults that NNX lacks explicit, drops Linen-only kwargs at their
+  default (other values have no NNX meaning and raise ValueError) and fills the NNX size
+  arguments from the call inputs' shapes.
+  """
+  if spec.nnx is None:
+    raise ValueError(f'{spec.linen} has no NNX counterpart: {spec.note}')
+  renames = dict(spec.arg_renames)
+  linen_only = {kwarg.name: kwarg for kwarg in spec.linen_only}
+  out: dict[str, tp.Any] = {renames.get(name, name): value for name, value in spec.linen_defaults}
+  for name, value in linen_kwargs.items():
+    kwarg = linen_only.get(name)
+    if kwarg is None:
+      out[renames.get(name, name)] = value
+    elif kwarg.feeds is None and value != kwarg.default:
+      raise ValueError(
+          f'{spec.linen}({name}={value!r}) has no {spec.nnx} counterpart ({kwarg.note}); only '
+          f'the default {kwarg.default!r} converts.'
+      )
+  shapes = tuple(tuple(x.shape) if hasattr(x, 'shape') else None for x in call_inputs)
+  kwargs = dict(linen_kwargs)
+  for name, source in spec.derived:
+    value = source.evaluate(kwargs, shapes)
+    if value is not None:
+      out[name] = value
+  return out

@@ -1,0 +1,266 @@
+"""Runs an NNX module inside a Linen model, strictly: no re-init, no fixed rng keys, no dropped writes.
+
+`to_linen(nnx_class, *args, **kwargs)` returns a `ToLinen` Linen module (same names as flax's
+`nnx.bridge.to_linen` / `ToLinen`, so it is a drop-in replacement) that behaves as follows:
+
+* init constructs `nnx_class(*args, **kwargs, rngs=...)` exactly once and stores its state,
+  as it is right after `__init__`, in the Linen collections given by `collectionlib`. Rng
+  state is never stored. As with Linen layers that skip updates while `is_initializing()`,
+  writes made by calls during init are not stored; init returns the constructed state.
+* apply never runs the initializers: the graphdef and abstract state come from
+  `nnx.eval_shape` (cached per `(nnx_class, args, kwargs)` when they are hashable), the Linen
+  variables are checked against the abstract state (`state_check.check_state`) and merged in.
+* every rng stream gets a fresh key from Linen's `make_rng(<stream name>)` per call; a stream
+  whose name Linen was not given gets a placeholder key, and if the call consumes it (its
+  key/count Variable holds a different object after the call) `MissingRngError` is raised.
+* after apply, every state leaf the module changed or created is written with `put_variable`
+  if its collection is mutable, otherwise `ImmutableCollectionError` is raised.
+* `nnx_method='encode'` (a keyword of the wrapper's `__call__`, so also of `apply`) calls
+  that method of the NNX module instead of `__call__`.
+
+Stream names: the NNX `__init__` is first traced with an `nnx.Rngs` that creates a stream for
+every name it is asked for, and the real/abstract module is then built with exactly those
+streams, so e.g. `nnx.Dropout`'s stream is tagged 'dropout' (plain `nnx.Rngs(0)` would tag it
+'default'). A 'default' stream is always present; at init it is fed from Linen's 'params'.
+Variables with `ref=True` or `hijax=True` are rejected: their in-place writes are invisible
+to the identity check that detects writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+from flax import linen
+from flax import nnx
+from flax import traverse_util
+from flax.core import meta
+from flax.nnx.bridge import variables as bridge_variables
+
+from nnx_bridge import collectionlib
+from nnx_bridge.errors import BridgeError, ImmutableCollectionError, MissingRngError
+from nnx_bridge.state_check import Path, check_state, path_str
+
+LinenPath = tuple[str, ...]  # (collection, *keys), keys as strings like Linen's own trees
+
+
+class _RecordingRngs(nnx.Rngs):
+  """An `nnx.Rngs` that creates a stream named after every stream it is asked for, to learn the names."""
+
+  def _get_stream(self, name: str, error_type: type[Exception]) -> nnx.RngStream:
+    if name not in vars(self):
+      setattr(self, name, nnx.RngStream(0, tag=name))
+    return vars(self)[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Structure:
+  """What apply needs from an NNX class without running its initializers."""
+
+  stream_names: tuple[str, ...]
+  graphdef: nnx.GraphDef
+  abstract_state: nnx.State
+
+
+def _build_structure(
+    nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: tuple
+) -> _Structure:
+  """Traces the NNX `__init__` twice, abstractly: once to learn its rng stream names, once with them."""
+  names = {'default'}
+
+  def record_names():
+    rngs = _RecordingRngs(default=0)
+    nnx_class(*args, **dict(kwargs), rngs=rngs)
+    names.update(name for name, _ in rngs.items())
+
+  jax.eval_shape(record_names)
+  stream_names = tuple(sorted(names))
+  module = nnx.eval_shape(
+      lambda: nnx_class(*args, **dict(kwargs), rngs=nnx.Rngs(**dict.fromkeys(stream_names, 0)))
+  )
+  graphdef, abstract_state = nnx.split(module)
+  return _Structure(stream_names, graphdef, abstract_state)
+
+
+_cached_structure = functools.lru_cache(maxsize=128)(_build_structure)
+
+
+def _structure(nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: tuple) -> _Structure:
+  """Returns the cached structure for hashable arguments, a freshly traced one otherwise."""
+  try:
+    hash((nnx_class, args, kwargs))
+  except TypeError:
+    return _build_structure(nnx_class, args, kwargs)
+  return _cached_structure(nnx_class, args, kwargs)
+
+
+def _linen_path(path: Path, variable: nnx.Variable) -> LinenPath:
+  """Where an NNX state leaf lives in Linen variables: its collection, then its path as strings."""
+  return (collectionlib.collection_name(type(variable)), *map(str, path))
+
+
+def _linen_leaf(variable: nnx.Variable) -> tp.Any:
+  """Boxes a Variable as Linen would: `nn.Partitioned` for plain sharding names, else flax's box."""
+  metadata = variable.get_metadata()
+  sharding = metadata.get('out_sharding')
+  extra = metadata.keys() - nnx.Variable.required_metadata - {'out_sharding', 'mesh'}
+  if isinstance(sharding, (tuple, jax.sharding.PartitionSpec)) and not extra:
+    return meta.Partitioned(variable.get_value(), names=tuple(sharding), mesh=metadata.get('mesh'))
+  return bridge_variables.to_linen_var(variable)
+
+
+def _unbox(leaf: tp.Any) -> tp.Any:
+  return leaf.unbox() if isinstance(leaf, meta.AxisMetadata) else leaf
+
+
+class ToLinen(linen.Module):
+  """A Linen module running `nnx_class(*args, **dict(kwargs), rngs=...)`; build it with `to_linen`.
+
+  Call it like the NNX module; `nnx_method='name'` calls another method of the NNX module.
+  """
+
+  nnx_class: tp.Callable[..., nnx.Module]
+  args: tuple[tp.Any, ...] = ()
+  kwargs: tuple[tuple[str, tp.Any], ...] = ()  # pairs, so values reach nnx_class unconverted
+
+  def __call__(self, *args: tp.Any, nnx_method: str = '__call__', **kwargs: tp.Any) -> tp.Any:
+    structure = _structure(self.nnx_class, self.args, self.kwargs)
+    given = traverse_util.flatten_dict(self.variables)
+    if self.is_initializing() and not given:
+      graphdef, state = self._construct(structure.stream_names)
+      flat_state = list(nnx.to_flat_state(state))
+      constructed = {
+          _linen_path(path, var): _linen_leaf(var)
+          for path, var in flat_state
+          if not isinstance(var, nnx.RngState)
+      }
+      self._put(constructed, base={})
+      values = {path: var.get_raw_value() for path, var in flat_state}
+    else:
+      graphdef = structure.graphdef
+      flat_state = list(nnx.to_flat_state(structure.abstract_state))
+      values = self._checked_values(flat_state, given)
+    if any(var.ref or var.hijax for _, var in flat_state):
+      raise BridgeError(
+          f'{self._label()}: Variables with ref=True or hijax=True are not supported, '
+          'because their in-place writes cannot be detected.'
+      )
+    call_state = [
+        (path, var.replace(self._rng_value(var) if isinstance(var, nnx.RngState) else values[path]))
+        for path, var in flat_state
+    ]
+    module = nnx.merge(graphdef, nnx.from_flat_state(call_state))
+    before = {path: var.get_raw_value() for path, var in nnx.to_flat_state(nnx.state(module))}
+    out = getattr(module, nnx_method)(*args, **kwargs)
+    after = list(nnx.to_flat_state(nnx.state(module)))
+    self._check_rng_use(before, after)
+    if not self.is_initializing():
+      self._write_changes(before, after, given)
+    return out
+
+  def _label(self) -> str:
+    """Names this wrapper in error messages: the NNX class and the Linen path."""
+    name = getattr(self.nnx_class, '__name__', repr(self.nnx_class))
+    return f"to_linen({name}) at '{'/'.join(self.scope.path) or '<root>'}'"
+
+  def _construct(self, stream_names: tuple[str, ...]) -> tuple[nnx.GraphDef, nnx.State]:
+    """Runs the NNX `__init__` for real, keyed by Linen's rngs (missing names fall back to 'params')."""
+    rngs = nnx.Rngs(**{name: self.make_rng(name) for name in stream_names})
+    return nnx.split(self.nnx_class(*self.args, **dict(self.kwargs), rngs=rngs))
+
+  def _checked_values(
+      self, flat_state: list[tuple[Path, nnx.Variable]], given: dict[LinenPath, tp.Any]
+  ) -> dict[Path, tp.Any]:
+    """Maps the Linen variables onto the abstract state's paths after checking they match it."""
+    expected = {
+        _linen_path(path, var): (path, var)
+        for path, var in flat_state
+        if not isinstance(var, nnx.RngState)
+    }
+    unboxed = {linen_path: _unbox(leaf) for linen_path, leaf in given.items()}
+    (lambda *a, **k: None)(
+        {linen_path: var.get_raw_value() for linen_path, (_, var) in expected.items()},
+        unboxed,
+        context=f'{self._label()}: the Linen variables do not match the NNX module',
+    )
+    return {path: unboxed[linen_path] for linen_path, (path, _) in expected.items()}
+
+  def _rng_value(self, var: nnx.RngState) -> jax.Array:
+    """A fresh key (or zero count) for one rng stream Variable, from Linen's rng of the same name."""
+    shape = var.get_raw_value().shape
+    if isinstance(var, nnx.RngCount):
+      return jnp.zeros(shape, jnp.uint32)
+    tag = var.get_metadata('tag')
+    # An rng Linen was not given gets a placeholder; _check_rng_use fails the call if it is used.
+    key = self.make_rng(tag) if self.scope.has_rng(tag) else jax.random.key(0)
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+      key = jax.random.wrap_key_data(key)
+    return jax.random.split(key, shape) if shape else key
+
+  def _check_rng_use(
+      self, before: dict[Path, tp.Any], after: list[tuple[Path, nnx.Variable]]
+  ) -> None:
+    """Raises MissingRngError if the call drew from a stream whose rng Linen was not given."""
+    missing = sorted({
+        var.get_metadata('tag')
+        for path, var in after
+        if isinstance(var, nnx.RngState)
+        and path in before
+        and var.get_raw_value() is not before[path]
+        and not self.scope.has_rng(var.get_metadata('tag'))
+    })
+    if missing:
+      rngs = ', '.join(f"'{name}': key" for name in missing)
+      raise MissingRngError(
+          f'{self._label()} drew keys from rng stream(s) {missing}, but this Linen call was '
+          f"not given an rng of that name (Linen's make_rng would fall back to 'params'). "
+          f'Pass it: model.apply(variables, ..., rngs={{{rngs}}}), '
+          f"or model.init({{'params': key, {rngs}}}, ...)."
+      )
+
+  def _write_changes(
+      self,
+      before: dict[Path, tp.Any],
+      after: list[tuple[Path, nnx.Variable]],
+      given: dict[LinenPath, tp.Any],
+  ) -> None:
+    """Writes every non-rng leaf the call changed or created back to its Linen collection."""
+    changes = {}
+    for path, var in after:
+      if isinstance(var, nnx.RngState) or var.get_raw_value() is before.get(path):
+        continue
+      linen_path = _linen_path(path, var)
+      old = given.get(linen_path) if path in before else None
+      if isinstance(old, meta.AxisMetadata):
+        changes[linen_path] = old.replace_boxed(var.get_value())
+      elif path in before:
+        changes[linen_path] = var.get_value()
+      else:
+        changes[linen_path] = _linen_leaf(var)
+    self._put(changes, base=given)
+
+  def _put(self, leaves: dict[LinenPath, tp.Any], base: dict[LinenPath, tp.Any]) -> None:
+    """Puts leaves into their Linen collections, or raises if any collection is immutable."""
+    immutable = sorted(path for path in leaves if not self.is_mutable_collection(path[0]))
+    if immutable:
+      collections = sorted({path[0] for path in immutable})
+      raise ImmutableCollectionError(
+          f'{self._label()} wrote to {", ".join(map(path_str, immutable))}, but collection(s) '
+          f'{collections} are immutable in this call, so the write would be lost. Pass '
+          f'mutable={collections} to apply (or to init), and use the returned variables.'
+      )
+    merged = {**base, **leaves}
+    for collection, name in sorted({path[:2] for path in leaves}):
+      subtree = {path[2:]: leaf for path, leaf in merged.items() if path[:2] == (collection, name)}
+      value = subtree[()] if () in subtree else traverse_util.unflatten_dict(subtree)
+      self.put_variable(collection, name, value)
+
+
+def to_linen(
+    nnx_class: tp.Callable[..., nnx.Module], *args: tp.Any, name: str | None = None, **kwargs: tp.Any
+) -> ToLinen:
+  """Wraps `nnx_class(*args, **kwargs, rngs=...)` as a Linen module that fails loudly on misuse."""
+  return ToLinen(nnx_class, args=args, kwargs=tuple(kwargs.items()), name=name)

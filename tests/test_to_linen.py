@@ -1,0 +1,359 @@
+"""to_linen: an NNX module inside Linen, checked against the same NNX module run natively."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from flax import nnx
+from flax import traverse_util
+
+from nnx_bridge import collectionlib
+from nnx_bridge.errors import ImmutableCollectionError, MissingRngError, StateMismatchError
+from nnx_bridge.state_check import check_state
+from nnx_bridge.to_linen import ToLinen, to_linen
+
+X = (jnp.arange(6, dtype=jnp.float32).reshape(2, 3) - 2.0) / 3.0
+KEY = jax.random.key(0)
+
+
+def flat_linen(state: nnx.State) -> dict:
+  """Flattens NNX state (rng state excluded) to {(collection, *path): value} by the bridge's rule."""
+  return {
+      (collectionlib.collection_name(type(var)), *map(str, path)): var.get_value()
+      for path, var in nnx.to_flat_state(state)
+      if not isinstance(var, nnx.RngState)
+  }
+
+
+def variables_of(module: nnx.Module) -> dict:
+  """The Linen variables holding a native NNX module's state."""
+  return traverse_util.unflatten_dict(flat_linen(nnx.state(module)))
+
+
+def load(module: nnx.Module, variables) -> nnx.Module:
+  """Copies Linen variables into a native NNX module, so both run with identical state."""
+  flat = traverse_util.flatten_dict(nn.unbox(variables))
+  for path, var in nnx.to_flat_state(nnx.state(module, nnx.Not(nnx.RngState))):
+    var.set_value(flat[(collectionlib.collection_name(type(var)), *map(str, path))])
+  return module
+
+
+def assert_trees_close(actual, expected):
+  assert jax.tree.structure(actual) == jax.tree.structure(expected)
+  for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-6)
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.linear1 = nnx.Linear(3, 4, rngs=rngs)
+    self.linear2 = nnx.Linear(4, 2, rngs=rngs)
+
+  def __call__(self, x):
+    return self.linear2(nnx.relu(self.linear1(x)))
+
+
+class Block(nnx.Module):
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(3, 4, rngs=rngs)
+    self.dropout = nnx.Dropout(0.5, rngs=rngs)
+    self.norm = nnx.BatchNorm(4, rngs=rngs)
+
+  def __call__(self, x):
+    return self.norm(self.dropout(self.linear(x)))
+
+
+concrete_kernel_inits = []
+
+
+def counting_kernel_init(key, shape, dtype):
+  if not isinstance(key, jax.core.Tracer):  # abstract (eval_shape) builds are not initializer runs
+    concrete_kernel_inits.append(shape)
+  return jax.random.normal(key, shape, dtype)
+
+
+class Counted(nnx.Module):
+  traced_constructions = 0
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    Counted.traced_constructions += 1
+    self.linear = nnx.Linear(3, 2, kernel_init=counting_kernel_init, rngs=rngs)
+
+  def __call__(self, x):
+    return self.linear(x)
+
+
+CallCounts = collectionlib.variable_type('call_counts')
+
+
+class CountingLinear(nnx.Module):
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(3, 2, rngs=rngs)
+    self.calls = CallCounts(jnp.zeros((), jnp.int32))
+
+  def __call__(self, x):
+    self.calls[...] += 1
+    return self.linear(x)
+
+
+class AutoEncoder(nnx.Module):
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.encoder = nnx.Linear(3, 2, rngs=rngs)
+    self.decoder = nnx.Linear(2, 3, rngs=rngs)
+
+  def encode(self, x):
+    return self.encoder(x)
+
+  def __call__(self, x):
+    return self.decoder(self.encode(x))
+
+
+def test_to_linen_returns_named_wrapper():
+  module = to_linen(nnx.Linear, 3, 2, use_bias=False, name='proj')
+  assert isinstance(module, ToLinen) and module.name == 'proj'
+  assert module.args == (3, 2) and dict(module.kwargs) == {'use_bias': False}
+
+
+def test_init_stores_constructed_state_without_rng_state():
+  variables = to_linen(Block).init({'params': KEY, 'dropout': KEY}, X)
+  native = Block(rngs=nnx.Rngs(1))
+  assert jax.tree.map(jnp.shape, variables) == jax.tree.map(jnp.shape, variables_of(native))
+  # the state right after __init__: the init call's batch-stat update is not stored
+  np.testing.assert_array_equal(variables['batch_stats']['norm']['mean'], jnp.zeros(4))
+
+
+def test_apply_matches_native_module():
+  module = to_linen(MLP)
+  variables = module.init(KEY, X)
+  native = load(MLP(rngs=nnx.Rngs(1)), variables)
+  np.testing.assert_allclose(module.apply(variables, X), native(X), rtol=1e-6)
+
+
+def test_init_runs_initializers_once_and_apply_never():
+  module = to_linen(Counted)
+  concrete_kernel_inits.clear()
+  variables = module.init(KEY, X)
+  assert concrete_kernel_inits == [(3, 2)]
+  module.apply(variables, X)
+  traced_after_first_apply = Counted.traced_constructions
+  for _ in range(3):
+    module.apply(variables, X)
+    jax.jit(module.apply)(variables, X)
+  assert concrete_kernel_inits == [(3, 2)]
+  assert Counted.traced_constructions == traced_after_first_apply  # abstract structure is cached
+
+
+def _bad_params(params, kind):
+  params = dict(params)
+  if kind == 'missing':
+    del params['bias']
+  elif kind == 'extra':
+    params['scale'] = jnp.ones(2)
+  elif kind == 'shape':
+    params['kernel'] = jnp.ones((5, 5))
+  elif kind == 'dtype':
+    params['kernel'] = params['kernel'].astype(jnp.bfloat16)
+  return {'params': params}
+
+
+@pytest.mark.parametrize(
+    'kind, message',
+    [
+        ('missing', r'params/bias: expected float32\[2\], got nothing \(missing\)'),
+        ('extra', r'params/scale: expected nothing \(unexpected key\), got float32\[2\]'),
+        ('shape', r'params/kernel: expected float32\[3,2\], got float32\[5,5\]'),
+        ('dtype', r'params/kernel: expected float32\[3,2\], got bfloat16\[3,2\]'),
+    ],
+)
+def test_mismatched_params_raise_with_path(kind, message):
+  module = to_linen(nnx.Linear, 3, 2)
+  params = module.init(KEY, X)['params']
+  with pytest.raises(StateMismatchError, match=message):
+    module.apply(_bad_params(params, kind), X)
+  with pytest.raises(StateMismatchError, match=message):
+    jax.jit(module.apply)(_bad_params(params, kind), X)
+
+
+def test_check_state_lists_every_problem_sorted():
+  expected = {('params', 'a'): jax.ShapeDtypeStruct((2,), jnp.float32),
+              ('params', 'b'): jax.ShapeDtypeStruct((3,), jnp.float32)}
+  given = {('params', 'b'): np.zeros(4, np.float32), ('params', 'c'): np.zeros(1, np.int32)}
+  with pytest.raises(StateMismatchError) as info:
+    check_state(expected, given, context='ctx')
+  assert str(info.value).splitlines() == [
+      'ctx (3 mismatched leaves):',
+      '  params/a: expected float32[2], got nothing (missing)',
+      '  params/b: expected float32[3], got float32[4]',
+      '  params/c: expected nothing (unexpected key), got int32[1]',
+  ]
+  check_state(expected, {('params', 'a'): np.zeros(2, np.float32),
+                         ('params', 'b'): jnp.zeros(3)}, context='ctx')
+
+
+def test_dropout_without_dropout_rng_raises_even_though_params_rng_exists():
+  module = to_linen(nnx.Dropout, 0.5)
+  x = jnp.ones((4, 8))
+  with pytest.raises(MissingRngError, match=r"\['dropout'\].*rngs=\{'dropout': key\}"):
+    module.init(KEY, x)  # Linen alone would fall back to 'params'
+  variables = module.init({'params': KEY, 'dropout': KEY}, x)
+  for apply in (module.apply, jax.jit(module.apply)):
+    with pytest.raises(MissingRngError, match='dropout'):
+      apply(variables, x, rngs={'params': KEY})
+
+
+def test_dropout_keys_come_from_linen_make_rng_like_native_dropout():
+  module = to_linen(nnx.Dropout, 0.5)
+  x = jnp.ones((4, 8))
+  variables = module.init({'params': KEY, 'dropout': KEY}, x)
+  y1 = module.apply(variables, x, rngs={'dropout': jax.random.key(1)})
+  y2 = module.apply(variables, x, rngs={'dropout': jax.random.key(2)})
+  y1_again = jax.jit(module.apply)(variables, x, rngs={'dropout': jax.random.PRNGKey(1)})
+  assert not np.array_equal(y1, y2)
+  np.testing.assert_array_equal(y1, y1_again)
+
+  class LinenKey(nn.Module):
+    def __call__(self):
+      return self.make_rng('dropout')
+
+  key = LinenKey().apply({}, rngs={'dropout': jax.random.key(1)})
+  native = nnx.Dropout(0.5)(x, rngs=nnx.RngStream(key, tag='dropout'))
+  np.testing.assert_array_equal(y1, native)
+
+
+def test_deterministic_dropout_needs_no_rng():
+  module = to_linen(nnx.Dropout, 0.5, deterministic=True)
+  np.testing.assert_array_equal(module.apply(module.init(KEY, X), X), X)
+
+
+def _batch_norm_with_stats():
+  native = nnx.BatchNorm(3, momentum=0.5, rngs=nnx.Rngs(0))
+  native.mean[...] = jnp.array([0.1, -0.2, 0.3])
+  native.var[...] = jnp.array([1.5, 0.5, 2.0])
+  native.scale[...] = jnp.array([1.0, 2.0, 0.5])
+  return native
+
+
+def test_batch_norm_train_mode_needs_mutable_and_matches_native_update():
+  native = _batch_norm_with_stats()
+  variables = variables_of(native)
+  module = to_linen(nnx.BatchNorm, 3, momentum=0.5)
+  with pytest.raises(ImmutableCollectionError, match=r"batch_stats/mean.*mutable=\['batch_stats'\]"):
+    module.apply(variables, X)
+  y, updates = jax.jit(lambda v, x: module.apply(v, x, mutable=['batch_stats']))(variables, X)
+  y_native = native(X)
+  np.testing.assert_allclose(y, y_native, rtol=1e-6)
+  assert_trees_close(updates, {'batch_stats': variables_of(native)['batch_stats']})
+  assert not np.allclose(updates['batch_stats']['mean'], variables['batch_stats']['mean'])
+
+
+def test_batch_norm_eval_mode_writes_nothing():
+  native = _batch_norm_with_stats()
+  module = to_linen(nnx.BatchNorm, 3, momentum=0.5, use_running_average=True)
+  y = module.apply(variables_of(native), X)
+  native.eval()
+  np.testing.assert_allclose(y, native(X), rtol=1e-6)
+
+
+def test_custom_collection_counter_write_needs_mutable():
+  module = to_linen(CountingLinear)
+  variables = module.init(KEY, X)
+  assert variables['call_counts'] == {'calls': 0}  # state right after __init__
+  with pytest.raises(ImmutableCollectionError, match=r"call_counts/calls.*mutable=\['call_counts'\]"):
+    module.apply(variables, X)
+  _, updates = module.apply(variables, X, mutable=['call_counts'])
+  assert updates['call_counts']['calls'] == 1
+
+
+def test_nnx_method_calls_named_method():
+  module = to_linen(AutoEncoder)
+  variables = module.init(KEY, X)
+  native = load(AutoEncoder(rngs=nnx.Rngs(1)), variables)
+  np.testing.assert_allclose(module.apply(variables, X, nnx_method='encode'), native.encode(X), rtol=1e-6)
+  np.testing.assert_allclose(module.apply(variables, X), native(X), rtol=1e-6)
+
+
+class SetupParent(nn.Module):
+  """Uses one wrapped layer twice (weight tying), so init must not construct it twice."""
+
+  def setup(self):
+    self.dense = nn.Dense(3)
+    self.tied = to_linen(nnx.Linear, 3, 3)
+
+  def __call__(self, x):
+    return self.tied(nn.relu(self.tied(self.dense(x))))
+
+
+class CompactParent(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    h = to_linen(nnx.BatchNorm, 3, momentum=0.5, name='norm')(nn.Dense(3)(x))
+    return to_linen(nnx.Linear, 3, 2, name='head')(h)
+
+
+def test_nested_in_setup_parent_shares_one_construction():
+  parent = SetupParent()
+  y_init, variables = parent.init_with_output(KEY, X)
+  assert variables['params']['tied']['kernel'].shape == (3, 3)
+  tied = load(nnx.Linear(3, 3, rngs=nnx.Rngs(1)), {'params': variables['params']['tied']})
+  dense = variables['params']['dense']
+  expected = tied(nn.relu(tied(X @ dense['kernel'] + dense['bias'])))
+  np.testing.assert_allclose(y_init, expected, rtol=1e-6)
+  np.testing.assert_allclose(parent.apply(variables, X), expected, rtol=1e-6)
+
+
+def test_nested_in_compact_parent_writes_stats_at_its_path():
+  parent = CompactParent()
+  variables = parent.init(KEY, X)
+  y, updates = parent.apply(variables, X, mutable=['batch_stats'])
+  params = variables['params']
+  norm = load(nnx.BatchNorm(3, momentum=0.5, rngs=nnx.Rngs(1)),
+              {'params': params['norm'], 'batch_stats': variables['batch_stats']['norm']})
+  head = load(nnx.Linear(3, 2, rngs=nnx.Rngs(1)), {'params': params['head']})
+  expected = head(norm(X @ params['Dense_0']['kernel'] + params['Dense_0']['bias']))
+  np.testing.assert_allclose(y, expected, rtol=1e-5)
+  assert_trees_close(updates, {'batch_stats': {'norm': variables_of(norm)['batch_stats']}})
+  with pytest.raises(ImmutableCollectionError, match='batch_stats/mean'):
+    parent.apply(variables, X)
+
+
+def test_jit_grad_matches_native_nnx_grad():
+  module = to_linen(MLP)
+  variables = module.init(KEY, X)
+
+  def loss(params):
+    return jnp.sum(module.apply({'params': params}, X) ** 2)
+
+  grads = jax.jit(jax.grad(loss))(variables['params'])
+  native = load(MLP(rngs=nnx.Rngs(1)), variables)
+  native_grads = nnx.grad(lambda m: jnp.sum(m(X) ** 2))(native)
+  assert_trees_close(grads, traverse_util.unflatten_dict(flat_linen(native_grads))['params'])
+  assert any(np.abs(g).sum() > 0 for g in jax.tree.leaves(grads))
+
+
+def _explicit_mesh():
+  return jax.set_mesh(jax.make_mesh((1, 1), ('a', 'b')))
+
+
+def _no_eager_sharding():
+  return nnx.use_eager_sharding(False)
+
+
+@pytest.mark.parametrize('context', [_explicit_mesh, _no_eager_sharding])
+def test_out_sharding_metadata_becomes_partitioned_box(context):
+  # flax 0.12.8 shards Variables eagerly by default, so out_sharding needs a mesh; without
+  # eager sharding no mesh is needed. Both must give the same Linen box.
+  module = to_linen(nnx.Linear, 3, 2, kernel_metadata={'out_sharding': ('a', 'b')})
+  with context():
+    variables = module.init(KEY, X)
+    y = module.apply(variables, X)
+  kernel = variables['params']['kernel']
+  assert isinstance(kernel, nn.Partitioned) and kernel.names == ('a', 'b')
+  assert nn.get_partition_spec(variables)['params']['kernel'] == jax.sharding.PartitionSpec('a', 'b')
+  assert not isinstance(variables['params']['bias'], nn.Partitioned)
+  np.testing.assert_allclose(y, X @ kernel.value + variables['params']['bias'], rtol=1e-6)
