@@ -30,7 +30,7 @@ _WEIGHTS = nnx.Not(nnx.RngState)  # every NNX leaf a Linen variable must set
 
 @dataclasses.dataclass(frozen=True)
 class LayerCheck:
-  """The outcome of checking one row: exact rows pass on a match, inexact rows on a real mismatch."""
+  """The outcome of checking one row: exact rows pass on a match, inexact on a mismatch."""
 
   linen: str
   nnx: str | None
@@ -42,7 +42,7 @@ class LayerCheck:
 
 @contextlib.contextmanager
 def _quiet_self_attention() -> tp.Iterator[None]:
-  """Silences Linen's SelfAttention deprecation warning, which the SelfAttention row triggers by design."""
+  """Silences Linen's SelfAttention deprecation warning, which that row triggers by design."""
   with warnings.catch_warnings():
     warnings.filterwarnings('ignore', 'SelfAttention will be deprecated', DeprecationWarning)
     yield

@@ -93,7 +93,7 @@ def nnx_to_linen_params(
     nnx_flat: Mapping[Path, tp.Any],
     expected: Mapping[LinenPath, tp.Any] | None = None,
 ) -> dict[str, dict[str, tp.Any]]:
-  """Converts the flat NNX state of `spec.nnx` back to Linen variables, inverting `linen_to_nnx_params`.
+  """Converts the flat NNX state of `spec.nnx` back to Linen variables (exact inverse).
 
   Fused leaves split into equal widths; dropped Linen leaves come back as zeros. `expected`
   ((collection, *path) -> array) checks the result leaf by leaf.
@@ -118,7 +118,7 @@ def nnx_to_linen_params(
   for drop in params.drop:
     like = out.get((drop.collection, *drop.zeros_like))
     if like is None:
-      problems.append(f'missing {_show((drop.collection, *drop.zeros_like))} to shape the dropped leaf')
+      problems.append(f'missing {_show((drop.collection, *drop.zeros_like))} to shape the zeros')
     else:
       out[(drop.collection, *drop.path)] = jnp.zeros_like(like)
   if problems:

@@ -46,9 +46,9 @@ Shape = tuple[int, ...]
 
 @dataclasses.dataclass(frozen=True)
 class InputDim:
-  """An NNX size argument read off a call input, `args[arg].shape[axis]`, because NNX builds weights eagerly.
+  """An NNX size argument read off a call input, `args[arg].shape[axis]` (NNX builds eagerly).
 
-  With `optional`, the argument is left out when the call has no input `arg` (NNX's default applies).
+  With `optional`, it is left out when the call has no input `arg` (NNX's default applies).
   """
 
   arg: int
@@ -82,13 +82,12 @@ class InputDimsAt:
   def evaluate(self, linen_kwargs: dict[str, object], shapes: tuple[Shape | None, ...]) -> object:
     """The NNX argument's value given the Linen kwargs and input shapes, or None to leave it out."""
     axes = linen_kwargs.get(self.axes_kwarg, self.default)
-    if self.as_mapping:
-      axes = tuple(axes)  # type: ignore[arg-type]
-      if not axes:
-        return None
-      shape = _input_shape(shapes, self.arg, False)
-      return {axis: shape[axis] for axis in axes}
+    if self.as_mapping and not axes:
+      return None
     shape = _input_shape(shapes, self.arg, False)
+    assert shape is not None
+    if self.as_mapping:
+      return {axis: shape[axis] for axis in axes}  # type: ignore[union-attr]
     if isinstance(axes, int):
       return shape[axes]
     return tuple(shape[axis] for axis in axes)  # type: ignore[union-attr]
@@ -103,9 +102,9 @@ class InputDimsAt:
 
 @dataclasses.dataclass(frozen=True)
 class EinsumBiasShape:
-  """NNX Einsum's `bias_shape`, derived as Linen does: the kernel dims whose subscripts reach the output.
+  """NNX Einsum's `bias_shape`: the kernel dims whose subscripts reach the output, as in Linen.
 
-  Left out (no bias, NNX's default) when the Linen `use_bias` kwarg is False; Linen's default is True.
+  Left out (no bias, NNX's default) when Linen `use_bias` is False; Linen's default is True.
   """
 
   einsum_kwarg: str = 'einsum_str'
@@ -119,8 +118,8 @@ class EinsumBiasShape:
     einsum_str = linen_kwargs.get(self.einsum_kwarg)
     if not isinstance(einsum_str, str):
       raise ValueError(
-          f'NNX Einsum needs `{self.einsum_kwarg}` in the constructor (Linen also allows it at call '
-          'time); pass it to the Linen constructor to derive `bias_shape`.'
+          f'NNX Einsum needs `{self.einsum_kwarg}` in the constructor (Linen also allows it at '
+          'call time); pass it to the Linen constructor to derive `bias_shape`.'
       )
     return einsum_bias_shape(einsum_str, linen_kwargs[self.shape_kwarg])  # type: ignore[arg-type]
 
@@ -136,15 +135,14 @@ SizeSource = InputDim | InputDimsAt | EinsumBiasShape
 
 
 def _input_shape(shapes: tuple[Shape | None, ...], arg: int, optional: bool) -> Shape | None:
-  if arg < len(shapes) and shapes[arg] is not None:
-    return shapes[arg]
-  if optional and arg >= len(shapes):
-    return None
-  raise ValueError(f'deriving an NNX size needs the shape of call argument {arg}; got {shapes!r}')
+  shape = shapes[arg] if arg < len(shapes) else None
+  if shape is None and not optional:
+    raise ValueError(f'deriving an NNX size needs the shape of call argument {arg}; got {shapes!r}')
+  return shape
 
 
 def einsum_bias_shape(einsum_str: str, kernel_shape: tuple[int, ...]) -> Shape:
-  """Linen Einsum's bias shape: kernel dims whose subscripts survive into the output, in output order."""
+  """Linen Einsum's bias shape: the kernel dims whose subscripts reach the output, in order."""
   operands, _, result = einsum_str.replace(' ', '').partition('->')
   _, _, rhs = operands.partition(',')
   if '.' in rhs or len(rhs) != len(kernel_shape):
@@ -181,7 +179,10 @@ class Fuse:
 
 @dataclasses.dataclass(frozen=True)
 class Drop:
-  """A Linen leaf NNX has no place for: conversion discards it, the inverse restores zeros shaped like `zeros_like`."""
+  """A Linen leaf NNX has no place for: conversion discards it, the inverse restores zeros.
+
+  The zeros take the shape and dtype of the Linen leaf `zeros_like` of the same collection.
+  """
 
   path: Path
   zeros_like: Path
@@ -249,8 +250,8 @@ class LayerSpec:
 
   `call_args` names the Linen call's array inputs in positional order (the derivations index
   them); `linen_defaults` are Linen kwargs whose Linen default NNX must be given explicitly
-  because NNX's own default behaves differently; `exact` says whether converted weights reproduce Linen's outputs, `note` why not or
-  what else to know.
+  because NNX's own default behaves differently; `exact` says whether converted weights
+  reproduce Linen's outputs, `note` why not or what else to know.
   """
 
   linen: str
@@ -264,11 +265,6 @@ class LayerSpec:
   exact: bool = True
   note: str = ''
   example: Example | None = None
-
-  @property
-  def short_name(self) -> str:
-    """The Linen class name without its module."""
-    return self.linen.rpartition('.')[2]
 
 
 _IN = InputDim(0)
@@ -289,10 +285,7 @@ _GATES = ('i', 'f', 'g', 'o')
 _GRU_GATES = ('r', 'z', 'n')
 
 
-def _cell_example() -> Example:
-  return Example((('features', 4),), (ExampleCarry(like_arg=1), ExampleArray((2, 3))))
-
-
+_CELL_EXAMPLE = Example((('features', 4),), (ExampleCarry(like_arg=1), ExampleArray((2, 3))))
 _CELL_SIZES: tuple[tuple[str, SizeSource], ...] = (('in_features', InputDim(1)),)
 _ATTENTION_EXAMPLE_KWARGS = (('num_heads', 2), ('qkv_features', 8), ('out_features', 5))
 
@@ -481,7 +474,7 @@ LAYERS: tuple[LayerSpec, ...] = (
             ' `recurrent_kernel_init` defaults to orthogonal, NNX to modified_orthogonal.'
             + _CELL_NOTE
         ),
-        example=_cell_example(),
+        example=_CELL_EXAMPLE,
     ),
     LayerSpec(
         'flax.linen.OptimizedLSTMCell',
@@ -500,7 +493,7 @@ LAYERS: tuple[LayerSpec, ...] = (
             'Linen keeps 8 gate layers (input ones without bias); NNX fuses them into'
             ' `dense_i`/`dense_h` in i, f, g, o order.' + _CELL_NOTE
         ),
-        example=_cell_example(),
+        example=_CELL_EXAMPLE,
     ),
     LayerSpec(
         'flax.linen.GRUCell',
@@ -523,7 +516,7 @@ LAYERS: tuple[LayerSpec, ...] = (
             ' so a trained Linen GRU (b_hn != 0) cannot be converted exactly (flax issue #5594).'
             + _CELL_NOTE
         ),
-        example=_cell_example(),
+        example=_CELL_EXAMPLE,
     ),
 )
 """One row per supported Linen layer class."""
@@ -546,7 +539,7 @@ _BY_NAME |= {
 
 
 def find_layer(linen_name: str) -> LayerSpec | None:
-  """The row for a dotted Linen class name ('flax.linen.Dense' or 'flax.linen.linear.Dense'), if any."""
+  """The row for a dotted Linen class name, 'flax.linen.Dense' or 'flax.linen.linear.Dense'."""
   return _BY_NAME.get(linen_name)
 
 
@@ -599,7 +592,7 @@ def _row(spec: LayerSpec) -> str:
 
 
 def render_markdown() -> str:
-  """The Markdown table of LAYERS written to docs/layer_table.md, generated so the doc cannot drift."""
+  """The Markdown table of LAYERS in docs/layer_table.md, generated so the doc cannot drift."""
   header = (
       '# Linen -> NNX layer table\n\n'
       'Generated by `nnx_bridge.layer_table.render_markdown()`; do not edit by hand.'

@@ -44,6 +44,45 @@ def _is_array(x: tp.Any) -> bool:
   return isinstance(x, (jax.Array, np.ndarray, np.generic))
 
 
+@dataclasses.dataclass(frozen=True)
+class _ExampleCall:
+  """The example call's arguments, split into array leaves and the static rest."""
+
+  leaves: list[tp.Any]
+  treedef: tp.Any
+
+  @classmethod
+  def of(cls, args: tuple[tp.Any, ...], kwargs: dict[str, tp.Any]) -> '_ExampleCall':
+    leaves, treedef = jax.tree.flatten(
+        (args, kwargs), is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct)
+    )
+    return cls(leaves, treedef)
+
+  @property
+  def arrays(self) -> list[tp.Any]:
+    return [x for x in self.leaves if _is_array(x)]
+
+  @property
+  def specs(self) -> list[jax.ShapeDtypeStruct]:
+    """Every array-like leaf as a shape struct, for abstract tracing."""
+    return [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in self.leaves if _is_array_like(x)]
+
+  def build(self, arrays: tp.Sequence[tp.Any], *, zeros_for_specs: bool) -> tuple[tuple, dict]:
+    """(args, kwargs) with `arrays` in place of the array leaves (and of the shape structs
+    too, unless `zeros_for_specs`, which fills those with zeros instead)."""
+    arrays = iter(arrays)
+    values = [
+        jnp.zeros(x.shape, x.dtype) if zeros_for_specs and isinstance(x, jax.ShapeDtypeStruct)
+        else next(arrays) if _is_array_like(x) else x
+        for x in self.leaves
+    ]
+    return jax.tree.unflatten(self.treedef, values)
+
+
+def _is_array_like(x: tp.Any) -> bool:
+  return isinstance(x, jax.ShapeDtypeStruct) or _is_array(x)
+
+
 def _mode_arguments_of(
     module: nn.Module, method: tp.Callable[..., tp.Any], requested: tp.Sequence[str | layer_table.ModeArgument] | None
 ) -> tuple[tuple[layer_table.ModeArgument, bool], ...]:
@@ -113,7 +152,8 @@ class LinenModule(nnx.Module):
     self.use_running_average = False
     self.linen_mode_arguments = _mode_arguments_of(module, _resolve_method(module, method), mode_arguments)
     self.linen_rng_names: tuple[str, ...] = ()
-    state = linen_state.linen_to_nnx_state(self._initial_variables(example_inputs, method, call_kwargs))
+    example = _ExampleCall.of(example_inputs, call_kwargs)
+    state = linen_state.linen_to_nnx_state(self._initial_variables(example, method))
     for name in state:
       if hasattr(self, name):
         raise BridgeError(
@@ -123,36 +163,55 @@ class LinenModule(nnx.Module):
     self.linen_variable_names = tuple(state)
     for name, value in state.items():
       setattr(self, name, value if isinstance(value, nnx.Variable) else nnx.data(_as_dict(value)))
+    self._keep_rngs_only_if_drawn(example, method)
 
   # --- construction -------------------------------------------------------------------------
 
-  def _initial_variables(self, example_inputs, method, call_kwargs) -> dict[str, tp.Any]:
-    """Runs Linen `init` once under `jax.jit` on example arrays or shape structs."""
-    leaves, treedef = jax.tree.flatten(
-        (example_inputs, call_kwargs), is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct)
-    )
-    arrays = [x for x in leaves if _is_array(x)]
+  def _initial_variables(self, example: _ExampleCall, method) -> dict[str, tp.Any]:
+    """Runs Linen `init` once under `jax.jit` on the example arrays or shape structs."""
     module = self._module_for_mode(deterministic=True, use_running_average=True)
     mode_kwargs = self._mode_kwargs(deterministic=True, use_running_average=True)
 
     def init(rngs, arrays):
       # Shape structs become zeros inside jit: they only feed computations that XLA prunes
       # when no variable depends on them, so no real data and no mesh are needed.
-      arrays = iter(arrays)
-      values = [
-          jnp.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct)
-          else next(arrays) if _is_array(x) else x
-          for x in leaves
-      ]
-      args, kwargs = jax.tree.unflatten(treedef, values)
+      args, kwargs = example.build(arrays, zeros_for_specs=True)
       return module.init(rngs, *args, method=method, **{**mode_kwargs, **kwargs})
 
     variables = self._with_rngs(
-        lambda rngs: jax.jit(init)(rngs, arrays),
+        lambda rngs: jax.jit(init)(rngs, example.arrays),
         base={'params'} if self._can_serve('params') else set(),
         what='init',
     )
     return {k: v for k, v in variables.items() if k not in _PER_CALL_COLLECTIONS}
+
+  def _keep_rngs_only_if_drawn(self, example: _ExampleCall, method) -> None:
+    """Traces one train-mode call abstractly; drops the rng streams if it draws none.
+
+    An unused `nnx.Rngs` would add key state to every step that a native NNX port of the
+    same module does not carry. A call that cannot be traced here keeps the streams.
+    """
+    if self.rngs is None:
+      return
+    variables = self.linen_variables(boxed=False)
+    mutable = sorted(set(variables) - {'params'})
+    module = self._module_for_mode(deterministic=False, use_running_average=False)
+    mode_kwargs = self._mode_kwargs(deterministic=False, use_running_average=False)
+
+    def call(rngs, arrays):
+      args, kwargs = example.build(arrays, zeros_for_specs=False)
+      return module.apply(
+          variables, *args, rngs=rngs, mutable=mutable, method=method, **{**mode_kwargs, **kwargs}
+      )
+
+    try:
+      self._with_rngs(
+          lambda rngs: jax.eval_shape(call, rngs, example.specs), base=set(), what='a train-mode call'
+      )
+    except Exception:  # the module may not support train mode here; keep the streams
+      return
+    if not self.linen_rng_names:
+      self.rngs = None
 
   # --- mode arguments ---------------------------------------------------------------------------
 

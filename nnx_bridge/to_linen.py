@@ -22,8 +22,8 @@ Stream names: the NNX `__init__` is first traced with an `nnx.Rngs` that creates
 every name it is asked for, and the real/abstract module is then built with exactly those
 streams, so e.g. `nnx.Dropout`'s stream is tagged 'dropout' (plain `nnx.Rngs(0)` would tag it
 'default'). A 'default' stream is always present; at init it is fed from Linen's 'params'.
-Variables with `ref=True` or `hijax=True` are rejected: their in-place writes are invisible
-to the identity check that detects writes.
+Not supported: `ref=True` Variables (flax 0.12.8's own `nnx.eval_shape` rejects them, and
+their in-place writes would be invisible to the identity check) and `hijax=True` Variables.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from flax.core import meta
 from flax.nnx.bridge import variables as bridge_variables
 
 from nnx_bridge import collectionlib
-from nnx_bridge.errors import BridgeError, ImmutableCollectionError, MissingRngError
+from nnx_bridge.errors import ImmutableCollectionError, MissingRngError
 from nnx_bridge.state_check import Path, check_state, path_str
 
 LinenPath = tuple[str, ...]  # (collection, *keys), keys as strings like Linen's own trees
@@ -113,6 +113,7 @@ def _linen_leaf(variable: nnx.Variable) -> tp.Any:
 
 
 def _unbox(leaf: tp.Any) -> tp.Any:
+  """A Linen leaf's value, through its metadata box (with Linen's sharding constraint) if it has one."""
   return leaf.unbox() if isinstance(leaf, meta.AxisMetadata) else leaf
 
 
@@ -127,8 +128,26 @@ class ToLinen(linen.Module):
   kwargs: tuple[tuple[str, tp.Any], ...] = ()  # pairs, so values reach nnx_class unconverted
 
   def __call__(self, *args: tp.Any, nnx_method: str = '__call__', **kwargs: tp.Any) -> tp.Any:
-    structure = _structure(self.nnx_class, self.args, self.kwargs)
     given = traverse_util.flatten_dict(self.variables)
+    graphdef, flat_state, values = self._initial_state(given)
+    call_state = [
+        (path, var.replace(self._rng_value(var) if isinstance(var, nnx.RngState) else values[path]))
+        for path, var in flat_state
+    ]
+    module = nnx.merge(graphdef, nnx.from_flat_state(call_state))
+    before = {path: var.get_raw_value() for path, var in nnx.to_flat_state(nnx.state(module))}
+    out = getattr(module, nnx_method)(*args, **kwargs)
+    after = list(nnx.to_flat_state(nnx.state(module)))
+    self._check_rng_use(before, after)
+    if not self.is_initializing():
+      self._write_changes(before, after, given)
+    return out
+
+  def _initial_state(
+      self, given: dict[LinenPath, tp.Any]
+  ) -> tuple[nnx.GraphDef, list[tuple[Path, nnx.Variable]], dict[Path, tp.Any]]:
+    """The graphdef, state Variables and non-rng values to call with: constructed on first init, else from `given`."""
+    structure = _structure(self.nnx_class, self.args, self.kwargs)
     if self.is_initializing() and not given:
       graphdef, state = self._construct(structure.stream_names)
       flat_state = list(nnx.to_flat_state(state))
@@ -143,23 +162,7 @@ class ToLinen(linen.Module):
       graphdef = structure.graphdef
       flat_state = list(nnx.to_flat_state(structure.abstract_state))
       values = self._checked_values(flat_state, given)
-    if any(var.ref or var.hijax for _, var in flat_state):
-      raise BridgeError(
-          f'{self._label()}: Variables with ref=True or hijax=True are not supported, '
-          'because their in-place writes cannot be detected.'
-      )
-    call_state = [
-        (path, var.replace(self._rng_value(var) if isinstance(var, nnx.RngState) else values[path]))
-        for path, var in flat_state
-    ]
-    module = nnx.merge(graphdef, nnx.from_flat_state(call_state))
-    before = {path: var.get_raw_value() for path, var in nnx.to_flat_state(nnx.state(module))}
-    out = getattr(module, nnx_method)(*args, **kwargs)
-    after = list(nnx.to_flat_state(nnx.state(module)))
-    self._check_rng_use(before, after)
-    if not self.is_initializing():
-      self._write_changes(before, after, given)
-    return out
+    return graphdef, flat_state, values
 
   def _label(self) -> str:
     """Names this wrapper in error messages: the NNX class and the Linen path."""
@@ -181,7 +184,7 @@ class ToLinen(linen.Module):
         if not isinstance(var, nnx.RngState)
     }
     unboxed = {linen_path: _unbox(leaf) for linen_path, leaf in given.items()}
-    (lambda *a, **k: None)(
+    check_state(
         {linen_path: var.get_raw_value() for linen_path, (_, var) in expected.items()},
         unboxed,
         context=f'{self._label()}: the Linen variables do not match the NNX module',

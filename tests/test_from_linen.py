@@ -470,3 +470,9 @@ def test_sharded_on_a_simulated_8_device_mesh():
   )
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.strip().endswith('ok')
+
+
+def test_rng_streams_are_kept_only_when_the_module_draws_from_them():
+  assert from_linen(BnNet(), X, rngs=nnx.Rngs(0)).rngs is None  # no key state in every step
+  kept = from_linen(DropNet(), X, rngs=nnx.Rngs(0))
+  assert kept.rngs is not None and kept.linen_rng_names == ('dropout',)

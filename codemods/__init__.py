@@ -1,0 +1,1 @@
+"""codemods: rewrite Flax Linen source into Flax NNX (the `linen2nnx` command line)."""
