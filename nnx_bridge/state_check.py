@@ -36,7 +36,7 @@ def check_state(
     *,
     context: str,
 ) -> None:
-  """Raises StateMismatchError listing every path whose leaf is missing, extra or differs in shape/dtype.
+  """Raises StateMismatchError listing every missing, extra, wrong-shape or wrong-dtype leaf.
 
   `expected` leaves only need `.shape` and `.dtype` (e.g. `jax.ShapeDtypeStruct`); `given`
   leaves are arrays or anything numpy can take the shape and dtype of.

@@ -1,4 +1,4 @@
-"""Runs an NNX module inside a Linen model, strictly: no re-init, no fixed rng keys, no dropped writes.
+"""Runs an NNX module inside a Linen model strictly: no re-init, no fixed rng keys, no lost writes.
 
 `to_linen(nnx_class, *args, **kwargs)` returns a `ToLinen` Linen module (same names as flax's
 `nnx.bridge.to_linen` / `ToLinen`, so it is a drop-in replacement) that behaves as follows:
@@ -48,7 +48,7 @@ LinenPath = tuple[str, ...]  # (collection, *keys), keys as strings like Linen's
 
 
 class _RecordingRngs(nnx.Rngs):
-  """An `nnx.Rngs` that creates a stream named after every stream it is asked for, to learn the names."""
+  """An `nnx.Rngs` that creates every stream it is asked for, to learn the names a module uses."""
 
   def _get_stream(self, name: str, error_type: type[Exception]) -> nnx.RngStream:
     if name not in vars(self):
@@ -68,7 +68,7 @@ class _Structure:
 def _build_structure(
     nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: tuple
 ) -> _Structure:
-  """Traces the NNX `__init__` twice, abstractly: once to learn its rng stream names, once with them."""
+  """Traces the NNX `__init__` twice, abstractly: to learn its rng stream names, then with them."""
   names = {'default'}
 
   def record_names():
@@ -113,7 +113,7 @@ def _linen_leaf(variable: nnx.Variable) -> tp.Any:
 
 
 def _unbox(leaf: tp.Any) -> tp.Any:
-  """A Linen leaf's value, through its metadata box (with Linen's sharding constraint) if it has one."""
+  """A Linen leaf's value, through its metadata box (with Linen's sharding constraint) if boxed."""
   return leaf.unbox() if isinstance(leaf, meta.AxisMetadata) else leaf
 
 
@@ -146,7 +146,7 @@ class ToLinen(linen.Module):
   def _initial_state(
       self, given: dict[LinenPath, tp.Any]
   ) -> tuple[nnx.GraphDef, list[tuple[Path, nnx.Variable]], dict[Path, tp.Any]]:
-    """The graphdef, state Variables and non-rng values to call with: constructed on first init, else from `given`."""
+    """The graphdef, Variables and non-rng values to call with: built at first init, else given."""
     structure = _structure(self.nnx_class, self.args, self.kwargs)
     if self.is_initializing() and not given:
       graphdef, state = self._construct(structure.stream_names)
@@ -157,7 +157,11 @@ class ToLinen(linen.Module):
           if not isinstance(var, nnx.RngState)
       }
       self._put(constructed, base={})
-      values = {path: var.get_raw_value() for path, var in flat_state}
+      values = {
+          path: var.get_raw_value()
+          for path, var in flat_state
+          if not isinstance(var, nnx.RngState)
+      }
     else:
       graphdef = structure.graphdef
       flat_state = list(nnx.to_flat_state(structure.abstract_state))
@@ -170,7 +174,7 @@ class ToLinen(linen.Module):
     return f"to_linen({name}) at '{'/'.join(self.scope.path) or '<root>'}'"
 
   def _construct(self, stream_names: tuple[str, ...]) -> tuple[nnx.GraphDef, nnx.State]:
-    """Runs the NNX `__init__` for real, keyed by Linen's rngs (missing names fall back to 'params')."""
+    """Runs the NNX `__init__` for real, keyed by Linen's rngs (a missing name uses 'params')."""
     rngs = nnx.Rngs(**{name: self.make_rng(name) for name in stream_names})
     return nnx.split(self.nnx_class(*self.args, **dict(self.kwargs), rngs=rngs))
 
@@ -192,7 +196,7 @@ class ToLinen(linen.Module):
     return {path: unboxed[linen_path] for linen_path, (path, _) in expected.items()}
 
   def _rng_value(self, var: nnx.RngState) -> jax.Array:
-    """A fresh key (or zero count) for one rng stream Variable, from Linen's rng of the same name."""
+    """A fresh key (or zero count) for an rng stream Variable, from Linen's rng of the same name."""
     shape = var.get_raw_value().shape
     if isinstance(var, nnx.RngCount):
       return jnp.zeros(shape, jnp.uint32)
@@ -236,13 +240,12 @@ class ToLinen(linen.Module):
       if isinstance(var, nnx.RngState) or var.get_raw_value() is before.get(path):
         continue
       linen_path = _linen_path(path, var)
-      old = given.get(linen_path) if path in before else None
-      if isinstance(old, meta.AxisMetadata):
-        changes[linen_path] = old.replace_boxed(var.get_value())
-      elif path in before:
-        changes[linen_path] = var.get_value()
-      else:
+      if path not in before:  # created by the call, e.g. by `sow`
         changes[linen_path] = _linen_leaf(var)
+      elif isinstance(old := given[linen_path], meta.AxisMetadata):
+        changes[linen_path] = old.replace_boxed(var.get_value())  # keep the caller's box
+      else:
+        changes[linen_path] = var.get_value()
     self._put(changes, base=given)
 
   def _put(self, leaves: dict[LinenPath, tp.Any], base: dict[LinenPath, tp.Any]) -> None:
@@ -263,7 +266,10 @@ class ToLinen(linen.Module):
 
 
 def to_linen(
-    nnx_class: tp.Callable[..., nnx.Module], *args: tp.Any, name: str | None = None, **kwargs: tp.Any
+    nnx_class: tp.Callable[..., nnx.Module],
+    *args: tp.Any,
+    name: str | None = None,
+    **kwargs: tp.Any,
 ) -> ToLinen:
   """Wraps `nnx_class(*args, **kwargs, rngs=...)` as a Linen module that fails loudly on misuse."""
   return ToLinen(nnx_class, args=args, kwargs=tuple(kwargs.items()), name=name)

@@ -18,7 +18,7 @@ KEY = jax.random.key(0)
 
 
 def flat_linen(state: nnx.State) -> dict:
-  """Flattens NNX state (rng state excluded) to {(collection, *path): value} by the bridge's rule."""
+  """Flattens NNX state (minus rng state) to {(collection, *path): value}, the bridge's layout."""
   return {
       (collectionlib.collection_name(type(var)), *map(str, path)): var.get_value()
       for path, var in nnx.to_flat_state(state)
@@ -242,7 +242,8 @@ def test_batch_norm_train_mode_needs_mutable_and_matches_native_update():
   native = _batch_norm_with_stats()
   variables = variables_of(native)
   module = to_linen(nnx.BatchNorm, 3, momentum=0.5)
-  with pytest.raises(ImmutableCollectionError, match=r"batch_stats/mean.*mutable=\['batch_stats'\]"):
+  message = r"batch_stats/mean.*mutable=\['batch_stats'\]"
+  with pytest.raises(ImmutableCollectionError, match=message):
     module.apply(variables, X)
   y, updates = jax.jit(lambda v, x: module.apply(v, x, mutable=['batch_stats']))(variables, X)
   y_native = native(X)
@@ -263,17 +264,43 @@ def test_custom_collection_counter_write_needs_mutable():
   module = to_linen(CountingLinear)
   variables = module.init(KEY, X)
   assert variables['call_counts'] == {'calls': 0}  # state right after __init__
-  with pytest.raises(ImmutableCollectionError, match=r"call_counts/calls.*mutable=\['call_counts'\]"):
+  message = r"call_counts/calls.*mutable=\['call_counts'\]"
+  with pytest.raises(ImmutableCollectionError, match=message):
     module.apply(variables, X)
   _, updates = module.apply(variables, X, mutable=['call_counts'])
   assert updates['call_counts']['calls'] == 1
+
+
+class Sowing(nnx.Module):
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(3, 2, rngs=rngs)
+
+  def __call__(self, x):
+    y = self.linear(x)
+    self.sow(nnx.Intermediate, 'hidden', y)
+    return y
+
+
+@pytest.mark.filterwarnings('ignore:Using .Module.sow\\(\\). outside:DeprecationWarning')
+def test_leaf_created_by_call_needs_mutable_and_matches_native_sow():
+  module = to_linen(Sowing)
+  variables = module.init(KEY, X)
+  assert set(variables) == {'params'}
+  with pytest.raises(ImmutableCollectionError, match=r"intermediates/hidden.*\['intermediates'\]"):
+    module.apply(variables, X)
+  _, updates = module.apply(variables, X, mutable=['intermediates'])
+  native = load(Sowing(rngs=nnx.Rngs(1)), variables)
+  native(X)
+  assert_trees_close(updates, {'intermediates': variables_of(native)['intermediates']})
 
 
 def test_nnx_method_calls_named_method():
   module = to_linen(AutoEncoder)
   variables = module.init(KEY, X)
   native = load(AutoEncoder(rngs=nnx.Rngs(1)), variables)
-  np.testing.assert_allclose(module.apply(variables, X, nnx_method='encode'), native.encode(X), rtol=1e-6)
+  encoded = module.apply(variables, X, nnx_method='encode')
+  np.testing.assert_allclose(encoded, native.encode(X), rtol=1e-6)
   np.testing.assert_allclose(module.apply(variables, X), native(X), rtol=1e-6)
 
 
@@ -354,6 +381,7 @@ def test_out_sharding_metadata_becomes_partitioned_box(context):
     y = module.apply(variables, X)
   kernel = variables['params']['kernel']
   assert isinstance(kernel, nn.Partitioned) and kernel.names == ('a', 'b')
-  assert nn.get_partition_spec(variables)['params']['kernel'] == jax.sharding.PartitionSpec('a', 'b')
+  spec = nn.get_partition_spec(variables)['params']['kernel']
+  assert spec == jax.sharding.PartitionSpec('a', 'b')
   assert not isinstance(variables['params']['bias'], nn.Partitioned)
   np.testing.assert_allclose(y, X @ kernel.value + variables['params']['bias'], rtol=1e-6)
