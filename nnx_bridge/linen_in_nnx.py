@@ -170,7 +170,7 @@ class LinenModule(nnx.Module):
   def _initial_variables(self, example: _ExampleCall, method) -> dict[str, tp.Any]:
     """Runs Linen `init` once under `jax.jit` on the example arrays or shape structs."""
     module = self._module_for_mode(deterministic=True, use_running_average=True)
-    mode_kwargs = self._mode_kwargs(deterministic=True, use_running_average=True)
+    mode_kwargs = self._mode_kwargs(method, deterministic=True, use_running_average=True)
 
     def init(rngs, arrays):
       # Shape structs become zeros inside jit: they only feed computations that XLA prunes
@@ -196,7 +196,7 @@ class LinenModule(nnx.Module):
     variables = self.linen_variables(boxed=False)
     mutable = sorted(set(variables) - {'params'})
     module = self._module_for_mode(deterministic=False, use_running_average=False)
-    mode_kwargs = self._mode_kwargs(deterministic=False, use_running_average=False)
+    mode_kwargs = self._mode_kwargs(method, deterministic=False, use_running_average=False)
 
     def call(rngs, arrays):
       args, kwargs = example.build(arrays, zeros_for_specs=False)
@@ -215,11 +215,13 @@ class LinenModule(nnx.Module):
 
   # --- mode arguments ---------------------------------------------------------------------------
 
-  def _mode_kwargs(self, **attributes: bool) -> dict[str, bool]:
+  def _mode_kwargs(self, method, **attributes: bool) -> dict[str, bool]:
+    """Mode call arguments that `method` (None: `__call__`) takes."""
+    parameters = inspect.signature(_resolve_method(self.linen_module, method)).parameters
     return {
         argument.name: argument.value(attributes[argument.nnx_attribute])
         for argument, is_field in self.linen_mode_arguments
-        if not is_field
+        if not is_field and argument.name in parameters
     }
 
   def _module_for_mode(self, **attributes: bool) -> nn.Module:
@@ -279,7 +281,7 @@ class LinenModule(nnx.Module):
   def linen_call(self, method: str | tp.Callable[..., tp.Any] | None, *args, **kwargs) -> tp.Any:
     """Calls `method` of the Linen module (None: `__call__`) on the wrapper's state."""
     mode = {'deterministic': self.deterministic, 'use_running_average': self.use_running_average}
-    kwargs = {**self._mode_kwargs(**mode), **kwargs}
+    kwargs = {**self._mode_kwargs(method, **mode), **kwargs}
     module = self._module_for_mode(**mode)
     captured = self._captured_collections()
     variables = self.linen_variables(boxed=False)
