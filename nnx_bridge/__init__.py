@@ -9,6 +9,8 @@ from nnx_bridge.errors import MissingRngError as MissingRngError
 from nnx_bridge.errors import StateMismatchError as StateMismatchError
 from nnx_bridge.linen_in_nnx import LinenModule as LinenModule
 from nnx_bridge.linen_in_nnx import from_linen as from_linen
+from nnx_bridge.nnx_in_linen import ToLinen as ToLinen
+from nnx_bridge.nnx_in_linen import to_linen as to_linen
 from nnx_bridge.layer_table import MODE_ARGUMENTS as MODE_ARGUMENTS
 from nnx_bridge.layer_table import ModeArgument as ModeArgument
 
@@ -22,8 +24,10 @@ __all__ = [
     'MissingRngError',
     'ModeArgument',
     'StateMismatchError',
+    'ToLinen',
     'collection_name',
     'from_linen',
     'register_collection',
+    'to_linen',
     'variable_type',
 ]

@@ -37,12 +37,12 @@ def test_custom_collection_gets_a_named_picklable_type(collection):
 
 
 def test_custom_collection_type_is_stable_across_processes():
-  var_type = nnx_bridge.variable_type('aux_losses')
+  var_type = nnx_bridge.variable_type('cross_process_losses')
   payload = pickle.dumps(var_type(1.0))
   script = (
       'import pickle, sys, nnx_bridge\n'
       'v = pickle.loads(sys.stdin.buffer.read())\n'
-      'assert nnx_bridge.collection_name(type(v)) == "aux_losses", type(v)\n'
+      'assert nnx_bridge.collection_name(type(v)) == "cross_process_losses", type(v)\n'
       'print(type(v).__qualname__)\n'
   )
   result = subprocess.run(

@@ -11,7 +11,7 @@ from flax import traverse_util
 from nnx_bridge import collectionlib
 from nnx_bridge.errors import ImmutableCollectionError, MissingRngError, StateMismatchError
 from nnx_bridge.state_check import check_state
-from nnx_bridge.to_linen import ToLinen, to_linen
+from nnx_bridge.nnx_in_linen import ToLinen, to_linen
 
 X = (jnp.arange(6, dtype=jnp.float32).reshape(2, 3) - 2.0) / 3.0
 KEY = jax.random.key(0)
@@ -250,6 +250,17 @@ def test_batch_norm_train_mode_needs_mutable_and_matches_native_update():
   np.testing.assert_allclose(y, y_native, rtol=1e-6)
   assert_trees_close(updates, {'batch_stats': variables_of(native)['batch_stats']})
   assert not np.allclose(updates['batch_stats']['mean'], variables['batch_stats']['mean'])
+
+
+def test_write_to_boxed_leaf_keeps_the_callers_box():
+  variables = variables_of(_batch_norm_with_stats())
+  mean = variables['batch_stats']['mean']
+  variables['batch_stats']['mean'] = nn.Partitioned(mean, names=('features',))
+  module = to_linen(nnx.BatchNorm, 3, momentum=0.5)
+  _, updates = module.apply(variables, X, mutable=['batch_stats'])
+  box = updates['batch_stats']['mean']
+  assert isinstance(box, nn.Partitioned) and box.names == ('features',)
+  assert not np.allclose(box.value, mean)
 
 
 def test_batch_norm_eval_mode_writes_nothing():

@@ -138,6 +138,7 @@ class ToLinen(linen.Module):
     before = {path: var.get_raw_value() for path, var in nnx.to_flat_state(nnx.state(module))}
     out = getattr(module, nnx_method)(*args, **kwargs)
     after = list(nnx.to_flat_state(nnx.state(module)))
+    self._check_rng_use(before, after)
     if not self.is_initializing():
       self._write_changes(before, after, given)
     return out
