@@ -19,6 +19,7 @@ import jax
 from flax import nnx
 from flax.core import meta
 from flax.nnx import traversals
+from flax.nnx.bridge import variables as flax_bridge_variables
 
 from nnx_bridge import collectionlib
 
@@ -52,15 +53,21 @@ def to_variable(collection: str, value: tp.Any) -> nnx.Variable:
 
 
 def to_linen_leaf(variable: nnx.Variable) -> tp.Any:
-  """An NNX Variable as a Linen leaf: its metadata box if it came from one, else its value."""
+  """An NNX Variable as a Linen leaf: the box it came from; `nn.Partitioned` for plain sharding
+  names; flax's `NNXMeta` for other metadata; else the bare value."""
   metadata = dict(variable.get_metadata())
   box_type = metadata.pop('linen_meta_type', None)
-  if box_type is None:
-    return variable.get_value()
-  if hasattr(box_type, 'from_nnx_metadata'):
-    return box_type.from_nnx_metadata({'value': variable.get_value(), **metadata})
-  fields = {f.name for f in dataclasses.fields(box_type)}
-  return box_type(**{k: v for k, v in {'value': variable.get_value(), **metadata}.items() if k in fields})
+  value = variable.get_value()
+  if box_type is not None:
+    if hasattr(box_type, 'from_nnx_metadata'):
+      return box_type.from_nnx_metadata({'value': value, **metadata})
+    fields = {f.name for f in dataclasses.fields(box_type)}
+    return box_type(**{k: v for k, v in {'value': value, **metadata}.items() if k in fields})
+  sharding = metadata.get('out_sharding')
+  extra = metadata.keys() - nnx.Variable.required_metadata - {'out_sharding', 'mesh'}
+  if isinstance(sharding, (tuple, jax.sharding.PartitionSpec)) and not extra:
+    return meta.Partitioned(value, names=tuple(sharding), mesh=metadata.get('mesh'))
+  return flax_bridge_variables.to_linen_var(variable)
 
 
 def nnx_path_of(collection: str, linen_path: Path, shared: bool) -> Path:

@@ -38,9 +38,9 @@ from flax import linen
 from flax import nnx
 from flax import traverse_util
 from flax.core import meta
-from flax.nnx.bridge import variables as bridge_variables
 
 from nnx_bridge import collectionlib
+from nnx_bridge import linen_state
 from nnx_bridge.errors import ImmutableCollectionError, MissingRngError
 from nnx_bridge.state_check import Path, check_state, path_str
 
@@ -102,16 +102,6 @@ def _linen_path(path: Path, variable: nnx.Variable) -> LinenPath:
   return (collectionlib.collection_name(type(variable)), *map(str, path))
 
 
-def _linen_leaf(variable: nnx.Variable) -> tp.Any:
-  """Boxes a Variable as Linen would: `nn.Partitioned` for plain sharding names, else flax's box."""
-  metadata = variable.get_metadata()
-  sharding = metadata.get('out_sharding')
-  extra = metadata.keys() - nnx.Variable.required_metadata - {'out_sharding', 'mesh'}
-  if isinstance(sharding, (tuple, jax.sharding.PartitionSpec)) and not extra:
-    return meta.Partitioned(variable.get_value(), names=tuple(sharding), mesh=metadata.get('mesh'))
-  return bridge_variables.to_linen_var(variable)
-
-
 def _unbox(leaf: tp.Any) -> tp.Any:
   """A Linen leaf's value, through its metadata box (with Linen's sharding constraint) if boxed."""
   return leaf.unbox() if isinstance(leaf, meta.AxisMetadata) else leaf
@@ -152,7 +142,7 @@ class ToLinen(linen.Module):
       graphdef, state = self._construct(structure.stream_names)
       flat_state = list(nnx.to_flat_state(state))
       constructed = {
-          _linen_path(path, var): _linen_leaf(var)
+          _linen_path(path, var): linen_state.to_linen_leaf(var)
           for path, var in flat_state
           if not isinstance(var, nnx.RngState)
       }
@@ -241,7 +231,7 @@ class ToLinen(linen.Module):
         continue
       linen_path = _linen_path(path, var)
       if path not in before:  # created by the call, e.g. by `sow`
-        changes[linen_path] = _linen_leaf(var)
+        changes[linen_path] = linen_state.to_linen_leaf(var)
       elif isinstance(old := given[linen_path], meta.AxisMetadata):
         changes[linen_path] = old.replace_boxed(var.get_value())  # keep the caller's box
       else:
