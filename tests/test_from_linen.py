@@ -280,6 +280,28 @@ def test_ensemble_under_nnx_vmap():
     )
 
 
+def test_scan_over_stacked_layers():
+  """Layers stacked with nnx.vmap at creation, run with nnx.scan: the NNX scan-over-layers idiom."""
+
+  @nnx.split_rngs(splits=3)
+  @nnx.vmap(in_axes=0, out_axes=0)
+  def create(rngs):
+    return from_linen(nn.Dense(5), jax.ShapeDtypeStruct((4, 5), jnp.float32), rngs=rngs)
+
+  layers = create(nnx.Rngs(0))
+
+  @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+  def forward(x, layer):
+    return jnp.tanh(layer(x))
+
+  y = forward(X, layers)
+  expected = X
+  for i in range(3):
+    variables = jax.tree.map(lambda v, i=i: v[i], layers.linen_variables())
+    expected = jnp.tanh(nn.Dense(5).apply(variables, expected))
+  np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+
+
 # --- intermediates ---------------------------------------------------------------------------
 
 

@@ -396,3 +396,37 @@ def test_out_sharding_metadata_becomes_partitioned_box(context):
   assert spec == jax.sharding.PartitionSpec('a', 'b')
   assert not isinstance(variables['params']['bias'], nn.Partitioned)
   np.testing.assert_allclose(y, X @ kernel.value + variables['params']['bias'], rtol=1e-6)
+
+
+class _ScannedLinears(nn.Module):
+  """Three NNX Linears stacked by `nn.scan`, with a partitioning layer axis."""
+
+  @nn.compact
+  def __call__(self, x):
+    def body(module, carry, _):
+      layer = to_linen(nnx.Linear, 3, 3, kernel_metadata={'out_sharding': (None, 'model')})
+      return layer(carry), None
+
+    scan = nn.scan(
+        body,
+        variable_axes={'params': 0},
+        split_rngs={'params': True},
+        length=3,
+        metadata_params={nn.PARTITION_NAME: 'layers'},
+    )
+    return scan(self, x, None)[0]
+
+
+def test_layer_axis_of_linen_scan_is_kept():
+  # flax's ToLinen boxes NNX metadata in NNXMeta, whose add_axis does nothing (flax #5589).
+  with _no_eager_sharding():
+    variables = _ScannedLinears().init(KEY, X)
+    y = _ScannedLinears().apply(variables, X)
+  (scanned,) = variables['params'].values()
+  assert isinstance(scanned['kernel'], nn.Partitioned)
+  assert scanned['kernel'].names == ('layers', None, 'model')
+  assert scanned['kernel'].value.shape == (3, 3, 3)
+  h = X
+  for i in range(3):  # the same three layers, applied one after another
+    h = h @ scanned['kernel'].value[i] + scanned['bias'][i]
+  np.testing.assert_allclose(y, h, rtol=1e-6)
