@@ -5,6 +5,7 @@ from nnx_bridge.collectionlib import register_collection as register_collection
 from nnx_bridge.collectionlib import variable_type as variable_type
 from nnx_bridge.errors import BridgeError as BridgeError
 from nnx_bridge.errors import ImmutableCollectionError as ImmutableCollectionError
+from nnx_bridge.errors import LossyConversionError as LossyConversionError
 from nnx_bridge.errors import MissingRngError as MissingRngError
 from nnx_bridge.errors import StateMismatchError as StateMismatchError
 from nnx_bridge.linen_in_nnx import LinenModule as LinenModule
@@ -20,6 +21,7 @@ __all__ = [
     'BridgeError',
     'ImmutableCollectionError',
     'LinenModule',
+    'LossyConversionError',
     'MODE_ARGUMENTS',
     'MissingRngError',
     'ModeArgument',

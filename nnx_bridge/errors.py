@@ -22,3 +22,7 @@ class MissingRngError(BridgeError, KeyError):
 
 class ImmutableCollectionError(BridgeError, RuntimeError):
   """A wrapped module wrote to a collection that the caller did not make mutable."""
+
+
+class LossyConversionError(BridgeError, ValueError):
+  """A conversion would drop a non-zero value the target layer has no place for."""

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, traverse_util
 
+from nnx_bridge.errors import LossyConversionError
 from nnx_bridge.errors import StateMismatchError
 from nnx_bridge.layer_params import linen_to_nnx_params, nnx_constructor_kwargs
 from nnx_bridge.layer_table import LAYERS, MODE_ARGUMENTS, Example, ExampleArray, LayerSpec
@@ -91,7 +92,10 @@ def _mode_kwargs(example: Example, eval_mode: bool) -> dict[str, bool]:
 def _load(spec: LayerSpec, layer: nnx.Module, variables: tp.Any) -> None:
   """Sets every non-rng NNX leaf from the Linen variables, failing on any leaf left unset."""
   flat = list(nnx.to_flat_state(nnx.state(layer, _WEIGHTS)))
-  converted = linen_to_nnx_params(spec, variables, expected={p: v.get_value() for p, v in flat})
+  # An inexact row is converted anyway: the check exists to show the documented difference.
+  converted = linen_to_nnx_params(
+      spec, variables, expected={p: v.get_value() for p, v in flat}, allow_lossy=not spec.exact
+  )
   wrong_type = [
       f'{"/".join(map(str, path))} is {type(var).__name__}'
       for path, var in flat
@@ -175,7 +179,7 @@ def check_layer(spec: LayerSpec) -> LayerCheck:
       diffs = _measure(spec, linen_layer, variables, inputs)
       if not spec.exact:
         clean = _measure(spec, linen_layer, _without_dropped(spec, variables), inputs)
-    except StateMismatchError as e:
+    except (StateMismatchError, LossyConversionError) as e:
       return LayerCheck(spec.linen, spec.nnx, float('inf'), spec.exact, False, str(e))
   diff = max(diffs.values())
   detail = ', '.join(f'{mode} {value:.3g}' for mode, value in diffs.items())

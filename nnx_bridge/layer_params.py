@@ -15,7 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from nnx_bridge.errors import LossyConversionError
 from nnx_bridge.errors import StateMismatchError
+from nnx_bridge.state_check import check_state
 from nnx_bridge.layer_table import LayerSpec, Path
 
 Array = jax.Array
@@ -26,30 +28,19 @@ def _show(path: tuple[tp.Any, ...]) -> str:
   return '/'.join(str(key) for key in path)
 
 
-def _check_tree(got: Mapping[tuple, tp.Any], expected: Mapping[tuple, tp.Any], what: str) -> None:
-  """Raises StateMismatchError naming every missing, extra, wrong-shape or wrong-dtype leaf."""
-  problems = [f'missing {_show(p)}' for p in sorted(set(expected) - set(got))]
-  problems += [f'extra {_show(p)}' for p in sorted(set(got) - set(expected))]
-  for path in sorted(set(got) & set(expected)):
-    have, want = got[path], expected[path]
-    if np.shape(have) != np.shape(want) or jnp.dtype(have.dtype) != jnp.dtype(want.dtype):
-      problems.append(
-          f'wrong {_show(path)}: {have.dtype}{list(np.shape(have))}, '
-          f'expected {want.dtype}{list(np.shape(want))}'
-      )
-  if problems:
-    raise StateMismatchError(f'{what} does not match: ' + '; '.join(problems))
-
-
 def linen_to_nnx_params(
     spec: LayerSpec,
     linen_variables: Mapping[str, tp.Any],
     expected: Mapping[Path, tp.Any] | None = None,
+    *,
+    allow_lossy: bool = False,
 ) -> dict[Path, Array]:
   """Converts one Linen layer's variables to the flat NNX state of `spec.nnx`.
 
   `expected` (NNX path -> array or ShapeDtypeStruct, e.g. the NNX layer's own state) makes any
-  missing, extra or mis-shaped leaf an error instead of a silently partial state.
+  missing, extra or mis-shaped leaf an error instead of a silently partial state. A Linen leaf
+  the NNX layer has no place for (GRUCell's `hn/bias`) must be all zeros, or the conversion
+  would change the outputs: it raises LossyConversionError unless `allow_lossy`.
   """
   flat: dict[LinenPath, tp.Any] = traverse_util.flatten_dict(linen_variables)
   params = spec.params
@@ -67,8 +58,15 @@ def linen_to_nnx_params(
       continue
     out[fuse.nnx_path] = jnp.concatenate(parts, axis=fuse.axis)
   for drop in params.drop:
-    if flat.pop((drop.collection, *drop.path), None) is None:
+    dropped = flat.pop((drop.collection, *drop.path), None)
+    if dropped is None:
       problems.append(f'missing {_show((drop.collection, *drop.path))}')
+    elif not allow_lossy and np.any(np.asarray(dropped) != 0):
+      raise LossyConversionError(
+          f'{_show((drop.collection, *drop.path))} is not zero, and {spec.nnx} has no place for '
+          f'it: the converted layer would compute something else. {spec.note} Pass '
+          'allow_lossy=True to convert anyway.'
+      )
   renames = dict(params.key_renames)
   for (collection, *path), leaf in flat.items():
     nnx_path = tuple(renames.get(key, key) for key in path)
@@ -84,7 +82,7 @@ def linen_to_nnx_params(
   if problems:
     raise StateMismatchError(f'{spec.linen} variables do not match the row: ' + '; '.join(problems))
   if expected is not None:
-    _check_tree(out, expected, f'{spec.nnx} state converted from {spec.linen}')
+    check_state(expected, out, context=f'{spec.nnx} state converted from {spec.linen}')
   return out
 
 
@@ -124,7 +122,7 @@ def nnx_to_linen_params(
   if problems:
     raise StateMismatchError(f'{spec.nnx} state does not match the row: ' + '; '.join(problems))
   if expected is not None:
-    _check_tree(out, expected, f'{spec.linen} variables converted from {spec.nnx}')
+    check_state(expected, out, context=f'{spec.linen} variables converted from {spec.nnx}')
   return traverse_util.unflatten_dict(out)
 
 
