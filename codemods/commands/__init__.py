@@ -1,0 +1,1 @@
+"""One module per `linen2nnx` subcommand, each with `add_parser(subparsers)` and `run(args)`."""
