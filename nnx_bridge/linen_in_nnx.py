@@ -11,7 +11,6 @@ the Linen rng names the module asks for, and sown values are reported through `n
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
 import typing as tp
 
@@ -27,6 +26,7 @@ from flax.nnx import traversals
 from nnx_bridge import collectionlib
 from nnx_bridge import layer_table
 from nnx_bridge import linen_state
+from nnx_bridge import modes
 from nnx_bridge.errors import BridgeError
 from nnx_bridge.errors import MissingRngError
 
@@ -83,51 +83,6 @@ def _is_array_like(x: tp.Any) -> bool:
   return isinstance(x, jax.ShapeDtypeStruct) or _is_array(x)
 
 
-def _mode_arguments_of(
-    module: nn.Module, method: tp.Callable[..., tp.Any], requested: tp.Sequence[str | layer_table.ModeArgument] | None
-) -> tuple[tuple[layer_table.ModeArgument, bool], ...]:
-  """(argument, is_field) for every mode argument the wrapped module takes."""
-  known = {m.name: m for m in layer_table.MODE_ARGUMENTS}
-  if requested is None:
-    candidates = list(known.values())
-  else:
-    candidates = []
-    for entry in requested:
-      if isinstance(entry, layer_table.ModeArgument):
-        candidates.append(entry)
-      elif entry in known:
-        candidates.append(known[entry])
-      else:
-        raise ValueError(
-            f'Unknown mode argument {entry!r}; the known ones are {sorted(known)}. For another '
-            f'name pass nnx_bridge.ModeArgument({entry!r}, "deterministic", inverted=...).'
-        )
-  parameters = inspect.signature(method).parameters
-  fields = {f.name for f in dataclasses.fields(module)}
-  found = []
-  for argument in candidates:
-    if argument.name in parameters:
-      # A Linen field that is set (not None) wins over the call argument (merge_param semantics).
-      if argument.name in fields and getattr(module, argument.name) is not None:
-        continue
-      found.append((argument, False))
-    elif argument.name in fields:
-      found.append((argument, True))
-    elif requested is not None:
-      raise ValueError(
-          f'{type(module).__name__} has no call argument or field named {argument.name!r}.'
-      )
-  return tuple(found)
-
-
-def _resolve_method(module: nn.Module, method: str | tp.Callable[..., tp.Any] | None) -> tp.Callable[..., tp.Any]:
-  if method is None:
-    return type(module).__call__
-  if isinstance(method, str):
-    return getattr(type(module), method)
-  return method
-
-
 class LinenModule(nnx.Module):
   """An NNX module wrapping a Linen module; build it with `from_linen`.
 
@@ -150,7 +105,7 @@ class LinenModule(nnx.Module):
     self.rngs = rngs.fork() if rngs is not None else None
     self.deterministic = False
     self.use_running_average = False
-    self.linen_mode_arguments = _mode_arguments_of(module, _resolve_method(module, method), mode_arguments)
+    self.linen_mode_arguments = modes.mode_arguments_of(module, method, mode_arguments)
     self.linen_rng_names: tuple[str, ...] = ()
     example = _ExampleCall.of(example_inputs, call_kwargs)
     state = linen_state.linen_to_nnx_state(self._initial_variables(example, method))
@@ -169,8 +124,7 @@ class LinenModule(nnx.Module):
 
   def _initial_variables(self, example: _ExampleCall, method) -> dict[str, tp.Any]:
     """Runs Linen `init` once under `jax.jit` on the example arrays or shape structs."""
-    module = self._module_for_mode(deterministic=True, use_running_average=True)
-    mode_kwargs = self._mode_kwargs(method, deterministic=True, use_running_average=True)
+    module, mode_kwargs = modes.for_mode(self.linen_module, method, self.linen_mode_arguments, **modes.EVAL)
 
     def init(rngs, arrays):
       # Shape structs become zeros inside jit: they only feed computations that XLA prunes
@@ -195,8 +149,7 @@ class LinenModule(nnx.Module):
       return
     variables = self.linen_variables(boxed=False)
     mutable = sorted(set(variables) - {'params'})
-    module = self._module_for_mode(deterministic=False, use_running_average=False)
-    mode_kwargs = self._mode_kwargs(method, deterministic=False, use_running_average=False)
+    module, mode_kwargs = modes.for_mode(self.linen_module, method, self.linen_mode_arguments, **modes.TRAIN)
 
     def call(rngs, arrays):
       args, kwargs = example.build(arrays, zeros_for_specs=False)
@@ -212,25 +165,6 @@ class LinenModule(nnx.Module):
       return
     if not self.linen_rng_names:
       self.rngs = None
-
-  # --- mode arguments ---------------------------------------------------------------------------
-
-  def _mode_kwargs(self, method, **attributes: bool) -> dict[str, bool]:
-    """Mode call arguments that `method` (None: `__call__`) takes."""
-    parameters = inspect.signature(_resolve_method(self.linen_module, method)).parameters
-    return {
-        argument.name: argument.value(attributes[argument.nnx_attribute])
-        for argument, is_field in self.linen_mode_arguments
-        if not is_field and argument.name in parameters
-    }
-
-  def _module_for_mode(self, **attributes: bool) -> nn.Module:
-    fields = {
-        argument.name: argument.value(attributes[argument.nnx_attribute])
-        for argument, is_field in self.linen_mode_arguments
-        if is_field
-    }
-    return self.linen_module.clone(**fields) if fields else self.linen_module
 
   # --- rngs --------------------------------------------------------------------------------------
 
@@ -281,8 +215,8 @@ class LinenModule(nnx.Module):
   def linen_call(self, method: str | tp.Callable[..., tp.Any] | None, *args, **kwargs) -> tp.Any:
     """Calls `method` of the Linen module (None: `__call__`) on the wrapper's state."""
     mode = {'deterministic': self.deterministic, 'use_running_average': self.use_running_average}
-    kwargs = {**self._mode_kwargs(method, **mode), **kwargs}
-    module = self._module_for_mode(**mode)
+    module, mode_kwargs = modes.for_mode(self.linen_module, method, self.linen_mode_arguments, **mode)
+    kwargs = {**mode_kwargs, **kwargs}
     captured = self._captured_collections()
     variables = self.linen_variables(boxed=False)
     mutable = sorted((set(variables) - {'params'}) | set(captured))
