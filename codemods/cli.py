@@ -8,8 +8,9 @@ import typing as tp
 
 import nnx_bridge
 from codemods.commands import layers
+from codemods.commands import verify
 
-COMMANDS = (layers,)
+COMMANDS = (layers, verify)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -135,11 +135,6 @@ def nnx_to_linen(
 # --- optimizer state --------------------------------------------------------------------------
 
 
-def _params_only(mapping: TreeMapping) -> TreeMapping:
-  rules = tuple(r for r in mapping.rules if all(key[0] == 'params' for key in r.linen))
-  return TreeMapping(rules, tuple(k for k in mapping.dropped if k[0] == 'params'))
-
-
 def _split_at_params(path: tuple[str, ...], param_suffixes: set[tuple[str, ...]]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
   """(prefix, params path) when the leaf sits in a params-shaped subtree of an optax state."""
   for start in range(len(path)):
@@ -160,7 +155,7 @@ def optimizer_state_to_nnx(
   Every params-shaped subtree (Adam's `mu` and `nu`, ...) is converted with the mapping's
   `params` rules; other leaves (`count`) keep their path. `step` is the TrainState's step.
   """
-  params = _params_only(mapping)
+  params = mapping.only('params')
   suffixes = {key[1:] for key in params.linen_keys}
   groups: dict[tuple[str, ...], dict[LinenKey, tp.Any]] = {}
   converted: dict[NNXPath, tp.Any] = {}
@@ -193,7 +188,7 @@ def optimizer_state_to_nnx(
 
 def optimizer_state_to_linen(optimizer: nnx.Optimizer, mapping: TreeMapping, opt_state_like: tp.Any) -> tp.Any:
   """The `nnx.Optimizer` state as an optax state shaped like `opt_state_like` (e.g. `tx.init(params)`)."""
-  params = _params_only(mapping)
+  params = mapping.only('params')
   suffixes = {key[1:] for key in params.linen_keys}
   nnx_flat = {path: var.get_value() for path, var in flat_nnx_variables(optimizer).items()}
   leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(opt_state_like)

@@ -89,6 +89,11 @@ class TreeMapping:
   def nnx_paths(self) -> set[NNXPath]:
     return {rule.nnx for rule in self.rules}
 
+  def only(self, collection: str) -> 'TreeMapping':
+    """The rules (and dropped leaves) whose Linen leaves all live in `collection`."""
+    rules = tuple(r for r in self.rules if all(key[0] == collection for key in r.linen))
+    return TreeMapping(rules, tuple(k for k in self.dropped if k[0] == collection))
+
   # --- applying ------------------------------------------------------------------------------
 
   def linen_to_nnx(

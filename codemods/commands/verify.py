@@ -1,0 +1,96 @@
+"""`linen2nnx verify LINEN NNX`: is the NNX port the same model as the Linen one?"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from codemods.commands import model_refs
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+  parser = subparsers.add_parser(
+      'verify',
+      help='check that an NNX port computes what its Linen original computes',
+      description=(
+          'Initialize the Linen model, copy its variables into the NNX port through a derived '
+          '(or given) leaf mapping, and compare, leaf by leaf: the eval-mode outputs, the '
+          'gradient of a scalar loss for every parameter, the outputs and updated state after '
+          'one train-mode call (dropout off on both sides), and the partition specs. '
+          'Exit 0 when everything is within tolerance, 1 when not, 2 on usage errors.'
+      ),
+      epilog=(
+          'LINEN and NNX are path/to/file.py:ClassName or package.module:ClassName. The NNX '
+          'constructor gets --nnx-kwargs, then Linen fields of the same name, rngs, and input '
+          'sizes (in_features, din, ...) from the first input; the report says which it used. '
+          'Models built from Python objects (configs, ModuleDefs) come from --examples FILE.py '
+          '--example NAME, a function returning (linen_module, inputs); LINEN may then be "-".'
+      ),
+  )
+  parser.add_argument('linen', metavar='LINEN', help='the Linen class, or - with --examples')
+  parser.add_argument('nnx', metavar='NNX', help='the NNX class')
+  model_refs.add_model_arguments(parser)
+  parser.add_argument('--atol', type=float, default=1e-5, help='absolute tolerance (default 1e-5)')
+  parser.add_argument('--rtol', type=float, default=1e-5, help='relative tolerance (default 1e-5)')
+  parser.add_argument('--no-train-step', action='store_true', help='skip the train-mode call')
+  parser.add_argument('--mapping', metavar='FILE.json', help='use this leaf mapping instead of deriving one')
+  parser.add_argument('--write-mapping', metavar='FILE.json', help='write the mapping used, for review')
+  parser.add_argument(
+      '--logical-axis-rules', metavar='JSON',
+      help='logical axis rules, e.g. [["embed", null], ["mlp", "model"]]: compare specs as mesh axes',
+  )
+  parser.add_argument('--json', action='store_true', help='print the report as JSON')
+  parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+  import jax
+
+  from nnx_bridge import derive
+  from nnx_bridge import modes
+  from nnx_bridge import parity
+  from nnx_bridge.errors import BridgeError
+  from nnx_bridge.treemap import TreeMapping
+
+  try:
+    example = model_refs.build_example(args, None if args.linen == '-' else args.linen)
+    nnx_model, origins = model_refs.build_nnx(args, args.nnx, example)
+    mapping = TreeMapping.load(args.mapping) if args.mapping else None
+    rules = None
+    if args.logical_axis_rules:
+      rules = [tuple(rule) for rule in json.loads(args.logical_axis_rules)]
+  except (model_refs.UsageError, OSError, ValueError) as error:
+    print(f'linen2nnx verify: {error}', file=sys.stderr)
+    return EXIT_USAGE
+
+  # Initialized in eval mode, as Linen code usually is (`init(key, x, train=False)`).
+  eval_module, eval_kwargs = modes.for_mode(
+      example.linen, None, modes.mode_arguments_of(example.linen), **modes.EVAL
+  )
+  variables = eval_module.init(
+      jax.random.key(args.init_seed), *example.args, **eval_kwargs, **example.kwargs
+  )
+  try:
+    if mapping is None:
+      mapping = derive.derive_mapping(eval_module, nnx_model, *example.args, **eval_kwargs, **example.kwargs)
+    report = parity.compare(
+        example.linen, variables, nnx_model, *example.args,
+        mapping=mapping, atol=args.atol, rtol=args.rtol, train=not args.no_train_step,
+        logical_axis_rules=rules, **example.kwargs,
+    )
+  except BridgeError as error:  # the port's variables do not even line up with the Linen ones
+    print(f'linen2nnx verify: the NNX port does not match: {error}', file=sys.stderr)
+    return EXIT_MISMATCH
+  if args.write_mapping:
+    mapping.save(args.write_mapping)
+  if args.json:
+    print(json.dumps({**report.to_dict(), 'nnx_constructor': origins}, indent=2))
+  else:
+    print('NNX constructor arguments:')
+    print('\n'.join(f'  {line}' for line in origins))
+    print(report.to_text())
+  return EXIT_OK if report.ok else EXIT_MISMATCH
+

@@ -1,0 +1,304 @@
+"""Side-by-side parity of a Linen model and its NNX port on transferred parameters.
+
+`compare` copies the Linen variables into (a clone of) the NNX model through a TreeMapping, then
+compares, leaf by leaf: the eval-mode forward outputs, the gradient of a scalar loss for every
+parameter, the outputs and updated state (BatchNorm stats, caches) after one train-mode call,
+and the sharding annotations. It works on objects, never on source text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax import nnx
+from flax import traverse_util
+
+from nnx_bridge import modes
+from nnx_bridge import transfer
+from nnx_bridge.treemap import TreeMapping
+from nnx_bridge.treemap import normalize_path
+from nnx_bridge.treemap import path_str
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+  """How far one NNX leaf is from its Linen counterpart."""
+
+  check: str  # 'output', 'gradient', 'train output' or 'train state'
+  path: str  # NNX path (or output path)
+  source: str  # the Linen path(s) it is compared with
+  shape: tuple[int, ...]
+  max_abs: float
+  max_rel: float
+  ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamRow:
+  """One row of the parameter-tree table."""
+
+  linen: str
+  nnx: str
+  shape: tuple[int, ...]
+  dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRow:
+  """The partition spec of one NNX leaf and of its Linen source."""
+
+  nnx: str
+  linen: str
+  nnx_spec: str
+  linen_spec: str
+  ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityReport:
+  """The result of `compare`; `ok` when every difference is within tolerance and specs agree."""
+
+  differences: tuple[Difference, ...]
+  params: tuple[ParamRow, ...]
+  sharding: tuple[ShardingRow, ...]
+  atol: float
+  rtol: float
+  notes: tuple[str, ...] = ()
+
+  @property
+  def failures(self) -> tuple[Difference | ShardingRow, ...]:
+    return tuple(d for d in (*self.differences, *self.sharding) if not d.ok)
+
+  @property
+  def ok(self) -> bool:
+    return not self.failures
+
+  def to_dict(self) -> dict[str, tp.Any]:
+    return {
+        'ok': self.ok,
+        'atol': self.atol,
+        'rtol': self.rtol,
+        'notes': list(self.notes),
+        'params': [dataclasses.asdict(r) for r in self.params],
+        'differences': [dataclasses.asdict(d) for d in self.differences],
+        'sharding': [dataclasses.asdict(s) for s in self.sharding],
+    }
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2)
+
+  def to_text(self) -> str:
+    lines = [f'Parameter tree ({len(self.params)} leaves):']
+    width = max([len(r.linen) for r in self.params] + [10])
+    nnx_width = max([len(r.nnx) for r in self.params] + [8])
+    lines.append(f'  {"Linen path":{width}}  {"NNX path":{nnx_width}}  shape / dtype')
+    lines += [
+        f'  {r.linen:{width}}  {r.nnx:{nnx_width}}  {r.dtype}{list(r.shape)}' for r in self.params
+    ]
+    for check in ('output', 'gradient', 'train output', 'train state'):
+      rows = [d for d in self.differences if d.check == check]
+      if not rows:
+        continue
+      lines.append(f'{check} differences (atol={self.atol:g}, rtol={self.rtol:g}):')
+      lines += [
+          f'  {"ok  " if d.ok else "FAIL"} {d.path:{nnx_width}}  max|diff|={d.max_abs:.3e}  '
+          f'max rel={d.max_rel:.3e}  ({d.source})'
+          for d in rows
+      ]
+    if self.sharding:
+      lines.append('partition specs:')
+      lines += [
+          f'  {"ok  " if s.ok else "FAIL"} {s.nnx:{nnx_width}}  nnx {s.nnx_spec}  linen {s.linen_spec} ({s.linen})'
+          for s in self.sharding
+      ]
+    lines += [f'note: {note}' for note in self.notes]
+    failures = self.failures
+    lines.append(
+        'RESULT: the NNX port matches the Linen model' if not failures
+        else f'RESULT: MISMATCH in {len(failures)} leaves: '
+        + ', '.join(sorted({getattr(f, "path", getattr(f, "nnx", "")) for f in failures}))
+    )
+    return '\n'.join(lines)
+
+
+def _difference(check: str, path: str, source: str, got: tp.Any, want: tp.Any, atol: float, rtol: float) -> Difference:
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  if got.shape != want.shape:
+    return Difference(check, path, source, tuple(want.shape), float('inf'), float('inf'), False)
+  error = np.abs(got - want)
+  max_abs = float(error.max(initial=0.0))
+  max_rel = float((error / np.maximum(np.abs(want), np.finfo(np.float32).tiny)).max(initial=0.0))
+  ok = bool(np.all(error <= atol + rtol * np.abs(want)))
+  return Difference(check, path, source, tuple(want.shape), max_abs, max_rel, ok)
+
+
+def _flat_outputs(tree: tp.Any) -> dict[str, tp.Any]:
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {path_str(normalize_path(p)) or 'output': leaf for p, leaf in leaves}
+
+
+def _loss(outputs: tp.Any) -> jax.Array:
+  """A scalar that depends on every floating output leaf."""
+  leaves = [x for x in jax.tree.leaves(outputs) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
+  return sum(jnp.mean(jnp.square(x)) for x in leaves)
+
+
+def _identity_dropout(next_fun, args, kwargs, context):
+  """Linen interceptor: Dropout returns its input (NNX and Linen draw different masks)."""
+  if isinstance(context.module, nn.Dropout) and context.method_name == '__call__':
+    return args[0]
+  return next_fun(*args, **kwargs)
+
+
+def _spec_str(spec: tp.Any) -> str:
+  return 'None' if spec is None else str(tuple(spec))
+
+
+def _sharding_rows(linen_abstract, nnx_model, mapping: TreeMapping, rules) -> tuple[ShardingRow, ...]:
+  linen_specs = {
+      normalize_path(k): v
+      for k, v in traverse_util.flatten_dict(nn.get_partition_spec(linen_abstract)).items()
+  }
+  nnx_specs = {
+      normalize_path(path): var.get_value()
+      for path, var in nnx.to_flat_state(nnx.get_partition_spec(nnx.state(nnx_model, nnx.Not(nnx.RngState))))
+  }
+
+  def mesh_axes(spec):
+    if spec is None or not rules:
+      return spec
+    return nn.logical_to_mesh_axes(tuple(spec), rules)
+
+  rows = []
+  for rule in mapping.rules:
+    nnx_spec = nnx_specs.get(rule.nnx)
+    linen_spec = linen_specs.get(rule.linen[0])
+    if not isinstance(nnx_spec, jax.sharding.PartitionSpec) or not nnx_spec:
+      nnx_spec = None
+    if not isinstance(linen_spec, jax.sharding.PartitionSpec) or not linen_spec:
+      linen_spec = None
+    if nnx_spec is None and linen_spec is None:
+      continue
+    nnx_mesh, linen_mesh = mesh_axes(nnx_spec), mesh_axes(linen_spec)
+    rows.append(ShardingRow(
+        path_str(rule.nnx),
+        ', '.join(map(path_str, rule.linen)),
+        _spec_str(nnx_mesh),
+        _spec_str(linen_mesh),
+        nnx_mesh is not None and linen_mesh is not None and tuple(nnx_mesh) == tuple(linen_mesh),
+    ))
+  return tuple(rows)
+
+
+def compare(
+    linen_module: nn.Module,
+    variables: tp.Mapping[str, tp.Any],
+    nnx_model: nnx.Module,
+    *inputs: tp.Any,
+    mapping: TreeMapping | None = None,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+    train: bool = True,
+    dropout_seed: int = 0,
+    logical_axis_rules: tp.Sequence[tuple[str, str | None]] | None = None,
+    **call_kwargs: tp.Any,
+) -> ParityReport:
+  """Compares `linen_module` with `variables` against `nnx_model` given the same parameters.
+
+  The NNX model is cloned, so the caller's model is not changed. The Linen side gets its
+  train/eval arguments (the layer table's `MODE_ARGUMENTS`) set for each check; the NNX side
+  gets `.eval()` / `.train()`. With `train`, one train-mode call is also compared, with
+  dropout off on both sides (the two libraries derive different masks from the same seed).
+  `call_kwargs` go to both calls. Without `mapping`, one is derived by tracing both models.
+  """
+  model = nnx.clone(nnx_model)
+  if mapping is None:
+    from nnx_bridge import derive  # imported here: derive pulls in the tracing machinery
+
+    eval_module, eval_kwargs = modes.for_mode(linen_module, None, modes.mode_arguments_of(linen_module), **modes.EVAL)
+    mapping = derive.derive_mapping(eval_module, model, *inputs, **eval_kwargs, **call_kwargs)
+  transfer.linen_to_nnx(variables, model, mapping)
+  arguments = modes.mode_arguments_of(linen_module)
+  by_nnx = {rule.nnx: ', '.join(map(path_str, rule.linen)) for rule in mapping.rules}
+  differences: list[Difference] = []
+  notes: list[str] = []
+
+  # Eval-mode forward.
+  eval_module, eval_kwargs = modes.for_mode(linen_module, None, arguments, **modes.EVAL)
+  linen_out = eval_module.apply(variables, *inputs, **eval_kwargs, **call_kwargs)
+  model.eval()
+  nnx_out = model(*inputs, **call_kwargs)
+  want, got = _flat_outputs(linen_out), _flat_outputs(nnx_out)
+  for name in sorted(want.keys() | got.keys()):
+    if name not in want or name not in got:
+      differences.append(Difference('output', name, 'output', (), float('inf'), float('inf'), False))
+    else:
+      differences.append(_difference('output', name, 'output', got[name], want[name], atol, rtol))
+
+  # Gradients of one scalar loss, in eval mode.
+  params = variables['params']
+  rest = {k: v for k, v in variables.items() if k != 'params'}
+  linen_grads = jax.grad(
+      lambda p: _loss(eval_module.apply({'params': p, **rest}, *inputs, **eval_kwargs, **call_kwargs))
+  )(params)
+  linen_grads_flat = {('params', *normalize_path(k)): v for k, v in traverse_util.flatten_dict(linen_grads).items()}
+  want_grads = mapping.only('params').linen_to_nnx(linen_grads_flat, allow_lossy=True)
+  nnx_grads = nnx.grad(lambda m: _loss(m(*inputs, **call_kwargs)))(model)
+  got_grads = {normalize_path(p): v.get_value() for p, v in nnx.to_flat_state(nnx_grads)}
+  for path in sorted(want_grads):
+    differences.append(_difference(
+        'gradient', path_str(path), by_nnx[path], got_grads.get(path, np.full(np.shape(want_grads[path]), np.nan)),
+        want_grads[path], atol, rtol,
+    ))
+
+  # One train-mode call: outputs and updated state.
+  if train and arguments:
+    train_module, train_kwargs = modes.for_mode(linen_module, None, arguments, **modes.TRAIN)
+    mutable = [c for c in variables if c != 'params']
+    with nn.intercept_methods(_identity_dropout):
+      linen_train_out, updates = train_module.apply(
+          variables, *inputs, **train_kwargs, **call_kwargs, mutable=mutable,
+          rngs={'dropout': jax.random.key(dropout_seed)},
+      )
+    model.train()
+    model.set_attributes(nnx.Dropout, deterministic=True, raise_if_not_found=False)
+    nnx_train_out = model(*inputs, **call_kwargs)
+    want, got = _flat_outputs(linen_train_out), _flat_outputs(nnx_train_out)
+    for name in sorted(want.keys() & got.keys()):
+      differences.append(_difference('train output', name, 'output', got[name], want[name], atol, rtol))
+    updated = transfer.flat_linen({**variables, **updates})
+    state_mapping = TreeMapping(
+        tuple(r for r in mapping.rules if any(key[0] != 'params' for key in r.linen))
+    )
+    want_state = state_mapping.linen_to_nnx({k: v for k, v in updated.items() if k in state_mapping.linen_keys})
+    got_state = {p: v.get_value() for p, v in transfer.flat_nnx_variables(model).items()}
+    for path in sorted(want_state):
+      differences.append(_difference('train state', path_str(path), by_nnx[path], got_state[path], want_state[path], atol, rtol))
+    notes.append('the train-mode call runs with dropout off on both sides')
+  elif train:
+    notes.append('no train/eval argument found on the Linen module: train-mode call skipped')
+
+  # Shapes and metadata boxes only: the sharding annotations the Linen model declares.
+  linen_abstract = jax.eval_shape(
+      lambda: eval_module.init(jax.random.key(0), *inputs, **eval_kwargs, **call_kwargs)
+  )
+  params_table = tuple(
+      ParamRow(by_nnx[path], path_str(path), tuple(var.shape), str(var.dtype))
+      for path, var in sorted(
+          (p, v.get_value()) for p, v in transfer.flat_nnx_variables(model).items() if p in by_nnx
+      )
+  )
+  return ParityReport(
+      tuple(differences),
+      params_table,
+      _sharding_rows(linen_abstract, model, mapping, logical_axis_rules),
+      atol,
+      rtol,
+      tuple(notes),
+  )
