@@ -247,8 +247,9 @@ def compare(
   linen_grads = jax.grad(
       lambda p: _loss(eval_module.apply({'params': p, **rest}, *inputs, **eval_kwargs, **call_kwargs))
   )(params)
-  linen_grads_flat = {('params', *normalize_path(k)): v for k, v in traverse_util.flatten_dict(linen_grads).items()}
-  want_grads = mapping.only('params').linen_to_nnx(linen_grads_flat, allow_lossy=True)
+  want_grads = mapping.only('params').linen_to_nnx(
+      transfer.flat_linen({'params': linen_grads}), allow_lossy=True
+  )
   nnx_grads = nnx.grad(lambda m: _loss(m(*inputs, **call_kwargs)))(model)
   got_grads = {normalize_path(p): v.get_value() for p, v in nnx.to_flat_state(nnx_grads)}
   for path in sorted(want_grads):
