@@ -12,6 +12,7 @@ with integer keys (`nnx.List` children) written as strings, the form orbax store
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -33,6 +34,9 @@ def normalize_path(path: tp.Iterable[tp.Any]) -> tuple[str, ...]:
 
 
 def path_str(path: tp.Sequence[str]) -> str:
+  """'params/Dense_0/kernel'; keys holding '/' cannot be spelled this way and are refused."""
+  if any('/' in key for key in path):
+    raise ValueError(f'cannot write the path {tuple(path)}: a key contains "/"')
   return '/'.join(path)
 
 
@@ -49,8 +53,8 @@ class LeafRule:
   concat_axis: int | None = None
 
   def __post_init__(self):
-    if len(self.linen) > 1 and self.concat_axis is None:
-      raise ValueError(f'{path_str(self.nnx)}: several Linen leaves need a concat_axis')
+    if (len(self.linen) > 1) != (self.concat_axis is not None):
+      raise ValueError(f'{path_str(self.nnx)}: a concat_axis is given exactly when several Linen leaves are')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +67,8 @@ class TreeMapping:
   def __post_init__(self):
     seen: dict[LinenKey, NNXPath] = {}
     problems = []
-    nnx_paths = [rule.nnx for rule in self.rules]
-    for path in sorted({p for p in nnx_paths if nnx_paths.count(p) > 1}):
+    counts = collections.Counter(rule.nnx for rule in self.rules)
+    for path in sorted(p for p, n in counts.items() if n > 1):
       problems.append(f'NNX leaf {path_str(path)} has two rules')
     for rule in self.rules:
       for key in rule.linen:
@@ -131,6 +135,8 @@ class TreeMapping:
     own abstract variables); without it a mapping that drops leaves cannot be inverted.
     """
     nnx_flat = {normalize_path(k): v for k, v in nnx_flat.items()}
+    if dropped_like is not None:
+      dropped_like = {normalize_path(k): v for k, v in dropped_like.items()}
     _check_keys(self.nnx_paths, set(nnx_flat), 'NNX leaf', 'mapping')
     out: dict[LinenKey, tp.Any] = {}
     for rule in self.rules:

@@ -204,6 +204,6 @@ def build_nnx(args: argparse.Namespace, nnx_ref: str, example: Example) -> tuple
   if not (isinstance(nnx_class, type) and issubclass(nnx_class, nnx.Module)):
     raise UsageError(f'{nnx_ref} is not an NNX Module class')
   kwargs, origins = nnx_constructor_kwargs(
-      nnx_class, example.linen, example.args, parse_json_kwargs(args.nnx_kwargs, '--nnx-kwargs'), args.init_seed
+      nnx_class, example.linen, (*example.args, *example.kwargs.values()), parse_json_kwargs(args.nnx_kwargs, '--nnx-kwargs'), args.init_seed
   )
   return nnx_class(**kwargs), origins
