@@ -115,8 +115,7 @@ class _Layer:
 
 
 def _leaf(collection: str, value: tp.Any) -> _Leaf:
-  if isinstance(value, meta.AxisMetadata):
-    value = value.unbox()
+  value = linen_state.raw_value(value)
   return _Leaf(collection, tuple(value.shape), str(value.dtype))
 
 

@@ -35,6 +35,22 @@ def _mesh_is_set() -> bool:
   return not jax.sharding.get_abstract_mesh().empty
 
 
+def raw_value(leaf: tp.Any) -> tp.Any:
+  """A Linen leaf's array, out of its metadata box without applying sharding constraints.
+
+  (`unbox()` of a `LogicallyPartitioned` under a mesh constrains the value, which fails on
+  abstract values and moves data on concrete ones.)
+  """
+  while isinstance(leaf, meta.AxisMetadata):
+    leaf = leaf.value if hasattr(leaf, 'value') else leaf.unbox()
+  return leaf
+
+
+def unboxed(variables: tp.Any) -> tp.Any:
+  """A Linen variables tree with every metadata box replaced by its raw array."""
+  return jax.tree.map(raw_value, variables, is_leaf=lambda x: isinstance(x, meta.AxisMetadata))
+
+
 def to_variable(collection: str, value: tp.Any) -> nnx.Variable:
   """One Linen leaf (raw, or in a metadata box) as an NNX Variable of its collection's type."""
   var_type = collectionlib.variable_type(collection)

@@ -165,9 +165,12 @@ def _sharding_rows(linen_abstract, nnx_model, mapping: TreeMapping, rules) -> tu
       normalize_path(k): v
       for k, v in traverse_util.flatten_dict(nn.get_partition_spec(linen_abstract)).items()
   }
+  # The declared names (logical or mesh axes), as Linen's get_partition_spec gives them;
+  # nnx.get_partition_spec would already apply the logical rules of the current context.
   nnx_specs = {
-      normalize_path(path): var.get_value()
-      for path, var in nnx.to_flat_state(nnx.get_partition_spec(nnx.state(nnx_model, nnx.Not(nnx.RngState))))
+      path: jax.sharding.PartitionSpec(*names)
+      for path, var in transfer.flat_nnx_variables(nnx_model).items()
+      if (names := var.get_metadata().get('out_sharding')) is not None
   }
 
   def mesh_axes(spec):

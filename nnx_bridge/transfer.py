@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from flax import traverse_util
-from flax.core import meta
 
 from nnx_bridge import collectionlib
+from nnx_bridge import linen_state
 from nnx_bridge.errors import StateMismatchError
 from nnx_bridge.state_check import check_state
 from nnx_bridge.treemap import LinenKey
@@ -33,7 +33,7 @@ def flat_linen(variables: tp.Mapping[str, tp.Any]) -> dict[LinenKey, tp.Any]:
   """`{(collection, *path): array}` with metadata boxes removed and keys as strings."""
   return {
       normalize_path(key): value
-      for key, value in traverse_util.flatten_dict(meta.unbox(dict(variables))).items()
+      for key, value in traverse_util.flatten_dict(linen_state.unboxed(dict(variables))).items()
   }
 
 

@@ -137,3 +137,63 @@ def test_report_as_json(variables):
   data = json.loads(report.to_json())
   assert data['ok'] is True and len(data['params']) == 8
   assert jnp.isfinite(jnp.array([d['max_abs'] for d in data['differences']])).all()
+
+
+_MESH_SCRIPT = '''
+import jax, jax.numpy as jnp
+from flax import linen as nn, nnx
+from nnx_bridge import parity, derive
+
+RULES = [('embed', None), ('mlp', 'model'), ('batch', 'data')]
+assert len(jax.devices()) == 8
+mesh = jax.make_mesh((2, 4), ('data', 'model'), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+class Linen(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    up = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ('embed', 'mlp'))
+    down = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ('mlp', 'embed'))
+    h = nn.relu(nn.Dense(16, kernel_init=up)(x))
+    return nn.Dense(8, kernel_init=down)(h)
+
+
+class Port(nnx.Module):
+  def __init__(self, down_names, rngs):
+    self.up = nnx.Linear(8, 16, kernel_metadata={'out_sharding': ('embed', 'mlp')}, rngs=rngs)
+    self.down = nnx.Linear(16, 8, kernel_metadata={'out_sharding': down_names}, rngs=rngs)
+
+  def __call__(self, x):
+    return self.down(nnx.relu(self.up(x)))
+
+
+x = jnp.ones((4, 8))
+with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
+  abstract = jax.eval_shape(lambda: Linen().init(jax.random.key(0), x))
+  shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, RULES)
+  variables = jax.jit(lambda: Linen().init(jax.random.key(0), x), out_shardings=shardings)()
+  linen_specs = {k: v.value.sharding.spec for k, v in variables['params'].items() for k, v in
+                 [(f'{k}/kernel', v['kernel'])]}
+  for names, expect_ok in ((('mlp', 'embed'), True), (('embed', 'mlp'), False)):
+    model = Port(names, nnx.Rngs(0))
+    nnx_specs = {'Dense_0/kernel': model.up.kernel[...].sharding.spec,
+                 'Dense_1/kernel': model.down.kernel[...].sharding.spec}
+    assert (nnx_specs == linen_specs) is expect_ok, (nnx_specs, linen_specs)
+    report = parity.compare(Linen(), variables, model, x, logical_axis_rules=RULES, train=False)
+    bad = [row.nnx for row in report.sharding if not row.ok]
+    assert bad == ([] if expect_ok else ['down/kernel']), report.to_text()
+    assert report.ok is expect_ok
+print('ok')
+'''
+
+
+@pytest.mark.slow
+def test_partition_specs_on_a_simulated_8_device_mesh():
+  import os
+  import subprocess
+  import sys
+
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
+  result = subprocess.run([sys.executable, '-c', _MESH_SCRIPT], env=env, capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.strip().endswith('ok')
