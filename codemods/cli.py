@@ -7,10 +7,11 @@ import sys
 import typing as tp
 
 import nnx_bridge
+from codemods.commands import convert
 from codemods.commands import layers
 from codemods.commands import verify
 
-COMMANDS = (layers, verify)
+COMMANDS = (verify, convert, layers)
 
 
 def build_parser() -> argparse.ArgumentParser:

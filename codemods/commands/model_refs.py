@@ -199,11 +199,25 @@ def build_example(args: argparse.Namespace, linen_ref: str | None) -> Example:
   return Example(module, inputs, kwargs)
 
 
-def build_nnx(args: argparse.Namespace, nnx_ref: str, example: Example) -> tuple[nnx.Module, list[str]]:
+def build_nnx(
+    args: argparse.Namespace, nnx_ref: str, example: Example, *, abstract: bool = False
+) -> tuple[nnx.Module, list[str]]:
+  """The NNX port, built for real or (`abstract`) with `nnx.eval_shape`: no arrays allocated."""
   nnx_class = load_object(nnx_ref)
   if not (isinstance(nnx_class, type) and issubclass(nnx_class, nnx.Module)):
     raise UsageError(f'{nnx_ref} is not an NNX Module class')
   kwargs, origins = nnx_constructor_kwargs(
-      nnx_class, example.linen, (*example.args, *example.kwargs.values()), parse_json_kwargs(args.nnx_kwargs, '--nnx-kwargs'), args.init_seed
+      nnx_class, example.linen, (*example.args, *example.kwargs.values()),
+      parse_json_kwargs(args.nnx_kwargs, '--nnx-kwargs'), args.init_seed,
   )
-  return nnx_class(**kwargs), origins
+  if not abstract:
+    return nnx_class(**kwargs), origins
+  rng_arguments = [k for k, v in kwargs.items() if isinstance(v, nnx.Rngs)]
+
+  def build():
+    # Fresh Rngs inside the trace, so no key is carried out of it.
+    return nnx_class(**kwargs, **{k: nnx.Rngs(args.init_seed) for k in rng_arguments})
+
+  for k in rng_arguments:
+    del kwargs[k]
+  return nnx.eval_shape(build), origins

@@ -1,0 +1,407 @@
+"""Converts an orbax checkpoint between the Linen layout and the NNX layout, a few arrays at a time.
+
+A Linen checkpoint is what `ocp.StandardCheckpointer().save(path, variables)` writes: leaves
+grouped by collection (`params/Dense_0/kernel`). An NNX checkpoint is what the flax guide
+writes, `ocp.StandardCheckpointer().save(path, nnx.state(model))`: every Variable's array under
+`<path>/value`, `nnx.List` indices as strings, restored with `checkpointer.restore(path,
+abstract_state)` and `nnx.merge`. Both directions follow one `TreeMapping`.
+
+Streaming: orbax writes a checkpoint in one `save` call, so the tree handed to it holds
+`_Pending` leaves (shape, dtype, sharding, no data). `_StreamingHandler`, the TypeHandler for
+them, reads one batch of source arrays (orbax partial restore), builds the target arrays, hands
+them to orbax's own jax.Array handler and waits until they are written before the next batch.
+So one batch (`batch_bytes`, or one rule's arrays if larger) is in memory, plus orbax's and
+tensorstore's buffers for it; the files are those orbax writes for jax.Arrays, with arrays over
+`CHUNK_BYTES` stored in chunks (orbax's `SaveArgs.chunk_byte_size`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import os
+import shutil
+import tempfile
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+from flax.core import meta
+
+from nnx_bridge.errors import LossyConversionError
+from nnx_bridge.errors import StateMismatchError
+from nnx_bridge.state_check import describe
+from nnx_bridge.treemap import LeafRule
+from nnx_bridge.treemap import TreeMapping
+from nnx_bridge.treemap import normalize_path
+from nnx_bridge.treemap import path_str
+
+Key = tuple[str, ...]
+T = tp.TypeVar('T')
+PathLike = str | os.PathLike[str]
+BATCH_BYTES = 256 * 2**20
+CHUNK_BYTES = 64 * 2**20  # larger arrays are stored in chunks, so reading them back streams too
+_VALUE = ('value',)  # the key orbax stores under every nnx.Variable of a saved nnx.State
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+  """One mapping rule in checkpoint keys: `make` turns the `sources` arrays into the `targets` arrays."""
+
+  sources: tuple[Key, ...]
+  targets: tuple[Key, ...]
+  make: tp.Callable[[list[tp.Any]], list[tp.Any]]
+
+  def describe(self) -> str:
+    return f'{" + ".join(map(path_str, self.sources)) or "zeros"} -> {" + ".join(map(path_str, self.targets))}'
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+  """A target leaf handed to orbax before it exists: where it goes, what it is, which job makes it."""
+
+  key: Key
+  job: int
+  shape: tuple[int, ...]
+  dtype: np.dtype
+  sharding: jax.sharding.Sharding
+
+  @property
+  def nbytes(self) -> int:
+    return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+def linen_to_nnx_checkpoint(
+    src: PathLike,
+    dst: PathLike,
+    mapping: TreeMapping,
+    *,
+    nnx_abstract_state: tp.Any = None,
+    linen_collection: str | None = None,
+    allow_lossy: bool = False,
+    batch_bytes: int = BATCH_BYTES,
+) -> None:
+  """Writes the Linen checkpoint at `src` as the NNX checkpoint `dst`, restorable as the flax guide does.
+
+  `nnx_abstract_state` (`nnx.split(nnx.eval_shape(...))[1]`) is checked against and gives the
+  output shardings. `linen_collection` names the collection when `src` holds one collection's
+  tree without its name (a TrainState's `params`). Dropped Linen leaves must be zero unless
+  `allow_lossy`. Nothing is written unless every check passes; `dst` appears complete or not at all.
+  """
+  _refuse_existing(dst)
+  source = _read_metadata(src)
+  linen_key = _linen_key_fn(linen_collection)
+  jobs = [
+      _Job(tuple(map(linen_key, rule.linen)), (rule.nnx + _VALUE,), _joiner(rule)) for rule in mapping.rules
+  ]
+  dropped = tuple(map(linen_key, mapping.dropped))
+  target = None if nnx_abstract_state is None else {
+      path + _VALUE: leaf for path, leaf in _flat_nnx_abstract(nnx_abstract_state).items()
+  }
+  made = _plan(source, jobs, dropped, target, 'NNX model', src)
+  if not allow_lossy:
+    _refuse_lossy(src, source, dropped, batch_bytes)
+  _write(src, dst, source, jobs, made, target or {}, batch_bytes)
+
+
+def nnx_to_linen_checkpoint(
+    src: PathLike,
+    dst: PathLike,
+    mapping: TreeMapping,
+    *,
+    linen_abstract_variables: tp.Any = None,
+    linen_collection: str | None = None,
+    batch_bytes: int = BATCH_BYTES,
+) -> None:
+  """Writes the NNX checkpoint at `src` (an nnx.State or its pure dict) as the Linen checkpoint `dst`.
+
+  `linen_abstract_variables` (`jax.eval_shape(model.init, ...)`) is checked against, gives the
+  output shardings and the shapes of dropped leaves, which come back as zeros. With
+  `linen_collection`, `dst` holds that collection's tree without its name. Nothing is written
+  unless every check passes; `dst` appears complete or not at all.
+  """
+  _refuse_existing(dst)
+  source = _read_metadata(src)
+  suffix = _VALUE if all(key[-1:] == _VALUE for key in source) else ()
+  linen_key = _linen_key_fn(linen_collection)
+  target = None
+  if linen_abstract_variables is not None:
+    flat = _flat_linen_abstract(linen_abstract_variables)
+    target = {linen_key(key): leaf for key, leaf in flat.items() if linen_collection in (None, key[0])}
+  jobs = [_Job((rule.nnx + suffix,), tuple(map(linen_key, rule.linen)), _splitter(rule)) for rule in mapping.rules]
+  for key in map(linen_key, mapping.dropped):
+    if target is None or key not in target:
+      raise StateMismatchError(
+          f'{path_str(key)} has no NNX leaf; pass linen_abstract_variables so that it can be '
+          'written back as zeros of the right shape'
+      )
+    jobs.append(_Job((), (key,), _zeros(target[key])))
+  made = _plan(source, jobs, (), target, 'Linen model', src)
+  _write(src, dst, source, jobs, made, target or {}, batch_bytes)
+
+
+# --- the plan ----------------------------------------------------------------------------------
+
+
+def _linen_key_fn(collection: str | None) -> tp.Callable[[Key], Key]:
+  """Mapping key -> checkpoint key: the same, or without the collection for a one-collection checkpoint."""
+
+  def linen_key(key: Key) -> Key:
+    if collection is None:
+      return key
+    if key[0] != collection:
+      raise StateMismatchError(
+          f'{path_str(key)} is not in the {collection!r} collection, so a checkpoint of that '
+          'collection alone cannot hold it'
+      )
+    return key[1:]
+
+  return linen_key
+
+
+def _joiner(rule: LeafRule) -> tp.Callable[[list[tp.Any]], list[tp.Any]]:
+  return lambda parts: [TreeMapping.build_nnx_leaf(rule, dict(zip(rule.linen, parts)))]
+
+
+def _splitter(rule: LeafRule) -> tp.Callable[[list[tp.Any]], list[tp.Any]]:
+  def split(values: list[tp.Any]) -> list[tp.Any]:
+    linen = TreeMapping((rule,)).nnx_to_linen({rule.nnx: values[0]})
+    return [linen[key] for key in rule.linen]
+
+  return split
+
+
+def _zeros(like: tp.Any) -> tp.Callable[[list[tp.Any]], list[tp.Any]]:
+  return lambda _: [jnp.zeros(like.shape, like.dtype)]
+
+
+def _flat_nnx_abstract(state: tp.Any) -> dict[Key, tp.Any]:
+  """An nnx.State (of Variables) or a pure dict as {NNX path: leaf}, integer keys as strings."""
+  if isinstance(state, nnx.State):
+    return {normalize_path(path): leaf.get_value() for path, leaf in nnx.to_flat_state(state)}
+  return _flatten(state)
+
+
+def _flat_linen_abstract(variables: tp.Any) -> dict[Key, tp.Any]:
+  return _flatten(meta.unbox(variables))
+
+
+def _flatten(tree: tp.Any) -> dict[Key, tp.Any]:
+  return {normalize_path(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _nest(flat: tp.Mapping[Key, tp.Any]) -> dict[str, tp.Any]:
+  tree: dict[str, tp.Any] = {}
+  for key, leaf in flat.items():
+    node = tree
+    for part in key[:-1]:
+      node = node.setdefault(part, {})
+    node[key[-1]] = leaf
+  return tree
+
+
+def _plan(
+    source: dict[Key, tp.Any],
+    jobs: list[_Job],
+    dropped: tuple[Key, ...],
+    target: dict[Key, tp.Any] | None,
+    target_name: str,
+    src: PathLike,
+) -> dict[Key, jax.ShapeDtypeStruct]:
+  """Every target leaf's shape and dtype, or StateMismatchError naming both sides of every problem."""
+  problems = []
+  used = {key: job for job in jobs for key in job.sources}
+  for key in sorted(used.keys() - source.keys()):
+    problems.append(f'{used[key].describe()}: {path_str(key)} is in the mapping, not in the checkpoint')
+  for key in sorted(set(dropped) - source.keys()):
+    problems.append(f'{path_str(key)} (dropped): in the mapping, not in the checkpoint')
+  for key in sorted(source.keys() - used.keys() - set(dropped)):
+    problems.append(f'{path_str(key)}: in the checkpoint, not in the mapping (neither used nor dropped)')
+  if not jax.config.jax_enable_x64:
+    for key in sorted(key for key in used.keys() & source.keys() if np.dtype(source[key].dtype).itemsize == 8):
+      problems.append(f'{path_str(key)}: {describe(source[key])} needs jax.config.update("jax_enable_x64", True)')
+  made = {}
+  for job in jobs:
+    if any(key not in source for key in job.sources):
+      continue
+    inputs = [jax.ShapeDtypeStruct(source[key].shape, source[key].dtype) for key in job.sources]
+    try:
+      made.update(zip(job.targets, jax.eval_shape(job.make, inputs)))
+    except (TypeError, ValueError) as error:
+      problems.append(f'{job.describe()}: cannot be built from {", ".join(map(describe, inputs))}: {error}')
+  if target is not None:
+    producer = {key: job for job in jobs for key in job.targets}
+    for key in sorted(producer.keys() - target.keys()):
+      problems.append(f'{producer[key].describe()}: the {target_name} has no leaf {path_str(key)}')
+    for key in sorted(target.keys() - producer.keys()):
+      problems.append(f'{path_str(key)}: in the {target_name}, nothing in the mapping makes it')
+    for key in sorted(made.keys() & target.keys()):
+      if describe(made[key]) != describe(target[key]):
+        problems.append(
+            f'{producer[key].describe()}: the checkpoint gives {describe(made[key])}, '
+            f'the {target_name} expects {describe(target[key])}'
+        )
+  if problems:
+    raise StateMismatchError(
+        f'{src} does not match the mapping ({len(problems)} problems, nothing written):\n  '
+        + '\n  '.join(problems)
+    )
+  return made
+
+
+# --- orbax ---------------------------------------------------------------------------------------
+
+
+def _host() -> jax.sharding.Sharding:
+  """Where arrays without a target sharding go: host memory, so a conversion needs no accelerator."""
+  return jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])
+
+
+def _read_metadata(path: PathLike) -> dict[Key, tp.Any]:
+  """Shape, dtype and sharding of every leaf of the orbax checkpoint at `path`, reading no array data."""
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f'No checkpoint at {path}')
+  return _flatten(ocp.PyTreeCheckpointer().metadata(path).item_metadata.tree)
+
+
+def _restore(
+    path: PathLike,
+    source: dict[Key, tp.Any],
+    keys: tp.Iterable[Key],
+    shardings: tp.Mapping[Key, jax.sharding.Sharding] | None = None,
+) -> dict[Key, jax.Array]:
+  """Reads only `keys` from the checkpoint at `path` (orbax partial restore), each with its sharding."""
+  shardings = shardings or {}
+  item = {
+      key: jax.ShapeDtypeStruct(source[key].shape, source[key].dtype, sharding=shardings.get(key) or _host())
+      for key in keys
+  }
+  if not item:
+    return {}
+  tree = _nest(item)
+  args = ocp.args.PyTreeRestore(
+      item=tree, restore_args=ocp.checkpoint_utils.construct_restore_args(tree), partial_restore=True
+  )
+  return _flatten(ocp.PyTreeCheckpointer().restore(path, args=args))
+
+
+class _StreamingHandler(ocp.type_handlers.TypeHandler):
+  """Saves `_Pending` leaves as jax.Arrays, making each batch just before orbax's array handler writes it."""
+
+  def __init__(
+      self,
+      array_handler: ocp.type_handlers.TypeHandler,
+      produce: tp.Callable[[tp.Sequence[_Pending]], list[jax.Array]],
+      batch_bytes: int,
+  ):
+    self._array_handler = array_handler
+    self._produce = produce
+    self._batch_bytes = batch_bytes
+
+  def typestr(self) -> str:
+    return self._array_handler.typestr()  # what is on disk is a plain jax.Array
+
+  async def metadata(self, infos):
+    return await self._array_handler.metadata(infos)
+
+  async def deserialize(self, infos, args=None):
+    return await self._array_handler.deserialize(infos, args)
+
+  async def serialize(self, values, infos, args=None):
+    args = args or [ocp.SaveArgs()] * len(values)
+    by_job: dict[int, list[tuple[_Pending, tp.Any, tp.Any]]] = {}
+    for entry in zip(values, infos, args):  # orbax's order, so the metadata files list leaves as it would
+      by_job.setdefault(entry[0].job, []).append(entry)
+    for batch in _by_bytes(by_job.values(), lambda entry: entry[0].nbytes, self._batch_bytes):
+      pending, batch_infos, batch_args = zip(*batch)
+      arrays = await asyncio.to_thread(self._produce, pending)
+      commits = await self._array_handler.serialize(arrays, batch_infos, batch_args)
+      del arrays  # orbax holds them until written, then the next batch may take their memory
+      outcomes = await asyncio.gather(*(asyncio.to_thread(c.result) for c in commits), return_exceptions=True)
+      for outcome in outcomes:  # all have finished: nothing writes into the staging directory any more
+        if isinstance(outcome, BaseException):
+          raise outcome
+    return []
+
+
+def _by_bytes(groups: tp.Iterable[list[T]], nbytes: tp.Callable[[T], int], limit: int) -> tp.Iterator[list[T]]:
+  """Consecutive groups joined while they fit in `limit` bytes; a larger group goes alone."""
+  batch, size = [], 0
+  for group in groups:
+    group_bytes = sum(map(nbytes, group))
+    if batch and size + group_bytes > limit:
+      yield batch
+      batch, size = [], 0
+    batch += group
+    size += group_bytes
+  if batch:
+    yield batch
+
+
+def _refuse_existing(dst: PathLike) -> None:
+  if os.path.lexists(dst):
+    raise FileExistsError(f'{dst} exists; convert into a new path')
+
+
+def _refuse_lossy(src: PathLike, source: dict[Key, tp.Any], dropped: tuple[Key, ...], batch_bytes: int) -> None:
+  """Raises LossyConversionError if a dropped leaf is not zero, reading them a batch at a time."""
+  nbytes = lambda key: math.prod(source[key].shape) * np.dtype(source[key].dtype).itemsize
+  nonzero = []
+  for batch in _by_bytes(([key] for key in dropped), nbytes, batch_bytes):
+    nonzero += [key for key, value in _restore(src, source, batch).items() if np.any(np.asarray(value) != 0)]
+  if nonzero:
+    raise LossyConversionError(
+        f'{", ".join(map(path_str, nonzero))} in {src} is not zero and the NNX model has no place '
+        'for it, so the NNX model would compute something else. Pass allow_lossy=True to convert anyway.'
+    )
+
+
+def _write(
+    src: PathLike,
+    dst: PathLike,
+    source: dict[Key, tp.Any],
+    jobs: list[_Job],
+    made: dict[Key, jax.ShapeDtypeStruct],
+    target: dict[Key, tp.Any],
+    batch_bytes: int,
+) -> None:
+  """Streams the jobs' outputs into a new orbax checkpoint beside `dst`, renamed to `dst` once complete."""
+  pending = {}
+  for index, job in enumerate(jobs):
+    for key in job.targets:
+      sharding = getattr(target.get(key), 'sharding', None) or _host()
+      pending[key] = _Pending(key, index, tuple(made[key].shape), np.dtype(made[key].dtype), sharding)
+
+  def produce(batch: tp.Sequence[_Pending]) -> list[jax.Array]:
+    batch_jobs = [jobs[index] for index in dict.fromkeys(leaf.job for leaf in batch)]
+    shardings = {  # a one-to-one leaf is read straight into its target sharding
+        job.sources[0]: pending[job.targets[0]].sharding
+        for job in batch_jobs
+        if len(job.sources) == len(job.targets) == 1
+    }
+    read = _restore(src, source, [key for job in batch_jobs for key in job.sources], shardings)
+    made_arrays = {}
+    for job in batch_jobs:
+      made_arrays.update(zip(job.targets, job.make([read.pop(key) for key in job.sources])))
+    return [jax.device_put(made_arrays.pop(leaf.key), leaf.sharding) for leaf in batch]
+
+  array_handler = ocp.type_handlers.get_type_handler(jax.Array)
+  registry = ocp.type_handlers.create_type_handler_registry(
+      (jax.Array, array_handler), (_Pending, _StreamingHandler(array_handler, produce, batch_bytes))
+  )
+  dst = os.path.abspath(dst)
+  parent, name = os.path.split(dst)
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=f'.{name}.', suffix='.converting', dir=parent)
+  try:
+    # save_concurrent_gb as StandardCheckpointer sets it
+    handler = ocp.PyTreeCheckpointHandler(save_concurrent_gb=96, type_handler_registry=registry)
+    save_args = _nest({key: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES) for key in pending})
+    ocp.Checkpointer(handler).save(os.path.join(staging, name), args=ocp.args.PyTreeSave(_nest(pending), save_args))
+    os.rename(os.path.join(staging, name), dst)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
