@@ -27,6 +27,7 @@ from flax.core import meta
 from nnx_bridge import collectionlib
 from nnx_bridge import linen_state
 from nnx_bridge.errors import BridgeError
+from nnx_bridge.layer_params import row_mapping
 from nnx_bridge.layer_table import LAYERS, MODE_ARGUMENTS, LayerSpec, find_layer
 from nnx_bridge.state_check import describe
 from nnx_bridge.treemap import LeafRule, LinenKey, NNXPath, TreeMapping, normalize_path, path_str
@@ -195,52 +196,32 @@ def _custom_linen_layer(path: Path, cls: type | None, leaves: dict[tuple[str, Pa
 
 def _row_layer(path: Path, cls: type, spec: LayerSpec, leaves: dict[tuple[str, Path], _Leaf]) -> _Layer:
   """A Linen row layer, its leaves put through the row's renames, fuses, drops and collections."""
-  params = spec.params
-  rest = {(collection, *rel): leaf for (collection, rel), leaf in leaves.items()}
-  sources: dict[Path, _Source] = {}
-  dropped: list[LinenKey] = []
-  problems: list[str] = []
 
   def full(key: tuple[str, ...]) -> LinenKey:
     return (key[0], *path, *key[1:])
 
-  for fuse in params.fuse:
-    keys = [(fuse.collection, *part) for part in fuse.parts]
-    missing = [key for key in keys if key not in rest]
-    if missing:
-      into = path_str(path + fuse.nnx_path)
-      problems += [f'Linen {path_str(full(key))} is missing (fused into NNX {into})' for key in missing]
-      continue
-    parts = [rest.pop(key) for key in keys]
-    if len(set(parts)) != 1 or not parts[0].shape:
+  by_key = {(collection, *rel): leaf for (collection, rel), leaf in leaves.items()}
+  mapping, row_problems = row_mapping(spec, by_key)
+  problems = [f'Linen {path_str(path)} ({spec.linen} row): {problem}' for problem in row_problems]
+  sources: dict[Path, _Source] = {}
+  for rule in mapping.rules:
+    parts = [by_key[key] for key in rule.linen]
+    if len(parts) == 1:
+      sources[rule.nnx] = _Source((full(rule.linen[0]),), parts[0])
+    elif len(set(parts)) != 1 or not parts[0].shape:
       problems.append(
-          f'Linen {", ".join(f"{path_str(full(k))} {p}" for k, p in zip(keys, parts))}: cannot fuse '
-          'leaves of different shapes or dtypes into one NNX leaf'
-      )
-      continue
-    shape = list(parts[0].shape)
-    shape[fuse.axis] *= len(parts)
-    leaf = dataclasses.replace(parts[0], shape=tuple(shape))
-    sources[fuse.nnx_path] = _Source(tuple(map(full, keys)), leaf, fuse.axis)
-  for drop in params.drop:
-    key = (drop.collection, *drop.path)
-    if rest.pop(key, None) is None:
-      problems.append(f'Linen {path_str(full(key))} is missing (the {spec.linen} row drops it)')
-    else:
-      dropped.append(full(key))
-  renames = dict(params.key_renames)
-  for (collection, *rel), leaf in rest.items():
-    nnx_rel = tuple(renames.get(k, k) for k in rel)
-    if params.collection(nnx_rel) != collection:
-      problems.append(
-          f'Linen {path_str(full((collection, *rel)))} {leaf}: the {spec.linen} row takes '
-          f'{path_str(nnx_rel)} from {params.collection(nnx_rel)!r}'
+          f'Linen {", ".join(f"{path_str(full(k))} {p}" for k, p in zip(rule.linen, parts))}: cannot '
+          'fuse leaves of different shapes or dtypes into one NNX leaf'
       )
     else:
-      sources[nnx_rel] = _Source((full((collection, *rel)),), leaf)
+      shape = list(parts[0].shape)
+      shape[rule.concat_axis] *= len(parts)
+      leaf = dataclasses.replace(parts[0], shape=tuple(shape))
+      sources[rule.nnx] = _Source(tuple(map(full, rule.linen)), leaf, rule.concat_axis)
   kind = _nnx_class(tp.cast(str, spec.nnx))
   leaf_map = {rel: s.leaf for rel, s in sources.items()}
-  return _Layer('Linen', path, cls, kind, leaf_map, sources, tuple(dropped), tuple(problems))
+  dropped = tuple(map(full, mapping.dropped))
+  return _Layer('Linen', path, cls, kind, leaf_map, sources, dropped, tuple(problems))
 
 
 def _nnx_layers(model: nnx.Module) -> dict[Path, _Layer]:

@@ -19,6 +19,8 @@ from nnx_bridge.errors import LossyConversionError
 from nnx_bridge.errors import StateMismatchError
 from nnx_bridge.state_check import check_state
 from nnx_bridge.layer_table import LayerSpec, Path
+from nnx_bridge.treemap import LeafRule
+from nnx_bridge.treemap import TreeMapping
 
 Array = jax.Array
 LinenPath = tuple[str, ...]  # (collection, *path)
@@ -26,6 +28,50 @@ LinenPath = tuple[str, ...]  # (collection, *path)
 
 def _show(path: tuple[tp.Any, ...]) -> str:
   return '/'.join(str(key) for key in path)
+
+
+def row_mapping(spec: LayerSpec, linen_keys: tp.Iterable[LinenPath]) -> tuple[TreeMapping, list[str]]:
+  """How one layer's Linen leaves `(collection, *path)` become its NNX leaves, per the row.
+
+  Fused parts become one rule, dropped leaves `dropped`, the rest keep their path with the
+  row's key renames, from the collection the row names. Returns the problems (a missing part,
+  a leaf from the wrong collection, two leaves for one NNX path) instead of guessing.
+  """
+  params = spec.params
+  rest = [tuple(key) for key in linen_keys]
+  rules: list[LeafRule] = []
+  dropped: list[LinenPath] = []
+  problems: list[str] = []
+  for fuse in params.fuse:
+    keys = [(fuse.collection, *part) for part in fuse.parts]
+    missing = [key for key in keys if key not in rest]
+    if missing:
+      problems += [f'missing {_show(key)} (fused into {_show(fuse.nnx_path)})' for key in missing]
+      continue
+    rest = [key for key in rest if key not in keys]
+    rules.append(LeafRule(fuse.nnx_path, tuple(keys), fuse.axis))
+  for drop in params.drop:
+    key = (drop.collection, *drop.path)
+    if key in rest:
+      rest.remove(key)
+      dropped.append(key)
+    else:
+      problems.append(f'missing {_show(key)} (the row drops it)')
+  renames = dict(params.key_renames)
+  taken = {rule.nnx for rule in rules}
+  for collection, *path in rest:
+    nnx_path = tuple(renames.get(key, key) for key in path)
+    if params.collection(nnx_path) != collection:
+      problems.append(
+          f'extra {_show((collection, *path))} (this row takes {_show(nnx_path)} from '
+          f'{params.collection(nnx_path)!r})'
+      )
+    elif nnx_path in taken:
+      problems.append(f'extra {_show((collection, *path))} (two leaves for {_show(nnx_path)})')
+    else:
+      taken.add(nnx_path)
+      rules.append(LeafRule(nnx_path, ((collection, *path),)))
+  return TreeMapping(tuple(rules), tuple(dropped)), problems
 
 
 def linen_to_nnx_params(
@@ -43,44 +89,16 @@ def linen_to_nnx_params(
   would change the outputs: it raises LossyConversionError unless `allow_lossy`.
   """
   flat: dict[LinenPath, tp.Any] = traverse_util.flatten_dict(linen_variables)
-  params = spec.params
-  out: dict[Path, Array] = {}
-  problems: list[str] = []
-  for fuse in params.fuse:
-    keys = [(fuse.collection, *part) for part in fuse.parts]
-    missing = [key for key in keys if key not in flat]
-    if missing:
-      problems += [f'missing {_show(key)} (fused into {_show(fuse.nnx_path)})' for key in missing]
-      continue
-    parts = [flat.pop(key) for key in keys]
-    if len({np.shape(part)[fuse.axis] for part in parts}) != 1:
-      problems.append(f'unequal widths fused into {_show(fuse.nnx_path)}: cannot split back')
-      continue
-    out[fuse.nnx_path] = jnp.concatenate(parts, axis=fuse.axis)
-  for drop in params.drop:
-    dropped = flat.pop((drop.collection, *drop.path), None)
-    if dropped is None:
-      problems.append(f'missing {_show((drop.collection, *drop.path))}')
-    elif not allow_lossy and np.any(np.asarray(dropped) != 0):
-      raise LossyConversionError(
-          f'{_show((drop.collection, *drop.path))} is not zero, and {spec.nnx} has no place for '
-          f'it: the converted layer would compute something else. {spec.note} Pass '
-          'allow_lossy=True to convert anyway.'
-      )
-  renames = dict(params.key_renames)
-  for (collection, *path), leaf in flat.items():
-    nnx_path = tuple(renames.get(key, key) for key in path)
-    if params.collection(nnx_path) != collection:
-      problems.append(
-          f'extra {_show((collection, *path))} (this row takes {_show(nnx_path)} from '
-          f'{params.collection(nnx_path)!r})'
-      )
-    elif nnx_path in out:
-      problems.append(f'extra {_show((collection, *path))} (two leaves for {_show(nnx_path)})')
-    else:
-      out[nnx_path] = leaf
+  mapping, problems = row_mapping(spec, flat)
+  for rule in mapping.rules:
+    if len(rule.linen) > 1 and len({np.shape(flat[key])[rule.concat_axis] for key in rule.linen}) != 1:
+      problems.append(f'unequal widths fused into {_show(rule.nnx)}: cannot split back')
   if problems:
     raise StateMismatchError(f'{spec.linen} variables do not match the row: ' + '; '.join(problems))
+  try:
+    out = mapping.linen_to_nnx(flat, allow_lossy=allow_lossy)
+  except LossyConversionError as error:
+    raise LossyConversionError(f'{error} {spec.note}') from None
   if expected is not None:
     check_state(expected, out, context=f'{spec.nnx} state converted from {spec.linen}')
   return out
