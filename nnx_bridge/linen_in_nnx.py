@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 from flax import nnx
-from flax.core import meta
 from flax import errors as linen_errors
 from flax.nnx import traversals
 
@@ -253,7 +252,7 @@ class LinenModule(nnx.Module):
             'structure: create it during init (call from_linen with the example arguments and '
             'mode that create it).'
         )
-      variable.set_value(meta.unbox(value))
+      variable.set_value(linen_state.raw_value(value))
 
   def __call__(self, *args, **kwargs) -> tp.Any:
     return self.linen_call(None, *args, **kwargs)
