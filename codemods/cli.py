@@ -9,9 +9,10 @@ import typing as tp
 import nnx_bridge
 from codemods.commands import convert
 from codemods.commands import layers
+from codemods.commands import migrate
 from codemods.commands import verify
 
-COMMANDS = (verify, convert, layers)
+COMMANDS = (migrate, verify, convert, layers)
 
 
 def build_parser() -> argparse.ArgumentParser:

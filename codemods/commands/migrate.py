@@ -1,0 +1,72 @@
+"""`linen2nnx migrate PATH...`: rewrite Linen code into NNX code, as a diff, a check or in place."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXIT_OK, EXIT_WOULD_CHANGE, EXIT_FAILED = 0, 1, 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+  parser = subparsers.add_parser(
+      'migrate',
+      help='rewrite Flax Linen code into Flax NNX code (prints a diff unless --write)',
+      description=(
+          'Run the migration rules over the .py and .ipynb files under PATH... (directories are '
+          'walked, .gitignore respected; files that never mention flax or linen are skipped). '
+          'By default print a unified diff (a/ b/ prefixes: apply it with `git apply` or '
+          '`patch -p1` from this directory) and write nothing; the report goes to stderr. '
+          'Exit 0 when done, 1 with --check when a file would change, 2 when a file could not '
+          'be processed (the other files are still processed) or on usage errors.'
+      ),
+  )
+  parser.add_argument('paths', nargs='+', metavar='PATH', help='files or directories')
+  mode = parser.add_mutually_exclusive_group()
+  mode.add_argument('--write', action='store_true', help='rewrite the files in place (atomically)')
+  mode.add_argument('--check', action='store_true', help='write nothing, print no diff; exit 1 if a file would change')
+  parser.add_argument('-j', '--jobs', type=int, default=None, metavar='N', help='processes (default: all cores)')
+  parser.add_argument('--include', action='append', default=[], metavar='GLOB', help='only files matching GLOB (repeatable)')
+  parser.add_argument('--exclude', action='append', default=[], metavar='GLOB', help='skip files matching GLOB (repeatable)')
+  parser.add_argument('--report-json', metavar='FILE', help='write the report as JSON (schema: docs/migrate.md)')
+  parser.add_argument('--select', metavar='CODE,...', help='run only these rules (codes or prefixes, e.g. L2N001)')
+  parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+  from codemods import engine
+  from codemods import rules as registry
+
+  try:
+    rules = registry.select_rules(args.select.split(',')) if args.select else registry.ALL_RULES
+    if args.jobs is not None and args.jobs < 1:
+      raise ValueError(f'-j must be at least 1, got {args.jobs}')
+    result = engine.migrate(
+        args.paths, rules=rules, write=args.write, jobs=args.jobs,
+        include=args.include, exclude=args.exclude, progress=sys.stderr.isatty(),
+    )
+  except (ValueError, FileNotFoundError) as error:
+    print(f'linen2nnx migrate: {error}', file=sys.stderr)
+    return EXIT_FAILED
+  for outcome in result.files:
+    if not args.write and not args.check:
+      sys.stdout.write(outcome.diff)
+    for line in outcome.entry_lines():
+      print(line, file=sys.stderr)
+    if outcome.error:
+      print(f'{outcome.path}: error: {outcome.error}', file=sys.stderr)
+    if args.check and outcome.diff:
+      print(f'would change: {outcome.path}', file=sys.stderr)
+  summary = result.summary()
+  verb = 'changed' if args.write else 'would change'
+  print(
+      f'linen2nnx migrate: {summary["changed"]} {verb}, {summary["unchanged"]} unchanged, '
+      f'{summary["skipped"]} skipped (no flax), {summary["failed"]} failed',
+      file=sys.stderr,
+  )
+  if args.report_json:
+    with open(args.report_json, 'w', encoding='utf-8') as file:
+      file.write(result.to_json())
+  if result.failed:
+    return EXIT_FAILED
+  return EXIT_WOULD_CHANGE if args.check and result.changed else EXIT_OK

@@ -1,0 +1,83 @@
+"""What `linen2nnx migrate` reports: per-file outcomes and their entries, as text and JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing as tp
+
+SCHEMA_VERSION = 1
+CHANGED, UNCHANGED, SKIPPED, FAILED = 'changed', 'unchanged', 'skipped', 'failed'
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One change made, or one construct left unconverted (`kind` 'todo'), at a 1-based line:column."""
+
+  line: int
+  column: int
+  code: str
+  kind: str  # 'change' | 'todo'
+  message: str
+  cell: int | None = None  # index of the notebook cell, for .ipynb files; lines are cell-relative
+
+  def sort_key(self) -> tuple[int, int, int, str, str, str]:
+    return (-1 if self.cell is None else self.cell, self.line, self.column, self.code, self.kind, self.message)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileOutcome:
+  """The result for one file: its status, the unified diff of the change and the report entries."""
+
+  path: str
+  status: str  # CHANGED | UNCHANGED | SKIPPED | FAILED
+  diff: str = ''
+  entries: tuple[Entry, ...] = ()
+  error: str = ''
+
+  def entry_lines(self) -> list[str]:
+    """`path:line:col: CODE kind: message` lines, the format compilers and editors link to."""
+    where = lambda e: self.path if e.cell is None else f'{self.path}[cell {e.cell}]'
+    return [f'{where(e)}:{e.line}:{e.column}: {e.code} {e.kind}: {e.message}' for e in self.entries]
+
+
+@dataclasses.dataclass(frozen=True)
+class MigrationResult:
+  """The outcome of one run, files sorted by path so it does not depend on order or `-j`."""
+
+  files: tuple[FileOutcome, ...]
+  written: bool = False
+
+  def with_status(self, status: str) -> list[FileOutcome]:
+    return [outcome for outcome in self.files if outcome.status == status]
+
+  @property
+  def changed(self) -> list[FileOutcome]:
+    return self.with_status(CHANGED)
+
+  @property
+  def failed(self) -> list[FileOutcome]:
+    return self.with_status(FAILED)
+
+  def summary(self) -> dict[str, int]:
+    return {status: len(self.with_status(status)) for status in (CHANGED, UNCHANGED, SKIPPED, FAILED)}
+
+  def to_json_dict(self) -> dict[str, tp.Any]:
+    """The `--report-json` document; its schema is in docs/migrate.md."""
+    return {
+        'version': SCHEMA_VERSION,
+        'written': self.written,
+        'summary': self.summary(),
+        'files': [
+            {
+                'path': outcome.path,
+                'status': outcome.status,
+                'error': outcome.error or None,
+                'entries': [dataclasses.asdict(entry) for entry in outcome.entries],
+            }
+            for outcome in self.files
+        ],
+    }
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_json_dict(), indent=2) + '\n'

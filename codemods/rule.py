@@ -1,0 +1,94 @@
+"""The interface every `linen2nnx migrate` rule implements.
+
+A rule is a libcst `VisitorBasedCodemodCommand` with two class attributes and two helpers:
+
+```
+class ConvertFooRule(MigrationRule):
+  CODE = 'L2N042'                       # unique; the fixture folder is fixtures/L2N042/
+  DESCRIPTION = 'flax.linen.foo -> flax.nnx.foo.'
+  METADATA_DEPENDENCIES = (QualifiedNameProvider,)   # added to the base class's own
+
+  def leave_Attribute(self, original_node, updated_node):
+    if QualifiedNameProvider.has_name(self, original_node, 'flax.linen.foo'):
+      self.add_needed_import('flax', 'nnx')            # AddImportsVisitor, run afterwards
+      self.report_change(original_node, 'nn.foo -> nnx.foo')
+      return cst.parse_expression('nnx.foo')
+    return updated_node
+```
+
+- Match by qualified name (`QualifiedNameProvider`), never by spelling, so that every import
+  style resolves and a shadowed local `nn` is left alone.
+- Add and remove imports only through `self.add_needed_import` / `self.remove_unused_import`
+  (libcst's `AddImportsVisitor` / `RemoveImportsVisitor`, run once the rule is done).
+- Call `self.report_change(node, message)` for every rewrite and `self.report_todo(node,
+  message)` for every construct left unconverted. Pass the *original* node: positions come
+  from `PositionProvider` on the original tree. `report_todo` also puts a
+  `# TODO(linen2nnx): message` line above the statement that holds the node (once: not again
+  when the same line is already there, so a second run changes nothing). A line of its own
+  rather than an end-of-line comment keeps existing trailing comments and pragmas intact.
+- A rule must be idempotent: its output, migrated again, is unchanged.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import libcst as cst
+from libcst.codemod import VisitorBasedCodemodCommand
+from libcst.metadata import ParentNodeProvider
+from libcst.metadata import PositionProvider
+
+from codemods.report import Entry
+
+REPORT_KEY = 'linen2nnx.report'
+TODO_PREFIX = '# TODO(linen2nnx): '
+_STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.Decorator)
+
+
+class MigrationRule(VisitorBasedCodemodCommand):
+  """Base class of the migration rules: a libcst codemod that also records report entries."""
+
+  CODE: tp.ClassVar[str] = ''
+  DESCRIPTION: tp.ClassVar[str] = ''
+  METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
+
+  def __init__(self, context: cst.codemod.CodemodContext) -> None:
+    super().__init__(context)
+    self._todo_comments: dict[cst.CSTNode, list[str]] = {}
+
+  def report_change(self, node: cst.CSTNode, message: str) -> None:
+    """Records that `node` (of the original tree) was rewritten."""
+    self._record(node, 'change', message)
+
+  def report_todo(self, node: cst.CSTNode, message: str) -> None:
+    """Records that `node` was left unconverted and flags its statement with a TODO comment."""
+    self._record(node, 'todo', message)
+    statement = self._statement_of(node)
+    if statement is not None:
+      self._todo_comments.setdefault(statement, []).append(TODO_PREFIX + ' '.join(message.split()))
+
+  def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:
+    updated_node = super().on_leave(original_node, updated_node)
+    comments = self._todo_comments.pop(original_node, None)
+    if comments and isinstance(updated_node, _STATEMENTS):
+      updated_node = _with_comments(updated_node, comments)
+    return updated_node
+
+  def _record(self, node: cst.CSTNode, kind: str, message: str) -> None:
+    start = self.get_metadata(PositionProvider, node).start
+    entry = Entry(line=start.line, column=start.column + 1, code=self.CODE, kind=kind, message=message)
+    self.context.scratch.setdefault(REPORT_KEY, []).append(entry)
+
+  def _statement_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
+    while node is not None and not isinstance(node, _STATEMENTS):
+      node = self.get_metadata(ParentNodeProvider, node, None)
+    return node
+
+
+def _with_comments(statement: tp.Any, comments: list[str]) -> tp.Any:
+  present = {line.comment.value for line in statement.leading_lines if line.comment is not None}
+  new = [
+      cst.EmptyLine(indent=True, comment=cst.Comment(text))
+      for text in dict.fromkeys(comments) if text not in present
+  ]
+  return statement.with_changes(leading_lines=(*statement.leading_lines, *new)) if new else statement

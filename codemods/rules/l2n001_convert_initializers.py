@@ -1,0 +1,137 @@
+"""L2N001: `flax.linen.initializers.X` -> `nnx.initializers.X`.
+
+## What it does
+Rewrites every reference to a Linen initializer (`nn.initializers.lecun_normal`,
+`linen.initializers.zeros`, `I.ones` after `from flax.linen import initializers as I`,
+`flax.linen.initializers.normal`, `nn.zeros_init`, or a name imported from
+`flax.linen.initializers`) into `nnx.initializers.X`, adds `from flax import nnx` and removes
+the Linen import it went through once nothing else uses it.
+
+## Why
+`flax.nnx.initializers` exports the same functions (the same objects, except `zeros_init` and
+`ones_init`, which are identical copies), so the rewrite does not change any value.
+
+## Left as a TODO
+A name `flax.nnx.initializers` lacks, a reference that is assigned or deleted, and code where
+the name `nnx` is already bound to something else than `flax.nnx`.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.helpers
+from libcst.metadata import ExpressionContext
+from libcst.metadata import ExpressionContextProvider
+from libcst.metadata import ImportAssignment
+from libcst.metadata import QualifiedNameProvider
+from libcst.metadata import ScopeProvider
+
+from codemods.rule import MigrationRule
+
+LINEN_MODULE = 'flax.linen.initializers'
+# The public names of flax.nnx.initializers (flax 0.12.8); tests check each one against flax.
+NNX_INITIALIZERS = frozenset({
+    'Initializer', 'constant', 'delta_orthogonal', 'glorot_normal', 'glorot_uniform',
+    'he_normal', 'he_uniform', 'kaiming_normal', 'kaiming_uniform', 'lecun_normal',
+    'lecun_uniform', 'normal', 'ones', 'ones_init', 'orthogonal', 'truncated_normal', 'uniform',
+    'variance_scaling', 'xavier_normal', 'xavier_uniform', 'zeros', 'zeros_init',
+})
+# Initializers flax.linen re-exports at its top level.
+LINEN_TOP_LEVEL = frozenset({'zeros_init', 'ones_init'})
+
+
+class ConvertInitializersRule(MigrationRule):
+  """Rewrites Linen initializer references to the identical `nnx.initializers` ones."""
+
+  CODE = 'L2N001'
+  DESCRIPTION = 'flax.linen.initializers.X -> nnx.initializers.X (the same functions).'
+  METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, ExpressionContextProvider)
+
+  def __init__(self, context: cst.codemod.CodemodContext) -> None:
+    super().__init__(context)
+    self._replacements: dict[cst.CSTNode, cst.BaseExpression] = {}
+
+  def visit_Import(self, node: cst.Import) -> bool:
+    return False
+
+  def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+    return False
+
+  def visit_Attribute(self, node: cst.Attribute) -> bool:
+    return self._visit_reference(node)
+
+  def visit_Name(self, node: cst.Name) -> bool:
+    return self._visit_reference(node)
+
+  def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+    return self._replacements.pop(original_node, updated_node)
+
+  def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+    return self._replacements.pop(original_node, updated_node)
+
+  def _visit_reference(self, node: cst.Attribute | cst.Name) -> bool:
+    """Handles the outermost expression naming a Linen initializer; returns False to stop there."""
+    names = {qualified.name for qualified in self.get_metadata(QualifiedNameProvider, node, set())}
+    targets = {_nnx_target(name) for name in names}
+    if not names or targets == {None}:
+      return True
+    code = self.module.code_for_node(node)
+    if len(targets) > 1 or None in targets:
+      self.report_todo(node, f'{code} may or may not be a Linen initializer here; convert it by hand')
+      return False
+    target = targets.pop()
+    attr = target.rpartition('.')[2]
+    if target != 'initializers' and attr not in NNX_INITIALIZERS:
+      self.report_todo(node, f'{code}: flax.nnx.initializers has no {attr}; pick a replacement by hand')
+    elif self.get_metadata(ExpressionContextProvider, node, None) in (ExpressionContext.STORE, ExpressionContext.DEL):
+      self.report_todo(node, f'{code} is assigned or deleted here; convert it by hand')
+    elif not self._nnx_is_free(node):
+      self.report_todo(node, f'{code} -> nnx.{target} needs the name nnx, bound to something else here')
+    else:
+      self._replacements[node] = cst.parse_expression(f'nnx.{target}')
+      self.add_needed_import('flax', 'nnx')
+      self._remove_import_of(node)
+      self.report_change(node, f'{code} -> nnx.{target}')
+    return False
+
+  def _nnx_is_free(self, node: cst.CSTNode) -> bool:
+    scope = self.get_metadata(ScopeProvider, node, None)
+    if scope is None:
+      return False
+    names = {qn.name for assignment in scope['nnx'] for qn in assignment.get_qualified_names_for('nnx')}
+    return names <= {'flax.nnx'}
+
+  def _remove_import_of(self, node: cst.Attribute | cst.Name) -> None:
+    """Schedules removal of the import `node` goes through; libcst keeps it while still used."""
+    base = node
+    while isinstance(base, cst.Attribute):
+      base = base.value
+    scope = self.get_metadata(ScopeProvider, base, None)
+    if not isinstance(base, cst.Name) or scope is None:
+      return
+    for assignment in scope[base.value]:
+      if not isinstance(assignment, ImportAssignment):
+        continue
+      statement = assignment.node
+      if isinstance(statement, cst.ImportFrom) and (statement.relative or isinstance(statement.names, cst.ImportStar)):
+        continue
+      for alias in statement.names:
+        bound = alias.evaluated_alias or alias.evaluated_name.split('.')[0]
+        if bound != base.value:
+          continue
+        if isinstance(statement, cst.Import):
+          self.remove_unused_import(alias.evaluated_name, asname=alias.evaluated_alias)
+        else:
+          module = cst.helpers.get_full_name_for_node(statement.module)
+          self.remove_unused_import(module, alias.evaluated_name, alias.evaluated_alias)
+
+
+def _nnx_target(qualified_name: str) -> str | None:
+  """'flax.linen.initializers.zeros' -> 'initializers.zeros'; None for anything else."""
+  if qualified_name == LINEN_MODULE:
+    return 'initializers'
+  if qualified_name.startswith(LINEN_MODULE + '.') and qualified_name.count('.') == 3:
+    return 'initializers.' + qualified_name.rpartition('.')[2]
+  if qualified_name.rpartition('.')[::2] in {('flax.linen', name) for name in LINEN_TOP_LEVEL}:
+    return 'initializers.' + qualified_name.rpartition('.')[2]
+  return None
