@@ -197,3 +197,24 @@ def test_optimizer_state_of_another_shape_is_refused(variables):
   sgd_state = optax.sgd(1e-2, momentum=0.9).init(variables['params'])
   with pytest.raises(StateMismatchError, match=r'opt_state/0/mu/linear1/kernel: expected float32\[3,4\], got nothing'):
     transfer.optimizer_state_to_nnx(sgd_state, optimizer, MAPPING)
+
+
+class SameLayout(nnx.Module):
+  """A port that kept Linen's auto-names: no mapping needed."""
+
+  def __init__(self, rngs: nnx.Rngs, out: int = 3):
+    self.Dense_0 = nnx.Linear(3, 3, rngs=rngs)
+    self.Dense_1 = nnx.Linear(3, out, rngs=rngs)
+
+  def __call__(self, x):
+    return self.Dense_1(self.Dense_0(x))
+
+
+def test_without_a_mapping_the_layouts_must_agree():
+  from nnx_bridge.derive import MappingError
+
+  variables = LinenStack().init(jax.random.key(0), X)
+  model = transfer.linen_to_nnx(variables, SameLayout(nnx.Rngs(0)))
+  np.testing.assert_allclose(model(X), LinenStack().apply(variables, X), atol=1e-6)
+  with pytest.raises(MappingError, match=r'params/Dense_1/kernel float32\[3,3\] does not fit NNX Dense_1/kernel'):
+    transfer.linen_to_nnx(variables, SameLayout(nnx.Rngs(0), out=2))
