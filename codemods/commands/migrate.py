@@ -18,7 +18,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           'By default print a unified diff (a/ b/ prefixes: apply it with `git apply` or '
           '`patch -p1` from this directory) and write nothing; the report goes to stderr. '
           'Exit 0 when done, 1 with --check when a file would change, 2 when a file could not '
-          'be processed (the other files are still processed) or on usage errors.'
+          'be processed (the other files are still processed) or on usage errors. Defaults '
+          'come from [tool.linen2nnx] in the nearest pyproject.toml (include, exclude, select, '
+          'jobs); command-line globs add to them, --select and -j replace them.'
       ),
   )
   parser.add_argument('paths', nargs='+', metavar='PATH', help='files or directories')
@@ -36,14 +38,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
   from codemods import engine
   from codemods import rules as registry
+  from codemods import settings as project_settings
 
   try:
-    rules = registry.select_rules(args.select.split(',')) if args.select else registry.ALL_RULES
-    if args.jobs is not None and args.jobs < 1:
-      raise ValueError(f'-j must be at least 1, got {args.jobs}')
+    settings = project_settings.load_settings()
+    select = args.select.split(',') if args.select else settings.select
+    rules = registry.select_rules(select) if select else registry.ALL_RULES
+    jobs = args.jobs if args.jobs is not None else settings.jobs
+    if jobs is not None and jobs < 1:
+      raise ValueError(f'-j must be at least 1, got {jobs}')
     result = engine.migrate(
-        args.paths, rules=rules, write=args.write, jobs=args.jobs,
-        include=args.include, exclude=args.exclude, progress=sys.stderr.isatty(),
+        args.paths, rules=rules, write=args.write, jobs=jobs,
+        include=[*settings.include, *args.include], exclude=[*settings.exclude, *args.exclude],
+        progress=sys.stderr.isatty(),
     )
   except (ValueError, FileNotFoundError) as error:
     print(f'linen2nnx migrate: {error}', file=sys.stderr)
