@@ -10,7 +10,7 @@ from codemods import rules as registry
 from codemods.engine import migrate
 from codemods.rule import MigrationRule
 
-RULES = registry.ALL_RULES
+RULES = registry.select_rules(['L2N001'])  # engine behaviour, shown with one rule
 LINEN = 'import flax.linen as nn\n\nW = nn.initializers.zeros\n'
 MIGRATED = 'from flax import nnx\n\nW = nnx.initializers.zeros\n'
 

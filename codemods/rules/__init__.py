@@ -6,8 +6,9 @@ import typing as tp
 
 from codemods.rule import MigrationRule
 from codemods.rules.l2n001_convert_initializers import ConvertInitializersRule
+from codemods.rules.l2n002_module_definitions import ConvertModuleDefinitionsRule
 
-ALL_RULES: tuple[type[MigrationRule], ...] = (ConvertInitializersRule,)
+ALL_RULES: tuple[type[MigrationRule], ...] = (ConvertInitializersRule, ConvertModuleDefinitionsRule)
 
 
 def select_rules(codes: tp.Iterable[str]) -> tuple[type[MigrationRule], ...]:
