@@ -82,7 +82,7 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]], write: bool
     else:
       result = transform_source(old, rules)
     if result.source == old:
-      return FileOutcome(path, UNCHANGED, entries=result.entries)
+      return FileOutcome(path, UNCHANGED, entries=result.entries, classes=result.classes)
     encoding = 'utf-8' if path.endswith('.ipynb') else _encoding(old)
     diff = unified_diff(old.decode(encoding, 'surrogateescape'), result.source.decode(encoding, 'surrogateescape'), path)
     if write:
@@ -90,7 +90,7 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]], write: bool
         if file.read() != old:
           raise MigrationError('the file changed on disk during the run, left untouched')
       files.write_atomic(path, result.source)
-    return FileOutcome(path, CHANGED, diff=diff, entries=result.entries)
+    return FileOutcome(path, CHANGED, diff=diff, entries=result.entries, classes=result.classes)
   except MigrationError as error:
     return FileOutcome(path, FAILED, error=str(error))
   except Exception as error:  # unreadable file, unknown encoding, a bug: report it, go on

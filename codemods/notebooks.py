@@ -14,6 +14,7 @@ import json
 import re
 import typing as tp
 
+from codemods.report import ConvertedClass
 from codemods.report import Entry
 from codemods.rule import MigrationRule
 from codemods.transform import MigrationError
@@ -41,7 +42,7 @@ def transform_notebook(data: bytes, rules: tp.Sequence[type[MigrationRule]]) -> 
   module = ''.join(parts)
   result = transform_source(module, rules)
   if result.source == module:
-    return Transformed(data, _cell_entries(result.entries, module, indices))
+    return Transformed(data, _in_cells(result.entries, module, indices), _in_cells(result.classes, module, indices))
   new_sources = _split(result.source, indices)
   for index, source in zip(indices, new_sources):
     new = _unmask(source, magics)
@@ -50,7 +51,8 @@ def transform_notebook(data: bytes, rules: tp.Sequence[type[MigrationRule]]) -> 
   text = data.decode('utf-8')
   indent = _INDENT.search(text)
   new_text = json.dumps(notebook, indent=len(indent.group(1)) if indent else 1, ensure_ascii=False)
-  return Transformed((new_text + ('\n' if text.endswith('\n') else '')).encode('utf-8'), _cell_entries(result.entries, module, indices))
+  new_data = (new_text + ('\n' if text.endswith('\n') else '')).encode('utf-8')
+  return Transformed(new_data, _in_cells(result.entries, module, indices), _in_cells(result.classes, module, indices))
 
 
 def _is_python(cell: dict[str, tp.Any]) -> bool:
@@ -105,14 +107,17 @@ def _split(module: str, indices: list[int]) -> list[str]:
   return sources
 
 
-def _cell_entries(entries: tp.Sequence[Entry], module: str, indices: list[int]) -> tuple[Entry, ...]:
-  """Entries of the joined module, re-addressed to (cell, line within the cell)."""
+Located = tp.TypeVar('Located', Entry, ConvertedClass)
+
+
+def _in_cells(records: tp.Sequence[Located], module: str, indices: list[int]) -> tuple[Located, ...]:
+  """Entries or classes of the joined module, re-addressed to (cell, line within the cell)."""
   starts = []  # 1-based line of each marker in the joined (original) module
   for number, line in enumerate(module.splitlines(), start=1):
     if re.fullmatch(r'__linen2nnx_cell_\d+__', line):
       starts.append(number)
   out = []
-  for entry in entries:
-    k = max((k for k, start in enumerate(starts) if start < entry.line), default=0)
-    out.append(dataclasses.replace(entry, cell=indices[k], line=entry.line - starts[k]))
+  for record in records:
+    k = max((k for k, start in enumerate(starts) if start < record.line), default=0)
+    out.append(dataclasses.replace(record, cell=indices[k], line=record.line - starts[k]))
   return tuple(out)

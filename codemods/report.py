@@ -1,4 +1,4 @@
-"""What `linen2nnx migrate` reports: per-file outcomes and their entries, as text and JSON."""
+"""What `linen2nnx migrate` reports: per-file outcomes, their entries and converted classes, as text and JSON."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import typing as tp
 
 SCHEMA_VERSION = 1
 CHANGED, UNCHANGED, SKIPPED, FAILED = 'changed', 'unchanged', 'skipped', 'failed'
+FIELD, INPUT_DIMENSION, UNDETERMINED, RNGS = 'field', 'input_dimension', 'undetermined', 'rngs'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,14 +27,48 @@ class Entry:
 
 
 @dataclasses.dataclass(frozen=True)
+class ConstructorArgument:
+  """One argument of a converted class's NNX `__init__` and where its value comes from."""
+
+  name: str
+  origin: str  # FIELD | INPUT_DIMENSION | UNDETERMINED | RNGS
+  detail: str = ''  # the field's declaration, or which size of which child it is and why
+  child: str | None = None  # for sizes: the NNX attribute of the child that takes it
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildName:
+  """A submodule's Linen name (`Dense_0`, or its `name=` / setup attribute) and its NNX attribute."""
+
+  linen_name: str
+  nnx_attribute: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertedClass:
+  """A Linen class converted to NNX, at a 1-based line: its new constructor and its children."""
+
+  line: int
+  linen_name: str
+  nnx_name: str
+  arguments: tuple[ConstructorArgument, ...]
+  children: tuple[ChildName, ...]
+  cell: int | None = None  # as in Entry
+
+  def sort_key(self) -> tuple[int, int, str]:
+    return (-1 if self.cell is None else self.cell, self.line, self.linen_name)
+
+
+@dataclasses.dataclass(frozen=True)
 class FileOutcome:
-  """The result for one file: its status, the unified diff of the change and the report entries."""
+  """The result for one file: its status, the unified diff, the report entries and the classes converted."""
 
   path: str
   status: str  # CHANGED | UNCHANGED | SKIPPED | FAILED
   diff: str = ''
   entries: tuple[Entry, ...] = ()
   error: str = ''
+  classes: tuple[ConvertedClass, ...] = ()
 
   def entry_lines(self) -> list[str]:
     """`path:line:col: CODE kind: message` lines, the format compilers and editors link to."""
@@ -74,6 +109,7 @@ class MigrationResult:
                 'status': outcome.status,
                 'error': outcome.error or None,
                 'entries': [dataclasses.asdict(entry) for entry in outcome.entries],
+                'classes': [dataclasses.asdict(record) for record in outcome.classes],
             }
             for outcome in self.files
         ],

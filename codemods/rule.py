@@ -26,6 +26,8 @@ class ConvertFooRule(MigrationRule):
   `# TODO(linen2nnx): message` line above the statement that holds the node (once: not again
   when the same line is already there, so a second run changes nothing). A line of its own
   rather than an end-of-line comment keeps existing trailing comments and pragmas intact.
+- A rule that converts a class calls `self.report_class(node, nnx_name, arguments, children)`
+  too: the structured record of its new constructor that `--report-json` carries.
 - A rule must be idempotent: its output, migrated again, is unchanged.
 """
 
@@ -38,9 +40,13 @@ from libcst.codemod import VisitorBasedCodemodCommand
 from libcst.metadata import ParentNodeProvider
 from libcst.metadata import PositionProvider
 
+from codemods.report import ChildName
+from codemods.report import ConstructorArgument
+from codemods.report import ConvertedClass
 from codemods.report import Entry
 
 REPORT_KEY = 'linen2nnx.report'
+CLASSES_KEY = 'linen2nnx.classes'
 TODO_PREFIX = '# TODO(linen2nnx): '
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.Decorator)
 
@@ -66,6 +72,13 @@ class MigrationRule(VisitorBasedCodemodCommand):
     statement = self._statement_of(node)
     if statement is not None:
       self._todo_comments.setdefault(statement, []).append(TODO_PREFIX + ' '.join(message.split()))
+
+  def report_class(self, node: cst.ClassDef, nnx_name: str, arguments: tp.Sequence[ConstructorArgument],
+                   children: tp.Sequence[ChildName]) -> None:
+    """Records that the class `node` (of the original tree) was converted, for the JSON report."""
+    line = self.get_metadata(PositionProvider, node).start.line
+    record = ConvertedClass(line, node.name.value, nnx_name, tuple(arguments), tuple(children))
+    self.context.scratch.setdefault(CLASSES_KEY, []).append(record)
 
   def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:
     updated_node = super().on_leave(original_node, updated_node)

@@ -10,7 +10,9 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod import SkipFile
 
+from codemods.report import ConvertedClass
 from codemods.report import Entry
+from codemods.rule import CLASSES_KEY
 from codemods.rule import REPORT_KEY
 from codemods.rule import MigrationRule
 
@@ -23,10 +25,11 @@ class MigrationError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Transformed(tp.Generic[Source]):
-  """The migrated source (same type as the input) and the report entries of every rule."""
+  """The migrated source (same type as the input), the report entries and the classes converted."""
 
   source: Source
   entries: tuple[Entry, ...]
+  classes: tuple[ConvertedClass, ...] = ()
 
 
 def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]]) -> Transformed[Source]:
@@ -36,6 +39,7 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]]) ->
   except (cst.ParserSyntaxError, UnicodeDecodeError, SyntaxError) as error:
     raise MigrationError(f'does not parse, left untouched: {_one_line(error)}') from None
   entries: list[Entry] = []
+  classes: list[ConvertedClass] = []
   for rule in rules:
     context = CodemodContext()
     try:
@@ -45,13 +49,16 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]]) ->
     except Exception as error:  # a bug in a rule must not stop the run, nor write a file
       raise MigrationError(f'rule {rule.CODE} failed: {type(error).__name__}: {error}') from error
     entries.extend(context.scratch.get(REPORT_KEY, ()))
+    classes.extend(context.scratch.get(CLASSES_KEY, ()))
   new = tree.bytes if isinstance(source, bytes) else tree.code
   if new != source:
     try:
       ast.parse(new)
     except (SyntaxError, ValueError) as error:
       raise MigrationError(f'the migrated code does not parse, left untouched: {_one_line(error)}') from None
-  return Transformed(new, tuple(sorted(entries, key=Entry.sort_key)))
+  entries.sort(key=Entry.sort_key)
+  classes.sort(key=ConvertedClass.sort_key)
+  return Transformed(new, tuple(entries), tuple(classes))
 
 
 def _one_line(error: Exception) -> str:

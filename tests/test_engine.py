@@ -171,6 +171,18 @@ def test_notebook_code_cells_are_migrated_and_magics_and_outputs_kept(tmp_path):
   assert _status(migrate([path], rules=RULES, write=True, jobs=1)) == {'nb.ipynb': 'unchanged'}
 
 
+def test_notebook_classes_are_recorded_by_cell(tmp_path):
+  cells = [
+      {'cell_type': 'code', 'execution_count': 1, 'metadata': {}, 'outputs': [], 'source': 'import flax.linen as nn\n'},
+      {'cell_type': 'code', 'execution_count': 2, 'metadata': {}, 'outputs': [],
+       'source': 'x = 1\nclass M(nn.Module):\n  @nn.compact\n  def __call__(self, x):\n    return nn.Dense(2)(x)\n'},
+  ]
+  path = _tree(tmp_path, {'nb.ipynb': json.dumps(_notebook(cells))}) / 'nb.ipynb'
+  record, = migrate([path], rules=registry.select_rules(['L2N002']), jobs=1).files[0].classes
+  assert (record.cell, record.line, record.linen_name) == (1, 2, 'M')
+  assert [(c.linen_name, c.nnx_attribute) for c in record.children] == [('Dense_0', 'linear')]
+
+
 def test_results_do_not_depend_on_jobs_or_order(tmp_path):
   files = {f'p{i}/m{i}.py': LINEN for i in range(4)}
   files.update({'bad.py': 'import flax\nx = (\n', 'other.py': 'import os\n', 'todo.py': 'import flax.linen as nn\nx = nn.initializers.nope\n'})

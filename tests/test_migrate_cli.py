@@ -146,3 +146,36 @@ def test_an_interrupted_write_leaves_every_file_old_or_new(tmp_path):
   assert MIGRATED in contents and LINEN in contents  # killed mid-run
   assert _main(str(tmp_path), '--write', '-j', '1') == 0
   assert all(p.read_text() == MIGRATED for p in names)
+
+
+def test_the_json_report_records_each_converted_class_the_same_with_any_jobs(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  fixtures = pathlib.Path(__file__).resolve().parent.parent / 'fixtures' / 'L2N002'
+  pathlib.Path('src').mkdir()
+  for case in ('setup_mlp', 'guide_basic_module'):
+    shutil.copy(fixtures / f'{case}.in.py', f'src/{case}.py')
+  classes = {}
+  for jobs in ('1', '2'):
+    assert _main('src', '-j', jobs, '--select', 'L2N002', '--report-json', f'report{jobs}.json') == 0
+    report = json.loads(pathlib.Path(f'report{jobs}.json').read_text())
+    classes[jobs] = {f['path']: f['classes'] for f in report['files']}
+  assert classes['1'] == classes['2']
+  mlp, = classes['1']['src/setup_mlp.py']
+  assert mlp == {
+      'line': 5, 'linen_name': 'MLP', 'nnx_name': 'MLP', 'cell': None,
+      'arguments': [
+          {'name': 'hidden', 'origin': 'field', 'detail': 'hidden: int', 'child': None},
+          {'name': 'out', 'origin': 'field', 'detail': 'out: int = 3', 'child': None},
+          {'name': 'dense1_in_features', 'origin': 'input_dimension', 'child': 'dense1',
+           'detail': "in_features of self.dense1, the input dimension of self.dense1's call argument x"},
+          {'name': 'rngs', 'origin': 'rngs', 'detail': 'nnx.Rngs', 'child': None},
+      ],
+      'children': [{'linen_name': name, 'nnx_attribute': name} for name in ('dense1', 'dense2', 'norm')],
+  }
+  block, model = classes['1']['src/guide_basic_module.py']
+  assert [(c['linen_name'], c['nnx_attribute']) for c in block['children']] == [('Dense_0', 'linear'), ('Dropout_0', 'dropout')]
+  assert [(a['name'], a['origin'], a['child']) for a in model['arguments']] == [
+      ('dmid', 'field', None), ('dout', 'field', None), ('block_linear_in_features', 'input_dimension', 'block'),
+      ('linear_in_features', 'input_dimension', 'linear'), ('rngs', 'rngs', None),
+  ]
+  assert [(c['linen_name'], c['nnx_attribute']) for c in model['children']] == [('Block_0', 'block'), ('Dense_0', 'linear')]

@@ -37,6 +37,12 @@ from libcst.metadata import ImportAssignment
 from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import ScopeProvider
 
+from codemods.report import FIELD
+from codemods.report import INPUT_DIMENSION
+from codemods.report import RNGS
+from codemods.report import UNDETERMINED
+from codemods.report import ChildName
+from codemods.report import ConstructorArgument
 from codemods.rule import MigrationRule
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 from nnx_bridge.layer_table import InputDim
@@ -99,6 +105,7 @@ class _Plan:
   compact: bool
   children: list[_Child] = dataclasses.field(default_factory=list)
   size_params: list[tuple[str, Dim]] = dataclasses.field(default_factory=list)
+  size_arguments: list[ConstructorArgument] = dataclasses.field(default_factory=list)
   mode_params: list[tuple[int, str, bool]] = dataclasses.field(default_factory=list)
   linen_nodes: list[cst.CSTNode] = dataclasses.field(default_factory=list)
 
@@ -489,7 +496,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       where = f'not determined by the code of __call__ (pass what self.{child.attr} needs)'
     else:
       where = f"the input dimension of self.{child.attr}'s call argument {argument}"
-    self._pending.append((node, f'new constructor argument {name}: {nnx_arg} of self.{child.attr}, {where}'))
+    detail = f'{nnx_arg} of self.{child.attr}, {where}'
+    origin = UNDETERMINED if argument is None else INPUT_DIMENSION
+    plan.size_arguments.append(ConstructorArgument(name, origin, detail, child.attr))
+    self._pending.append((node, f'new constructor argument {name}: {detail}'))
     return name
 
   def _size_sources(self, child: _Child) -> list[tuple[str, int, bool]]:
@@ -661,6 +671,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       self.report_change(node, f'{plan.name}: @nn.compact submodules hoisted into __init__: {mapping}')
     for _, name, _ in plan.mode_params:
       self.report_change(node, f'{plan.name}.__call__: train/eval argument {name} dropped; use model.train() / model.eval()')
+    fields = [ConstructorArgument(name, FIELD, param) for name, param in zip(plan.field_names, plan.params)]
+    arguments = [*fields, *plan.size_arguments, ConstructorArgument('rngs', RNGS, 'nnx.Rngs')]
+    self.report_class(node, plan.name, arguments, [ChildName(c.linen_name, c.attr) for c in plan.children])
 
   def _init(self, plan: _Plan, setup_body: list[cst.BaseStatement]) -> cst.FunctionDef:
     params = ', '.join(['self', *plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params), 'rngs: nnx.Rngs'])
