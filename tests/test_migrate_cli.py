@@ -176,6 +176,6 @@ def test_the_json_report_records_each_converted_class_the_same_with_any_jobs(tmp
   assert [(c['linen_name'], c['nnx_attribute']) for c in block['children']] == [('Dense_0', 'linear'), ('Dropout_0', 'dropout')]
   assert [(a['name'], a['origin'], a['child']) for a in model['arguments']] == [
       ('dmid', 'field', None), ('dout', 'field', None), ('block_linear_in_features', 'input_dimension', 'block'),
-      ('linear_in_features', 'input_dimension', 'linear'), ('rngs', 'rngs', None),
+      ('rngs', 'rngs', None),
   ]
   assert [(c['linen_name'], c['nnx_attribute']) for c in model['children']] == [('Block_0', 'block'), ('Dense_0', 'linear')]

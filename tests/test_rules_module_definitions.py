@@ -17,7 +17,7 @@ RULES = registry.select_rules(['L2N002'])
 
 # case -> (class, Linen fields, NNX kwargs the report asks for, inputs, Linen mode kwargs)
 CASES = {
-    'guide_basic_module': ('Model', dict(dmid=6, dout=3), dict(block_linear_in_features=5, linear_in_features=6),
+    'guide_basic_module': ('Model', dict(dmid=6, dout=3), dict(block_linear_in_features=5),
                            (jnp.ones((2, 5)),), dict(training=False)),
     'setup_mlp': ('MLP', dict(hidden=4), dict(dense1_in_features=5), (jnp.ones((2, 5)),), {}),
     'compact_dropout_batchnorm': ('Net', dict(width=6), dict(stem_in_features=5), (jnp.ones((3, 5)),), dict(train=False)),

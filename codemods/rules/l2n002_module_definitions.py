@@ -105,6 +105,7 @@ class _Plan:
   compact: bool
   children: list[_Child] = dataclasses.field(default_factory=list)
   size_params: list[tuple[str, Dim]] = dataclasses.field(default_factory=list)
+  output: Dim = None  # the last-axis size `__call__` returns, when the code determines it
   size_arguments: list[ConstructorArgument] = dataclasses.field(default_factory=list)
   mode_params: list[tuple[int, str, bool]] = dataclasses.field(default_factory=list)
   linen_nodes: list[cst.CSTNode] = dataclasses.field(default_factory=list)
@@ -465,11 +466,14 @@ class ConvertModuleDefinitionsRule(MigrationRule):
             argument = self.module.code_for_node(node.args[position].value) if position is not None else None
             shared[key] = self._size_param(plan, child, nnx_arg, argument, source, node)
           child.sizes[nnx_arg] = shared[key]
-      return self._output(child, arg_dims[0] if arg_dims else None)
+      return self._output(child, arg_dims)
 
     for statement in call.body.body:
       parts = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
       for part in parts:
+        if isinstance(part, cst.Return) and part.value is not None:
+          plan.output = dim(part.value)
+          continue
         if isinstance(part, cst.Assign) and len(part.targets) == 1 and isinstance(part.targets[0].target, cst.Name):
           env[part.targets[0].target.value] = dim(part.value)
           continue
@@ -531,14 +535,28 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         return position
     return None
 
-  def _output(self, child: _Child, first: Dim) -> Dim:
+  def _output(self, child: _Child, arg_dims: list[Dim]) -> Dim:
+    """The last-axis size of a child's output, from the layer table or a converted sibling class."""
+    first = arg_dims[0] if arg_dims else None
     if child.spec is None:
-      return None
+      return self._sibling_output(child, arg_dims)
     size = child.spec.output_size
     if size == SAME_AS_INPUT:
       return first
     if size is not None and size in child.kwargs:
       return ('known', self.module.code_for_node(child.kwargs[size]))
+    return None
+
+  def _sibling_output(self, child: _Child, arg_dims: list[Dim]) -> Dim:
+    """A same-file class's output size, in the caller's terms: one of its fields, or an input."""
+    output = child.sibling.output if child.sibling is not None else None
+    if output is None:
+      return None
+    if output[0] == 'input':
+      return arg_dims[output[1]] if output[1] < len(arg_dims) else None
+    field = output[1][len('self.'):] if output[1].startswith('self.') else None
+    if field in child.sibling.field_names and field in child.kwargs:
+      return ('known', self.module.code_for_node(child.kwargs[field]))
     return None
 
   def _switch(self, value: cst.BaseExpression, inverted: bool) -> None:
