@@ -28,6 +28,8 @@ class ConvertFooRule(MigrationRule):
   rather than an end-of-line comment keeps existing trailing comments and pragmas intact.
 - A rule that converts a class calls `self.report_class(node, nnx_name, arguments, children)`
   too: the structured record of its new constructor that `--report-json` carries.
+- `self.nnx_is_free(node)` and `self.remove_import_of(node)` are the scope helpers rules share
+  (declare `ScopeProvider` to use them).
 - A rule must be idempotent: its output, migrated again, is unchanged.
 """
 
@@ -37,8 +39,10 @@ import typing as tp
 
 import libcst as cst
 from libcst.codemod import VisitorBasedCodemodCommand
+from libcst.metadata import ImportAssignment
 from libcst.metadata import ParentNodeProvider
 from libcst.metadata import PositionProvider
+from libcst.metadata import ScopeProvider
 
 from codemods.report import ChildName
 from codemods.report import ConstructorArgument
@@ -86,6 +90,38 @@ class MigrationRule(VisitorBasedCodemodCommand):
     if comments and isinstance(updated_node, _STATEMENTS):
       updated_node = _with_comments(updated_node, comments)
     return updated_node
+
+  def nnx_is_free(self, node: cst.CSTNode) -> bool:
+    """Whether the name `nnx` at `node` is unbound or bound to `flax.nnx` (needs ScopeProvider)."""
+    scope = self.get_metadata(ScopeProvider, node, None)
+    if scope is None:
+      return False
+    names = {qn.name for assignment in scope['nnx'] for qn in assignment.get_qualified_names_for('nnx')}
+    return names <= {'flax.nnx'}
+
+  def remove_import_of(self, node: cst.BaseExpression) -> None:
+    """Schedules removal of the import `node` goes through; libcst keeps it while still used.
+
+    Needs ScopeProvider in the rule's METADATA_DEPENDENCIES.
+    """
+    base = node
+    while isinstance(base, cst.Attribute):
+      base = base.value
+    scope = self.get_metadata(ScopeProvider, base, None)
+    if not isinstance(base, cst.Name) or scope is None:
+      return
+    for assignment in scope[base.value]:
+      if not isinstance(assignment, ImportAssignment) or isinstance(assignment.node.names, cst.ImportStar):
+        continue
+      statement = assignment.node
+      for alias in statement.names:
+        if (alias.evaluated_alias or alias.evaluated_name.split('.')[0]) != base.value:
+          continue
+        if isinstance(statement, cst.Import):
+          self.remove_unused_import(alias.evaluated_name, asname=alias.evaluated_alias)
+        elif not statement.relative:
+          module = cst.helpers.get_full_name_for_node(statement.module)
+          self.remove_unused_import(module, alias.evaluated_name, alias.evaluated_alias)
 
   def _record(self, node: cst.CSTNode, kind: str, message: str) -> None:
     start = self.get_metadata(PositionProvider, node).start

@@ -22,7 +22,6 @@ import typing as tp
 import jax
 from flax import linen as nn
 from flax import nnx
-from flax.core import meta
 
 from nnx_bridge import collectionlib
 from nnx_bridge import linen_state

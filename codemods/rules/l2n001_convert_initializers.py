@@ -22,7 +22,6 @@ import libcst as cst
 import libcst.helpers
 from libcst.metadata import ExpressionContext
 from libcst.metadata import ExpressionContextProvider
-from libcst.metadata import ImportAssignment
 from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import ScopeProvider
 
@@ -85,45 +84,14 @@ class ConvertInitializersRule(MigrationRule):
       self.report_todo(node, f'{code}: flax.nnx.initializers has no {attr}; pick a replacement by hand')
     elif self.get_metadata(ExpressionContextProvider, node, None) in (ExpressionContext.STORE, ExpressionContext.DEL):
       self.report_todo(node, f'{code} is assigned or deleted here; convert it by hand')
-    elif not self._nnx_is_free(node):
+    elif not self.nnx_is_free(node):
       self.report_todo(node, f'{code} -> nnx.{target} needs the name nnx, bound to something else here')
     else:
       self._replacements[node] = cst.parse_expression(f'nnx.{target}')
       self.add_needed_import('flax', 'nnx')
-      self._remove_import_of(node)
+      self.remove_import_of(node)
       self.report_change(node, f'{code} -> nnx.{target}')
     return False
-
-  def _nnx_is_free(self, node: cst.CSTNode) -> bool:
-    scope = self.get_metadata(ScopeProvider, node, None)
-    if scope is None:
-      return False
-    names = {qn.name for assignment in scope['nnx'] for qn in assignment.get_qualified_names_for('nnx')}
-    return names <= {'flax.nnx'}
-
-  def _remove_import_of(self, node: cst.Attribute | cst.Name) -> None:
-    """Schedules removal of the import `node` goes through; libcst keeps it while still used."""
-    base = node
-    while isinstance(base, cst.Attribute):
-      base = base.value
-    scope = self.get_metadata(ScopeProvider, base, None)
-    if not isinstance(base, cst.Name) or scope is None:
-      return
-    for assignment in scope[base.value]:
-      if not isinstance(assignment, ImportAssignment):
-        continue
-      statement = assignment.node
-      if isinstance(statement, cst.ImportFrom) and (statement.relative or isinstance(statement.names, cst.ImportStar)):
-        continue
-      for alias in statement.names:
-        bound = alias.evaluated_alias or alias.evaluated_name.split('.')[0]
-        if bound != base.value:
-          continue
-        if isinstance(statement, cst.Import):
-          self.remove_unused_import(alias.evaluated_name, asname=alias.evaluated_alias)
-        else:
-          module = cst.helpers.get_full_name_for_node(statement.module)
-          self.remove_unused_import(module, alias.evaluated_name, alias.evaluated_alias)
 
 
 def _nnx_target(qualified_name: str) -> str | None:

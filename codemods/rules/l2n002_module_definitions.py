@@ -33,7 +33,6 @@ import typing as tp
 
 import libcst as cst
 import libcst.helpers
-from libcst.metadata import ImportAssignment
 from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import ScopeProvider
 
@@ -189,7 +188,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._plans[node.name.value] = self._class_plans[node] = plan
     self.add_needed_import('flax', 'nnx')
     for used in plan.linen_nodes:
-      self._remove_import_of(used)
+      self.remove_import_of(used)
     self._report(node, plan)
     for where, message in self._pending:
       self.report_change(where, message)
@@ -251,7 +250,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _plan(self, node: cst.ClassDef) -> _Plan:
     if node.decorators or node.keywords or len(node.bases) != 1:
       raise _Unsupported(node, 'class decorators, keywords or several bases')
-    if not self._nnx_is_free(node):
+    if not self.nnx_is_free(node):
       raise _Unsupported(node, 'the name nnx is bound to something else here')
     fields, methods = [], {}
     for statement in node.body.body:
@@ -652,34 +651,6 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
     return self.get_metadata(cst.metadata.ParentNodeProvider, node, None)
-
-  def _nnx_is_free(self, node: cst.CSTNode) -> bool:
-    scope = self.get_metadata(ScopeProvider, node, None)
-    if scope is None:
-      return False
-    names = {qn.name for assignment in scope['nnx'] for qn in assignment.get_qualified_names_for('nnx')}
-    return names <= {'flax.nnx'}
-
-  def _remove_import_of(self, node: cst.BaseExpression) -> None:
-    """Schedules removal of the import `node` goes through; libcst keeps it while still used."""
-    base = node
-    while isinstance(base, cst.Attribute):
-      base = base.value
-    scope = self.get_metadata(ScopeProvider, base, None)
-    if not isinstance(base, cst.Name) or scope is None:
-      return
-    for assignment in scope[base.value]:
-      if not isinstance(assignment, ImportAssignment) or isinstance(assignment.node.names, cst.ImportStar):
-        continue
-      statement = assignment.node
-      for alias in statement.names:
-        if (alias.evaluated_alias or alias.evaluated_name.split('.')[0]) != base.value:
-          continue
-        if isinstance(statement, cst.Import):
-          self.remove_unused_import(alias.evaluated_name, asname=alias.evaluated_alias)
-        elif not statement.relative:
-          module = cst.helpers.get_full_name_for_node(statement.module)
-          self.remove_unused_import(module, alias.evaluated_name, alias.evaluated_alias)
 
   def _report(self, node: cst.ClassDef, plan: _Plan) -> None:
     signature = ', '.join([*plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params), 'rngs: nnx.Rngs'])
