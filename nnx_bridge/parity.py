@@ -232,11 +232,15 @@ def compare(
   differences: list[Difference] = []
   notes: list[str] = []
 
-  # Eval-mode forward.
+  # Eval-mode forward. Collections other than params are mutable on the Linen side (a counter
+  # may be written even in eval mode); each NNX check runs on a fresh copy of the transferred
+  # model, so that state written by one check does not leak into the next.
   eval_module, eval_kwargs = modes.for_mode(linen_module, None, arguments, **modes.EVAL)
-  linen_out = eval_module.apply(variables, *inputs, **eval_kwargs, **call_kwargs)
-  model.eval()
-  nnx_out = model(*inputs, **call_kwargs)
+  mutable = [c for c in variables if c != 'params']
+  linen_out, _ = eval_module.apply(variables, *inputs, **eval_kwargs, **call_kwargs, mutable=mutable)
+  eval_model = nnx.clone(model)
+  eval_model.eval()
+  nnx_out = eval_model(*inputs, **call_kwargs)
   want, got = _flat_outputs(linen_out), _flat_outputs(nnx_out)
   for name in sorted(want.keys() | got.keys()):
     if name not in want or name not in got:
@@ -248,12 +252,14 @@ def compare(
   params = variables['params']
   rest = {k: v for k, v in variables.items() if k != 'params'}
   linen_grads = jax.grad(
-      lambda p: _loss(eval_module.apply({'params': p, **rest}, *inputs, **eval_kwargs, **call_kwargs))
+      lambda p: _loss(eval_module.apply({'params': p, **rest}, *inputs, **eval_kwargs, **call_kwargs, mutable=mutable)[0])
   )(params)
   want_grads = mapping.only('params').linen_to_nnx(
       transfer.flat_linen({'params': linen_grads}), allow_lossy=True
   )
-  nnx_grads = nnx.grad(lambda m: _loss(m(*inputs, **call_kwargs)))(model)
+  grad_model = nnx.clone(model)
+  grad_model.eval()
+  nnx_grads = nnx.grad(lambda m: _loss(m(*inputs, **call_kwargs)))(grad_model)
   got_grads = {normalize_path(p): v.get_value() for p, v in nnx.to_flat_state(nnx_grads)}
   for path in sorted(want_grads):
     differences.append(_difference(
@@ -264,7 +270,6 @@ def compare(
   # One train-mode call: outputs and updated state.
   if train and arguments:
     train_module, train_kwargs = modes.for_mode(linen_module, None, arguments, **modes.TRAIN)
-    mutable = [c for c in variables if c != 'params']
     with nn.intercept_methods(_identity_dropout):
       linen_train_out, updates = train_module.apply(
           variables, *inputs, **train_kwargs, **call_kwargs, mutable=mutable,

@@ -71,7 +71,7 @@ class ConvertInitializersRule(MigrationRule):
   def _visit_reference(self, node: cst.Attribute | cst.Name) -> bool:
     """Handles the outermost expression naming a Linen initializer; returns False to stop there."""
     names = {qualified.name for qualified in self.get_metadata(QualifiedNameProvider, node, set())}
-    targets = {_nnx_target(name) for name in names}
+    targets = {nnx_initializer_target(name) for name in names}
     if not names or targets == {None}:
       return True
     code = self.module.code_for_node(node)
@@ -94,8 +94,8 @@ class ConvertInitializersRule(MigrationRule):
     return False
 
 
-def _nnx_target(qualified_name: str) -> str | None:
-  """'flax.linen.initializers.zeros' -> 'initializers.zeros'; None for anything else."""
+def nnx_initializer_target(qualified_name: str) -> str | None:
+  """'flax.linen.initializers.zeros' -> 'initializers.zeros' (under `nnx.`); None for anything else."""
   if qualified_name == LINEN_MODULE:
     return 'initializers'
   if qualified_name.startswith(LINEN_MODULE + '.') and qualified_name.count('.') == 3:

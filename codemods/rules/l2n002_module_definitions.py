@@ -1,24 +1,34 @@
-"""L2N002: `flax.linen.Module` classes (setup style or `@nn.compact` `__call__`) -> `nnx.Module`.
+"""L2N002: `flax.linen.Module` classes (setup style and `@nn.compact`) -> `nnx.Module`.
 
 ## What it does
 For a module-level class whose only base is `flax.linen.Module` and whose body holds annotated
 fields and methods, it writes `__init__(self, <fields>, *, <sizes>, rngs: nnx.Rngs)` that stores
-each field, then either moves the `setup()` body there (each statement must be
-`self.<attr> = <layer>(...)`) or hoists every layer constructed inline in a straight-line
-`@nn.compact` `__call__` into an attribute (`linear`, `linear1`, ..., or its `name=`). Layers
-come from the layer table (`nnx_bridge.layer_table`): renamed kwargs, explicit Linen defaults,
-`rngs=rngs`. NNX sizes taken from call inputs are derived from the code (a field, the
-`features` of the layer before) or become keyword-only constructor arguments named after their
-role, each reported with its source. `__call__` arguments named like a train/eval switch
-(`training`, `deterministic`, ...) that only feed `deterministic=` / `use_running_average=`
-are dropped: NNX's `model.train()` / `model.eval()` set those. A class of the same file used
-as a child is converted with it. `nn.relu` and the other functions NNX shares become `nnx.X`.
+each field, then moves the `setup()` body there and hoists every layer, `self.param` and
+`self.variable` of the `@nn.compact` method (`__call__` or another one) into attributes
+(`linear`, `linear1`, ..., its `name=`, or the variable's name). Layers come from the layer
+table (`nnx_bridge.layer_table`): renamed kwargs, explicit Linen defaults, `rngs=rngs`.
+`self.param(name, init, *args)` becomes `nnx.Param(init(rngs.params(), *args))` (read back as
+`self.<name>[...]`); `self.variable(collection, name, init, *args)` becomes the collection's
+NNX Variable type (flax's own, or a generated `nnx.Variable` subclass registered under the
+collection's name) holding `init(*args)`; `self.make_rng('s')` draws from a stream forked from
+`rngs` in `__init__`; `self.sow('collection', ...)` sows the collection's Variable type;
+`if self.is_initializing():` blocks go and `if not self.is_initializing():` blocks stay
+unconditional (NNX creates variables in `__init__`, never in a call).
+
+NNX sizes taken from call inputs are derived from the code (a field, a config attribute, the
+`features` of the layer before, a `concatenate` of known sizes, through calls of the class's
+own methods) or become keyword-only constructor arguments named after their role, each
+reported with its source. `__call__` arguments named like a train/eval switch (`training`,
+`deterministic`, ...) that only feed `deterministic=` / `use_running_average=` are dropped:
+NNX's `model.train()` / `model.eval()` set those. A class of the same file used as a child is
+converted with it. `nn.relu` and the other functions NNX shares become `nnx.X`.
 
 ## Left as a TODO (the class is not changed)
-`self.param`, `self.variable`, `self.make_rng`, `self.sow` and other scope APIs; Linen names
+`self.has_variable` (decode caches), `self.put_variable` and the other scope APIs; Linen names
 without a known NNX counterpart (`nn.scan`, `nn.remat`, unknown layers, module-typed fields);
-constructions in loops, conditionals, nested functions or not called at once; kwargs NNX does
-not take; train/eval switches used otherwise; other statements in the class or in `setup()`.
+constructions in loops, conditionals, nested functions or not called at once; shapes that use
+a local other than an input's last axis; kwargs NNX does not take; train/eval switches used
+otherwise; other statements in the class or in `setup()`.
 """
 
 from __future__ import annotations
@@ -43,6 +53,8 @@ from codemods.report import UNDETERMINED
 from codemods.report import ChildName
 from codemods.report import ConstructorArgument
 from codemods.rule import MigrationRule
+from codemods.rules.l2n001_convert_initializers import NNX_INITIALIZERS
+from codemods.rules.l2n001_convert_initializers import nnx_initializer_target
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 from nnx_bridge.layer_table import InputDim
 from nnx_bridge.layer_table import InputDimsAt
@@ -59,6 +71,10 @@ SCOPE_APIS = frozenset({
     'put_variable', 'get_variable', 'has_rng', 'scope', 'variables', 'perturb', 'bind', 'apply', 'init',
     'init_with_output', 'lazy_init', 'path', 'clone', 'copy', 'tabulate', 'module_paths', 'unbind',
 })
+CONVERTED_APIS = frozenset({'param', 'variable', 'make_rng', 'sow', 'is_initializing'})
+HAS_VARIABLE_HINT = (' (a decode cache or a lazily created variable: in NNX, create it in an explicit '
+                     'cache-initialisation method)')
+CONCATENATE = frozenset({'jax.numpy.concatenate'})
 ELEMENTWISE = frozenset(
     f'{module}.{name}'
     for module in ('flax.linen', 'flax.nnx', 'jax.nn', 'jax.numpy')
@@ -91,6 +107,13 @@ class _Child:
   sizes: dict[str, str] = dataclasses.field(default_factory=dict)
   done: bool = False
   text: str = ''
+  hoisted: bool = False  # built inline in the @nn.compact method, so __init__ gets a new line
+  api: str | None = None  # 'param' / 'variable' for a variable; None for a submodule
+  collection: str = ''  # a variable's Linen collection
+  mode_defaults: dict[str, bool] = dataclasses.field(default_factory=dict)  # deterministic=... from a switch default
+  var_type: str = ''  # the NNX Variable type of a variable
+  shape_refs: dict[cst.Subscript, str] = dataclasses.field(default_factory=dict)  # `x.shape[-1]` -> x
+  size_codes: dict[cst.Subscript, str] = dataclasses.field(default_factory=dict)  # ... -> code in __init__
 
 
 @dataclasses.dataclass
@@ -108,6 +131,8 @@ class _Plan:
   size_arguments: list[ConstructorArgument] = dataclasses.field(default_factory=list)
   mode_params: list[tuple[int, str, bool]] = dataclasses.field(default_factory=list)
   linen_nodes: list[cst.CSTNode] = dataclasses.field(default_factory=list)
+  streams: dict[str, str] = dataclasses.field(default_factory=dict)  # rng stream -> attribute
+  collections: list[str] = dataclasses.field(default_factory=list)  # that need a generated Variable type
 
 
 @functools.cache
@@ -137,6 +162,24 @@ def _nnx_twin(qualified: str) -> str | None:
   return f'nnx.{name}'
 
 
+@functools.cache
+def _flax_variable_type(collection: str) -> str | None:
+  """'nnx.BatchStat' when flax maps `collection` to one of its own Variable types, else None."""
+  from flax import nnx
+  from flax.nnx import variablelib
+
+  typ = variablelib.VariableTypeCache.get(collection)
+  return f'nnx.{typ.__name__}' if typ is not None and getattr(nnx, typ.__name__, None) is typ else None
+
+
+def _nnx_counterpart(qualified: str) -> str | None:
+  """'nnx.initializers.zeros' / 'nnx.relu': the flax.nnx name of the same Linen object, if any."""
+  initializer = nnx_initializer_target(qualified)
+  if initializer is not None:
+    return f'nnx.{initializer}' if initializer.rpartition('.')[2] in NNX_INITIALIZERS | {'initializers'} else None
+  return _nnx_twin(qualified)
+
+
 def _snake(name: str) -> str:
   return re.sub(r'(?<=[a-z0-9])(?=[A-Z])', '_', name).lower()
 
@@ -148,24 +191,28 @@ def _descendants(node: cst.CSTNode) -> tp.Iterator[cst.CSTNode]:
 
 
 class ConvertModuleDefinitionsRule(MigrationRule):
-  """Converts Linen module classes built from table layers into NNX modules."""
+  """Converts Linen module classes built from table layers and scope variables into NNX modules."""
 
   CODE = 'L2N002'
-  DESCRIPTION = 'nn.Module classes (setup or compact __call__) -> nnx.Module with __init__(..., rngs).'
+  DESCRIPTION = 'nn.Module classes (setup or @nn.compact) -> nnx.Module with __init__(..., rngs).'
   METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider)
 
   def __init__(self, context: cst.codemod.CodemodContext) -> None:
     super().__init__(context)
     self._plans: dict[str, _Plan] = {}
     self._linen_classes: set[str] = set()
+    self._global_names: set[str] = set()
     self._class_plans: dict[cst.ClassDef, _Plan] = {}
     self._calls: dict[cst.Call, tuple[str | None, set[int]]] = {}
-    self._ctors: dict[cst.Call, str] = {}
-    self._refs: dict[cst.CSTNode, str] = {}
+    self._exprs: dict[cst.CSTNode, str] = {}  # original node -> the code replacing it
+    self._aliases: dict[cst.Name, str] = {}  # `cfg` -> `self.config` in code moved to __init__ only
+    self._ifs: dict[cst.If, bool] = {}  # `if [not] self.is_initializing():` -> whether its body stays
     self._methods: dict[cst.FunctionDef, set[str]] = {}
+    self._variable_classes: dict[str, str] = {}  # collection -> the Variable type generated for it
     self._pending: list[tuple[cst.CSTNode, str]] = []
     self._switches: dict[str, bool] = {}
     self._mode_uses: set[cst.Name] = set()
+    self._switch_defaults: dict[str, bool] = {}  # __call__ switches with a literal default
 
   # --- traversal -------------------------------------------------------------------------------
 
@@ -173,16 +220,18 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._linen_classes = {
         s.name.value for s in node.body if isinstance(s, cst.ClassDef) and self._is_linen_class(s)
     }
+    scope = self.get_metadata(ScopeProvider, node, None)
+    self._global_names = {a.name for a in scope.assignments} if scope is not None else set()
 
   def visit_ClassDef(self, node: cst.ClassDef) -> None:
     if node.name.value not in self._linen_classes or not isinstance(self._parent(node), cst.Module):
       return
-    saved = (dict(self._calls), dict(self._ctors), dict(self._refs), dict(self._methods))
+    saved = (dict(self._calls), dict(self._exprs), dict(self._ifs), dict(self._methods), dict(self._variable_classes))
     self._pending = []
     try:
       plan = self._plan(node)
     except _Unsupported as error:
-      self._calls, self._ctors, self._refs, self._methods = saved
+      self._calls, self._exprs, self._ifs, self._methods, self._variable_classes = saved
       self.report_todo(error.node, f'class {node.name.value} left as Linen: {error.message}')
       return
     self._plans[node.name.value] = self._class_plans[node] = plan
@@ -193,9 +242,15 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     for where, message in self._pending:
       self.report_change(where, message)
 
+  def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:
+    updated_node = super().on_leave(original_node, updated_node)
+    if original_node in self._exprs:
+      return cst.parse_expression(self._exprs[original_node])
+    if original_node in self._ifs:
+      return cst.FlattenSentinel(updated_node.body.body) if self._ifs[original_node] else cst.RemoveFromParent()
+    return updated_node
+
   def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-    if original_node in self._ctors:
-      return cst.parse_expression(self._ctors[original_node])
     if original_node not in self._calls:
       return updated_node
     attr, dropped = self._calls[original_node]
@@ -204,12 +259,6 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
     func = cst.parse_expression(f'self.{attr}') if attr else updated_node.func
     return updated_node.with_changes(func=func, args=args)
-
-  def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
-    return cst.parse_expression(self._refs[original_node]) if original_node in self._refs else updated_node
-
-  def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-    return cst.parse_expression(self._refs[original_node]) if original_node in self._refs else updated_node
 
   def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
     if original_node not in self._methods:
@@ -238,12 +287,35 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         setup_body = list(statement.body.body)
       else:
         body.append(statement)
-    if init_index is None:
-      init_index = 1 if body and _is_docstring(body[0]) else 0
-    body.insert(init_index, self._init(plan, setup_body))
+    init = self._init(plan, setup_body)
+    if init_index is None and body and _is_docstring(body[0]):
+      init_index, init = 1, init.with_changes(leading_lines=[cst.EmptyLine()])
+    init_index = init_index or 0
+    body.insert(init_index, init)
+    if init_index + 1 < len(body) and not body[init_index + 1].leading_lines:  # a blank line after __init__
+      body[init_index + 1] = body[init_index + 1].with_changes(leading_lines=[cst.EmptyLine()])
     return updated_node.with_changes(
         bases=[cst.Arg(cst.parse_expression('nnx.Module'))], body=updated_node.body.with_changes(body=body)
     )
+
+  def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+    """Puts each generated Variable type just above the first class that uses it."""
+    body: list[cst.CSTNode] = []
+    done: set[str] = set()
+    for old, new in zip(original_node.body, updated_node.body):
+      plan = self._class_plans.get(old)
+      needed = [c for c in (plan.collections if plan else ()) if c not in done]
+      if needed:
+        blank = 0
+        while blank < len(new.leading_lines) and new.leading_lines[blank].comment is None:
+          blank += 1
+        for i, collection in enumerate(needed):
+          spacing = new.leading_lines[:blank] if i == 0 else [cst.EmptyLine(), cst.EmptyLine()]
+          body.append(self._variable_class(collection).with_changes(leading_lines=spacing))
+        new = new.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *new.leading_lines[blank:]])
+        done.update(needed)
+      body.append(new)
+    return updated_node.with_changes(body=body) if done else updated_node
 
   # --- planning --------------------------------------------------------------------------------
 
@@ -265,107 +337,122 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       value = field.body[0].value
       if name in ('name', 'parent', 'rngs') or (value is not None and _has_call(value)):
         raise _Unsupported(field, f'field {name} (a reserved name or a computed default)')
+    for sub in _descendants(node):
+      if isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in SCOPE_APIS - CONVERTED_APIS:
+        raise _Unsupported(sub, f'self.{sub.attr.value} has no automatic NNX conversion'
+                                + (HAS_VARIABLE_HINT if sub.attr.value == 'has_variable' else ''))
     setup, call = methods.get('setup'), methods.get('__call__')
     compact = [m for m in methods.values() if any(self._has_name(d.decorator, COMPACT_NAMES) for d in m.decorators)]
-    if setup is not None and compact:
-      raise _Unsupported(node, 'both setup() and @nn.compact')
-    if compact and compact != [call]:
-      raise _Unsupported(compact[0], '@nn.compact on a method other than __call__')
-    if call is None or (setup is None and not compact):
-      raise _Unsupported(node, 'no setup() or @nn.compact __call__ to convert')
-    self._check_self_uses(node)
+    if len(compact) > 1:
+      raise _Unsupported(compact[1], 'several @nn.compact methods')
+    method = compact[0] if compact else None
+    if call is None or (setup is None and method is None):
+      raise _Unsupported(node, 'no __call__ with setup() or an @nn.compact method to convert')
+    if setup is not None and (len(setup.params.params) != 1 or setup.decorators):
+      raise _Unsupported(setup, 'setup() with arguments or decorators')
     mode = self._mode_params(call)
+    if method is not None and method is not call and any(p.name.value in MODE_PARAMS for p in method.params.params):
+      raise _Unsupported(method, 'train/eval arguments of an @nn.compact method other than __call__')
     params = [self.module.code_for_node(f.body[0]).strip() for f in fields]
     call_params = [p.name.value for p in call.params.params[1:]]
-    plan = _Plan(node.name.value, params, field_names, call_params, bool(compact))
+    plan = _Plan(node.name.value, params, field_names, call_params, method is not None)
     self._switches = {name: MODE_PARAMS[name] for name in mode.values()}
     self._mode_uses = set()
     taken = set(field_names) | set(methods) | {'rngs'}
-    if compact:
-      self._plan_compact(plan, call, taken)
-    else:
-      self._plan_setup(plan, setup, call, taken, methods)
+    counts: dict[str, int] = {}
+    if setup is not None:
+      self._plan_setup(plan, setup, counts)
+    inline = self._plan_compact(plan, method, counts) if method is not None else {}
+    self._name_children(plan.children, taken)
+    plan.collections = [c.collection for c in plan.children if c.var_type == self._variable_classes.get(c.collection)]
+    self._plan_scope_calls(node, plan, setup, taken | {c.attr for c in plan.children})
+    calls = self._child_calls(plan, methods, setup, inline)
+    self._derive(plan, methods, call, calls)
+    keywords = {sub.keyword for sub in _descendants(call.body) if isinstance(sub, cst.Arg)}
     for sub in _descendants(call.body):
-      if isinstance(sub, cst.Name) and sub.value in self._switches and sub not in self._mode_uses:
+      if isinstance(sub, cst.Name) and sub.value in self._switches and sub not in self._mode_uses | keywords:
         raise _Unsupported(sub, f'the train/eval switch {sub.value} is used other than to set train/eval arguments')
+    allowed = {node.bases[0].value} | {d.decorator for d in (method.decorators if method else ())}
+    allowed |= {child.ctor.func for child in plan.children if child.api is None}
+    plan.linen_nodes = [*allowed, *self._convert_linen_refs(node, allowed)]
     for child in plan.children:
-      child.text = self._ctor_text(child)
-      if not compact:
-        self._ctors[child.ctor] = child.text
-    allowed = {node.bases[0].value} | {d.decorator for m in compact for d in m.decorators}
-    allowed |= {child.ctor.func for child in plan.children}
-    refs = len(self._refs)
-    self._convert_linen_refs(node, allowed)
-    plan.linen_nodes = [*allowed, *list(self._refs)[refs:]]
+      child.text = self._variable_text(child) if child.api else self._ctor_text(child)
+      if not child.hoisted:
+        self._exprs[child.ctor] = child.text
     plan.mode_params = [(i, name, MODE_PARAMS[name]) for i, name in mode.items()]
-    if mode or compact:
+    if mode or method is call:
       self._methods[call] = set(mode.values())
+    if method is not None and method is not call:
+      self._methods[method] = set()
     return plan
-
-  def _check_self_uses(self, node: cst.ClassDef) -> None:
-    for sub in _descendants(node):
-      if isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in SCOPE_APIS:
-        raise _Unsupported(sub, f'self.{sub.attr.value} has no automatic NNX conversion yet')
 
   def _mode_params(self, call: cst.FunctionDef) -> dict[int, str]:
     params = call.params
     if isinstance(params.star_arg, cst.Param) or params.star_kwarg or params.posonly_params or params.kwonly_params:
-      raise _Unsupported(call, '__call__ takes *args, **kwargs, positional-only or keyword-only arguments')
+      raise _Unsupported(call, f'{call.name.value} takes *args, **kwargs, positional-only or keyword-only arguments')
     names = [p.name.value for p in params.params[1:]]
+    defaults = {p.name.value: p.default for p in params.params[1:] if p.default is not None}
+    self._switch_defaults = {
+        name: default.value == 'True' for name, default in defaults.items()
+        if name in MODE_PARAMS and isinstance(default, cst.Name) and default.value in ('True', 'False')
+    }
     return {i: name for i, name in enumerate(names) if name in MODE_PARAMS}
 
-  def _plan_compact(self, plan: _Plan, call: cst.FunctionDef, taken: set[str]) -> None:
-    ctors = [c for c in _descendants(call) if isinstance(c, cst.Call) and self._constructed(c) is not None]
-    if not ctors:
-      raise _Unsupported(call, 'no submodule constructed in the @nn.compact __call__')
-    if not all(isinstance(s, cst.SimpleStatementLine) for s in call.body.body):
-      raise _Unsupported(call, 'the @nn.compact body has loops, conditionals or nested blocks')
-    outer = {}
-    for sub in _descendants(call):
-      if isinstance(sub, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
-        if any(c in ctors for c in _descendants(sub)):
-          raise _Unsupported(sub, 'a submodule constructed in a lambda or comprehension')
-      if isinstance(sub, cst.Call) and sub.func in ctors:
-        outer[sub.func] = sub
-    counts: dict[str, int] = {}
-    for ctor in ctors:
-      if ctor not in outer:
-        raise _Unsupported(ctor, 'a submodule that is not called where it is constructed')
-      plan.children.append(self._child(ctor, counts, None))
-    self._name_children(plan.children, taken)
-    for child in plan.children:
-      self._calls[outer[child.ctor]] = (child.attr, set())
-    self._derive(plan, call, {outer[c.ctor]: c for c in plan.children}, derive=True)
-
-  def _plan_setup(self, plan: _Plan, setup: cst.FunctionDef, call: cst.FunctionDef, taken: set[str],
-                  methods: dict[str, cst.FunctionDef]) -> None:
-    if len(setup.params.params) != 1 or setup.decorators:
-      raise _Unsupported(setup, 'setup() with arguments or decorators')
-    counts: dict[str, int] = {}
+  def _plan_setup(self, plan: _Plan, setup: cst.FunctionDef, counts: dict[str, int]) -> None:
+    """setup() statements: `self.<attr> = <table layer or same-file class>(...)`, self.param or self.variable."""
     for statement in setup.body.body:
       target = _self_assignment(statement)
-      ctor = statement.body[0].value if target is not None else None
-      if not isinstance(ctor, cst.Call) or self._constructed(ctor) is None:
-        raise _Unsupported(statement, 'a setup() statement other than self.<attr> = <table layer>(...)')
-      child = self._child(ctor, counts, target)
-      if child.attr in {c.attr for c in plan.children} or child.attr in taken:
-        raise _Unsupported(statement, f'self.{child.attr} assigned twice or shadowing a field or method')
+      value = statement.body[0].value if target is not None else None
+      if isinstance(value, cst.Call) and _scope_api(value) in ('param', 'variable'):
+        child = self._variable(value, target, hoisted=False)
+      elif isinstance(value, cst.Call) and self._constructed(value) is not None:
+        child = self._child(value, counts, target)
+      else:
+        raise _Unsupported(statement, 'a setup() statement other than self.<attr> = <layer>(...) / self.param / self.variable')
+      if target in {c.attr for c in plan.children}:
+        raise _Unsupported(statement, f'self.{target} assigned twice')
       plan.children.append(child)
-    by_attr = {c.attr: c for c in plan.children}
-    calls = {}
-    for method in methods.values():
-      if method is setup:
-        continue
-      for sub in _descendants(method):
-        if isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in by_attr:
-          parent = self._parent(sub)
-          if not (isinstance(parent, cst.Call) and parent.func is sub):
-            raise _Unsupported(sub, f'self.{sub.attr.value} used other than by calling it')
-          if method is call:
-            calls[parent] = by_attr[sub.attr.value]
-          else:
-            self._call_modes(parent, by_attr[sub.attr.value])
-    self._derive(plan, call, calls, derive=all(isinstance(s, cst.SimpleStatementLine) for s in call.body.body))
+
+  def _plan_compact(self, plan: _Plan, method: cst.FunctionDef, counts: dict[str, int]) -> dict[cst.Call, cst.Call]:
+    """Layers and variables built inline in the @nn.compact method; returns each layer's call."""
+    ctors = [c for c in _descendants(method) if isinstance(c, cst.Call) and self._constructed(c) is not None]
+    variables = [c for c in _descendants(method.body) if isinstance(c, cst.Call) and _scope_api(c) in ('param', 'variable')]
+    if not ctors and not variables and not plan.children:
+      raise _Unsupported(method, 'no submodule or variable created in the @nn.compact method')
+    self._straight_line(method.body)
+    outer = {}
+    for sub in _descendants(method):
+      if isinstance(sub, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.FunctionDef)):
+        if any(c in ctors or c in variables for c in _descendants(sub)):
+          raise _Unsupported(sub, 'a submodule or variable created in a lambda, comprehension or nested function')
+      if isinstance(sub, cst.Call) and sub.func in ctors:
+        outer[sub.func] = sub
+    holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
+    for node in _descendants(method.body):
+      if node in variables:
+        child = self._variable(node, None, hoisted=True)
+        self._exprs[node] = f'self.{child.attr}[...]' if child.api == 'param' else f'self.{child.attr}'
+        plan.children.append(child)
+        assign = self._parent(node)
+        if child.api == 'variable' and isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
+            and isinstance(assign.targets[0].target, cst.Name):
+          holders.add(assign.targets[0].target.value)
+      elif node in ctors:
+        if node not in outer:
+          raise _Unsupported(node, 'a submodule that is not called where it is constructed')
+        child = self._child(node, counts, None)
+        child.hoisted = True
+        plan.children.append(child)
+    for sub in _descendants(method.body):
+      if isinstance(sub, cst.Attribute) and isinstance(sub.value, cst.Name) and sub.value.value in holders \
+          and sub.attr.value == 'value':
+        self._exprs[sub] = f'{sub.value.value}[...]'
+    return {c.ctor: outer[c.ctor] for c in plan.children if c.hoisted and c.api is None}
+
+  def _straight_line(self, body: cst.BaseSuite) -> None:
+    for statement in body.body:
+      if not isinstance(statement, cst.SimpleStatementLine) and not _is_initializing_if(statement):
+        raise _Unsupported(statement, 'the @nn.compact body has loops, conditionals or nested blocks')
 
   def _child(self, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> _Child:
     linen, spec, sibling = self._constructed(ctor)
@@ -381,8 +468,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if 'parent' in kwargs:
       raise _Unsupported(ctor, 'parent= is not converted')
     name = kwargs.pop('name', None)
-    if name is not None and not (isinstance(name, cst.SimpleString) and name.evaluated_value.isidentifier()
-                                 and not keyword.iskeyword(name.evaluated_value)):
+    if name is not None and not _literal_identifier(name):
       raise _Unsupported(ctor, 'name= is not a literal identifier')
     for value in kwargs.values():
       self._check_hoistable(value)
@@ -393,24 +479,187 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._ctor_modes(child)
     return child
 
-  def _check_hoistable(self, value: cst.BaseExpression) -> None:
-    """Constructor arguments must mean the same in __init__: no locals, no Linen names."""
-    for sub in (value, *_descendants(value)):
-      if not isinstance(sub, cst.Name) or sub.value in self._switches:
+  def _variable(self, call: cst.Call, attr: str | None, hoisted: bool) -> _Child:
+    """A `self.param(name, init, *args)` / `self.variable(collection, name, init, *args)` call."""
+    api = _scope_api(call)
+    if any(a.star for a in call.args) or any(a.keyword is not None for a in call.args[:3 if api == 'variable' else 2]):
+      raise _Unsupported(call, f'self.{api} with *args, **kwargs or keyword leading arguments')
+    if any(a.keyword is not None and a.keyword.value == 'unbox' for a in call.args):
+      raise _Unsupported(call, f'self.{api} with unbox=')
+    lead = 3 if api == 'variable' else 2
+    if len(call.args) < lead:
+      raise _Unsupported(call, f'self.{api} without an init function')
+    if api == 'variable':
+      if not isinstance(call.args[0].value, cst.SimpleString):
+        raise _Unsupported(call, 'self.variable with a collection that is not a literal string')
+      collection = call.args[0].value.evaluated_value
+      name = call.args[1].value
+    else:
+      collection, name = 'params', call.args[0].value
+    if not _literal_identifier(name):
+      raise _Unsupported(call, f'self.{api} with a name that is not a literal identifier')
+    refs = {} if not hoisted else {
+        sub: sub.value.value.value for arg in call.args[lead - 1:] for sub in _descendants(arg) if _last_axis_of_name(sub)
+    }
+    for arg in call.args[lead - 1:]:
+      self._check_hoistable(arg.value, skip=set(refs))
+    if api == 'param':
+      var_type = 'nnx.Param'
+    else:
+      var_type = _flax_variable_type(collection) or self._variable_class_name(collection)
+    return _Child(attr or name.evaluated_value, name.evaluated_value, call, None, None, {}, hoisted=hoisted,
+                  api=api, collection=collection, var_type=var_type, shape_refs=refs)
+
+  def _variable_class_name(self, collection: str) -> str:
+    if collection not in self._variable_classes:
+      base = ''.join(part[:1].upper() + part[1:] for part in re.split(r'\W|_', collection) if part)
+      base = base if base.isidentifier() and not keyword.iskeyword(base) else 'Collection'
+      name = base
+      while name in self._global_names or name in self._variable_classes.values():
+        name = f'{base}Variable' if name == base else name + '_'
+      self._variable_classes[collection] = name
+    return self._variable_classes[collection]
+
+  def _variable_class(self, collection: str) -> cst.ClassDef:
+    name = self._variable_classes[collection]
+    return cst.parse_statement(
+        f'@nnx.register_variable_name({collection!r}, overwrite=True)\n'
+        f'class {name}(nnx.Variable):\n'
+        f'  """Variables of the Linen collection {collection!r}."""\n'
+    )
+
+  def _plan_scope_calls(self, node: cst.ClassDef, plan: _Plan, setup: cst.FunctionDef | None, taken: set[str]) -> None:
+    """self.make_rng / self.sow / self.is_initializing; any other scope API keeps the class Linen."""
+    handled = {c.ctor for c in plan.children if c.api is not None}
+    in_setup = set(_descendants(setup)) if setup is not None else set()
+    for sub in _descendants(node):
+      if not (isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in SCOPE_APIS):
         continue
-      if any(q.name.startswith('flax.linen') for q in self.get_metadata(QualifiedNameProvider, sub, set())):
-        raise _Unsupported(sub, 'a constructor argument uses a flax.linen name')
-      scope = self.get_metadata(ScopeProvider, sub, None)
+      api, call = sub.attr.value, self._parent(sub)
+      if call in handled:
+        continue
+      if not (isinstance(call, cst.Call) and call.func is sub):
+        raise _Unsupported(sub, f'self.{api} used other than by calling it')
+      if sub in in_setup or api not in CONVERTED_APIS - {'param', 'variable'}:
+        raise _Unsupported(sub, f'self.{api} has no automatic NNX conversion{" in setup()" if sub in in_setup else ""}')
+      if api == 'make_rng':
+        self._make_rng(plan, call, taken)
+      elif api == 'sow':
+        self._sow(plan, call, taken)
+      else:
+        self._is_initializing(call)
+
+  def _make_rng(self, plan: _Plan, call: cst.Call, taken: set[str]) -> None:
+    if len(call.args) != 1 or call.args[0].keyword is not None or not isinstance(call.args[0].value, cst.SimpleString):
+      raise _Unsupported(call, 'self.make_rng with a stream name that is not a literal string')
+    stream = call.args[0].value.evaluated_value
+    if stream not in plan.streams:
+      base = f'{stream}_rngs' if stream.isidentifier() else 'rngs_stream'
+      attr = base
+      while attr in taken or attr in plan.streams.values():
+        attr += '_'
+      plan.streams[stream] = attr
+      self._pending.append((call, f"self.make_rng({stream!r}) -> self.{attr}(), a stream forked from rngs in __init__"))
+    self._exprs[call] = f'self.{plan.streams[stream]}()'
+
+  def _sow(self, plan: _Plan, call: cst.Call, taken: set[str]) -> None:
+    first = call.args[0].value if call.args and call.args[0].keyword is None else None
+    if not isinstance(first, cst.SimpleString):
+      raise _Unsupported(call, 'self.sow with a collection that is not a literal string')
+    name = call.args[1].value if len(call.args) > 1 else None
+    if not isinstance(name, cst.SimpleString) or name.evaluated_value in taken | set(plan.streams.values()):
+      # NNX's sow outside nnx.capture stores the value as an attribute of that name.
+      raise _Unsupported(call, 'self.sow with a name that is not a literal string or that names an attribute')
+    collection = first.evaluated_value
+    var_type = _flax_variable_type(collection)
+    if var_type is None:
+      var_type = self._variable_class_name(collection)
+      plan.collections += [collection] if collection not in plan.collections else []
+    self._exprs[first] = var_type
+    self._pending.append((call, f'self.sow({collection!r}, ...) -> self.sow({var_type}, ...); '
+                                f'collect the values with nnx.capture(model, {var_type})'))
+
+  def _is_initializing(self, call: cst.Call) -> None:
+    parent = self._parent(call)
+    negated = isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not)
+    statement = self._parent(parent) if negated else parent
+    if not (isinstance(statement, cst.If) and statement.test is (parent if negated else call) and statement.orelse is None):
+      raise _Unsupported(call, 'self.is_initializing() other than as `if [not] self.is_initializing():` without else')
+    self._ifs[statement] = negated
+    what = 'kept unconditionally' if negated else 'removed'
+    self._pending.append((call, f'`if {"not " if negated else ""}self.is_initializing():` block {what}: '
+                                f'NNX creates variables in __init__, never during a call'))
+
+  def _child_calls(self, plan: _Plan, methods: dict[str, cst.FunctionDef], setup: cst.FunctionDef | None,
+                   inline: dict[cst.Call, cst.Call]) -> dict[cst.Call, _Child]:
+    """Every call of a submodule in the class's methods; setup params read back become `[...]` reads."""
+    by_ctor = {c.ctor: c for c in plan.children}
+    calls = {call: by_ctor[ctor] for ctor, call in inline.items()}
+    for child, call in zip([by_ctor[c] for c in inline], inline.values()):
+      self._calls[call] = (child.attr, set())
+    from_setup = {c.attr: c for c in plan.children if not c.hoisted}
+    for method in methods.values():
+      if method is setup:
+        continue
+      for sub in _descendants(method):
+        if not (isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in from_setup):
+          continue
+        child, parent = from_setup[sub.attr.value], self._parent(sub)
+        if child.api == 'param':
+          if isinstance(parent, (cst.AssignTarget, cst.AugAssign)) or isinstance(parent, cst.Del):
+            raise _Unsupported(sub, f'self.{child.attr} (a param) assigned to')
+          self._exprs[sub] = f'self.{child.attr}[...]'
+        elif child.api == 'variable':
+          if isinstance(parent, cst.Attribute) and parent.value is sub and parent.attr.value == 'value':
+            self._exprs[parent] = f'self.{child.attr}[...]'  # `.value` is deprecated in NNX
+        elif child.api is None:
+          if not (isinstance(parent, cst.Call) and parent.func is sub):
+            raise _Unsupported(sub, f'self.{sub.attr.value} used other than by calling it')
+          calls[parent] = child
+    return calls
+
+  def _check_hoistable(self, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = ()) -> None:
+    """Code moved into __init__ must mean the same there: no locals (but `skip`), Linen names NNX shares."""
+    if value in skip:
+      return
+    names = {q.name for q in self.get_metadata(QualifiedNameProvider, value, set())}
+    linen = {n for n in names if n == 'flax.linen' or n.startswith('flax.linen.')}
+    if isinstance(value, (cst.Name, cst.Attribute)) and linen:
+      targets = {_nnx_counterpart(n) for n in linen}
+      if len(targets) != 1 or None in targets or linen != names:
+        raise _Unsupported(value, f'{self.module.code_for_node(value)} has no automatic NNX conversion here')
+      return
+    if isinstance(value, cst.Name) and value.value != 'self' and value.value not in self._switches:
+      scope = self.get_metadata(ScopeProvider, value, None)
       outer = (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)
-      if sub.value != 'self' and scope is not None and not isinstance(scope, outer) \
-          and any(not isinstance(a.scope, outer) for a in scope[sub.value]):
-        raise _Unsupported(sub, f'a constructor argument uses the local {sub.value}')
+      assignments = list(scope[value.value]) if scope is not None else []
+      if scope is not None and not isinstance(scope, outer) and any(not isinstance(a.scope, outer) for a in assignments):
+        alias = self._self_alias(assignments)
+        if alias is None:
+          raise _Unsupported(value, f'a constructor argument uses the local {value.value}')
+        self._aliases[value] = alias
+    for child in value.children:
+      self._check_hoistable(child, skip)
+
+  def _self_alias(self, assignments: list[cst.metadata.BaseAssignment]) -> str | None:
+    """`self.config` when the local is bound once, by `name = self.config` (or a longer chain)."""
+    if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
+      return None
+    target = self._parent(assignments[0].node)
+    assign = self._parent(target) if isinstance(target, cst.AssignTarget) else None
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and target.target is assignments[0].node):
+      return None
+    chain = assign.value
+    while isinstance(chain, cst.Attribute):
+      chain = chain.value
+    return self.module.code_for_node(assign.value) if isinstance(chain, cst.Name) and chain.value == 'self' \
+        and assign.value is not chain else None
 
   def _name_children(self, children: list[_Child], taken: set[str]) -> None:
     """Gives auto-named children a readable, deterministic, collision-free attribute name."""
     explicit = [c.attr for c in children if c.attr]
     if len(set(explicit)) != len(explicit) or set(explicit) & taken:
-      raise _Unsupported(children[0].ctor, 'duplicate name= values or names shadowing a field or method')
+      raise _Unsupported(children[0].ctor, 'duplicate names, or names shadowing a field or method')
     taken = taken | set(explicit)
     auto = [c for c in children if not c.attr]
     bases = [_snake(c.spec.nnx.rpartition('.')[2]) if c.spec else _snake(c.sibling.name) for c in auto]
@@ -423,33 +672,59 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   # --- sizes and train/eval switches -----------------------------------------------------------
 
-  def _derive(self, plan: _Plan, call: cst.FunctionDef, calls: dict[cst.Call, _Child], derive: bool) -> None:
-    """Fills each child's NNX size arguments, walking the straight-line `call` body in order."""
-    env: dict[str, Dim] = {name: ('input', i) for i, name in enumerate(plan.call_params)}
+  def _derive(self, plan: _Plan, methods: dict[str, cst.FunctionDef], call: cst.FunctionDef,
+              calls: dict[cst.Call, _Child]) -> None:
+    """Fills each child's NNX sizes, walking `__call__` in order and into the class's own methods.
+
+    A size is followed through straight-line code only; elsewhere a child's sizes become
+    constructor arguments.
+    """
     shared: dict[tp.Any, str] = {}
     visited: set[cst.Call] = set()
+    active: list[cst.FunctionDef] = []
+    variables = {c.ctor: c for c in plan.children if c.api is not None and c.hoisted}
 
-    def dim(expr: cst.BaseExpression) -> Dim:
+    def dim(expr: cst.CSTNode, env: dict[str, Dim], derive: bool) -> Dim:
       if isinstance(expr, cst.Call) and expr in calls:
-        return visit(expr)
+        return visit(expr, env, derive)
+      if isinstance(expr, cst.Call) and expr in variables:
+        resolve(variables[expr], env, derive)
+      method = self._own_method(expr, methods)
+      if method is not None:
+        return enter(expr, method, env, derive)
       if derive and isinstance(expr, cst.Name):
         return env.get(expr.value)
       if derive and isinstance(expr, cst.Call) and self._has_name(expr.func, ELEMENTWISE) \
           and len(expr.args) == 1 and expr.args[0].keyword is None and not expr.args[0].star:
-        return dim(expr.args[0].value)
-      for sub in _descendants(expr):
-        if isinstance(sub, cst.Call) and sub in calls and sub not in visited:
-          visit(sub)
+        return dim(expr.args[0].value, env, derive)
+      if derive and isinstance(expr, cst.Call) and self._has_name(expr.func, CONCATENATE):
+        return concatenated(expr, env, derive)
+      for sub in expr.children:
+        dim(sub, env, derive)
       return None
 
-    def visit(node: cst.Call) -> Dim:
+    def concatenated(expr: cst.Call, env: dict[str, Dim], derive: bool) -> Dim:
+      """`jnp.concatenate([a, b], axis=-1)` of known sizes: their sum."""
+      first = expr.args[0].value if expr.args else None
+      axis = [a.value for a in expr.args[1:] if a.keyword is None or a.keyword.value == 'axis']
+      if not (isinstance(first, (cst.List, cst.Tuple)) and len(axis) == 1 and _is_minus_one(axis[0])):
+        for sub in expr.children:
+          dim(sub, env, derive)
+        return None
+      parts = [dim(e.value, env, derive) for e in first.elements]
+      if not parts or any(isinstance(e, cst.StarredElement) for e in first.elements) \
+          or any(p is None or p[0] != 'known' for p in parts):
+        return None
+      return ('known', ' + '.join(_paren(p[1]) for p in parts))
+
+    def visit(node: cst.Call, env: dict[str, Dim], derive: bool) -> Dim:
       visited.add(node)
       child = calls[node]
       dropped = self._call_modes(node, child)
       attr = self._calls[node][0] if node in self._calls else None
       if attr or dropped:
         self._calls[node] = (attr, dropped)
-      arg_dims = [dim(a.value) for a in node.args]
+      arg_dims = [dim(a.value, env, derive) for a in node.args]
       if not child.done:
         child.done = True
         for nnx_arg, index, optional in self._size_sources(child):
@@ -463,44 +738,104 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           key = source if source is not None else (child.attr, nnx_arg)
           if key not in shared:
             argument = self.module.code_for_node(node.args[position].value) if position is not None else None
-            shared[key] = self._size_param(plan, child, nnx_arg, argument, source, node)
+            where = None if argument is None else f"the input dimension of self.{child.attr}'s call argument {argument}"
+            shared[key] = self._size_param(plan, child, nnx_arg, where, source, node)
           child.sizes[nnx_arg] = shared[key]
       return self._output(child, arg_dims)
 
-    for statement in call.body.body:
-      parts = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
-      for part in parts:
-        if isinstance(part, cst.Return) and part.value is not None:
-          plan.output = dim(part.value)
+    def resolve(child: _Child, env: dict[str, Dim], derive: bool) -> None:
+      """A hoisted variable's shape: each `x.shape[-1]` from what the code says of x."""
+      if child.done:
+        return
+      child.done = True
+      for ref, name in child.shape_refs.items():
+        source = env.get(name) if derive else None
+        if source is not None and source[0] == 'known':
+          child.size_codes[ref] = _paren(source[1])
           continue
-        if isinstance(part, cst.Assign) and len(part.targets) == 1 and isinstance(part.targets[0].target, cst.Name):
-          env[part.targets[0].target.value] = dim(part.value)
-          continue
-        dim(part)
-        targets = [t.target for t in getattr(part, 'targets', ())] + [getattr(part, 'target', None)]
-        for target in filter(None, targets):
-          for sub in (target, *_descendants(target)):
-            if isinstance(sub, cst.Name):
-              env[sub.value] = None
+        key = source if source is not None else (child.attr, name)
+        if key not in shared:
+          shared[key] = self._size_param(plan, child, 'features', f'the size of the last axis of {name}', source, ref)
+        child.size_codes[ref] = shared[key]
+
+    def enter(node: cst.Call, method: cst.FunctionDef, env: dict[str, Dim], derive: bool) -> Dim:
+      """A call of one of the class's own methods: its arguments bound to what the caller knows."""
+      arg_dims = [(a.keyword.value if a.keyword else i, dim(a.value, env, derive)) for i, a in enumerate(node.args)]
+      if method in active or any(a.star for a in node.args):
+        return None
+      names = [p.name.value for p in method.params.params[1:]]
+      inner = {names[k] if isinstance(k, int) and k < len(names) else k: d for k, d in arg_dims}
+      active.append(method)
+      try:
+        return walk(method.body, inner, derive and _is_straight(method.body))
+      finally:
+        active.pop()
+
+    def walk(body: cst.BaseSuite, env: dict[str, Dim], derive: bool) -> Dim:
+      output: Dim = None
+      for statement in self._effective(body.body):
+        parts = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
+        for part in parts:
+          if isinstance(part, cst.Return) and part.value is not None:
+            output = dim(part.value, env, derive)
+            continue
+          if isinstance(part, cst.Assign) and len(part.targets) == 1 and isinstance(part.targets[0].target, cst.Name):
+            env[part.targets[0].target.value] = dim(part.value, env, derive)
+            continue
+          dim(part, env, derive)
+          targets = [t.target for t in getattr(part, 'targets', ())] + [getattr(part, 'target', None)]
+          for target in filter(None, targets):
+            for sub in (target, *_descendants(target)):
+              if isinstance(sub, cst.Name):
+                env[sub.value] = None
+      return output
+
+    inputs = {name: ('input', i) for i, name in enumerate(plan.call_params)}
+    active.append(call)
+    plan.output = walk(call.body, inputs, _is_straight(call.body))
+    for node in calls:  # calls in methods __call__ does not reach: still checked, sizes undetermined
+      if node not in visited:
+        visit(node, {}, False)
     for child in plan.children:
-      if not child.done:
+      if child.api is not None and child.hoisted:
+        resolve(child, {}, False)
+      elif child.api is None and not child.done:
         for nnx_arg, index, optional in self._size_sources(child):
           if not optional:
             child.sizes[nnx_arg] = self._size_param(plan, child, nnx_arg, None, None, child.ctor)
 
-  def _size_param(self, plan: _Plan, child: _Child, nnx_arg: str, argument: str | None, source: Dim,
+  def _effective(self, statements: tp.Sequence[cst.BaseStatement]) -> tp.Iterator[cst.BaseStatement]:
+    """The statements that run in NNX: `if [not] self.is_initializing():` blocks resolved."""
+    for statement in statements:
+      if statement in self._ifs:
+        if self._ifs[statement]:
+          yield from self._effective(statement.body.body)
+      else:
+        yield statement
+
+  def _own_method(self, expr: cst.CSTNode, methods: dict[str, cst.FunctionDef]) -> cst.FunctionDef | None:
+    """The method of this class that `expr` (`self.<method>(...)`) calls, if any."""
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and _is_self_attr(expr.func):
+      method = methods.get(expr.func.attr.value)
+      if method is not None and method.name.value != 'setup' \
+          and all(self._has_name(d.decorator, COMPACT_NAMES) for d in method.decorators):
+        return method
+    return None
+
+  def _size_param(self, plan: _Plan, child: _Child, nnx_arg: str, where: str | None, source: Dim,
                   node: cst.CSTNode) -> str:
     """A new keyword-only constructor argument for a size the code does not determine."""
     name = f'{child.attr}_{nnx_arg}'
     while name in plan.field_names or name in {p for p, _ in plan.size_params} or name == 'rngs':
       name += '_'
     plan.size_params.append((name, source))
-    if argument is None:
+    origin = UNDETERMINED if where is None else INPUT_DIMENSION
+    if where is None:
       where = f'not determined by the code of __call__ (pass what self.{child.attr} needs)'
+    if child.api:
+      detail = f'{where}, in the shape of self.{child.attr}'
     else:
-      where = f"the input dimension of self.{child.attr}'s call argument {argument}"
-    detail = f'{nnx_arg} of self.{child.attr}, {where}'
-    origin = UNDETERMINED if argument is None else INPUT_DIMENSION
+      detail = f'{nnx_arg} of self.{child.attr}, {where}'
     plan.size_arguments.append(ConstructorArgument(name, origin, detail, child.attr))
     self._pending.append((node, f'new constructor argument {name}: {detail}'))
     return name
@@ -543,7 +878,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if size == SAME_AS_INPUT:
       return first
     if size is not None and size in child.kwargs:
-      return ('known', self.module.code_for_node(child.kwargs[size]))
+      return ('known', self._code(child.kwargs[size]))
     return None
 
   def _sibling_output(self, child: _Child, arg_dims: list[Dim]) -> Dim:
@@ -555,21 +890,31 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return arg_dims[output[1]] if output[1] < len(arg_dims) else None
     field = output[1][len('self.'):] if output[1].startswith('self.') else None
     if field in child.sibling.field_names and field in child.kwargs:
-      return ('known', self.module.code_for_node(child.kwargs[field]))
+      return ('known', self._code(child.kwargs[field]))
     return None
 
-  def _switch(self, value: cst.BaseExpression, inverted: bool) -> None:
-    """Checks that `value` is a __call__ train/eval switch (or its negation) meaning the same as the target."""
+  def _switch(self, value: cst.BaseExpression, inverted: bool) -> bool | None:
+    """Checks that `value` is a __call__ train/eval switch (or its negation) meaning the same as the target.
+
+    Returns the target's value when the switch keeps its default (a literal bool), else None.
+    """
     negated = isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Not)
     name = value.expression if negated else value
     if not (isinstance(name, cst.Name) and name.value in self._switches and negated ^ inverted == self._switches[name.value]):
       raise _Unsupported(value, 'a train/eval argument that is not a matching __call__ switch')
     self._mode_uses.add(name)
+    default = self._switch_defaults.get(name.value)
+    return None if default is None else default ^ negated
 
   def _ctor_modes(self, child: _Child) -> None:
     """Drops the constructor's train/eval kwargs, which NNX's train()/eval() set."""
     for key in [k for k in child.kwargs if child.spec is not None and k in LAYER_MODE_KWARGS]:
-      self._switch(child.kwargs.pop(key), False)
+      self._mode_default(child, key, self._switch(child.kwargs.pop(key), False))
+
+  def _mode_default(self, child: _Child, attribute: str, value: bool | None) -> None:
+    """A layer fed by a switch with a default starts in that mode, as the Linen call without it did."""
+    if value is not None and child.spec is not None:
+      child.mode_defaults[attribute] = value
 
   def _call_modes(self, call: cst.Call, child: _Child) -> set[int]:
     """Checks a child call's train/eval arguments; returns the positions to drop."""
@@ -585,7 +930,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     for position, arg in enumerate(call.args):
       key = arg.keyword.value if arg.keyword is not None else position
       if key in targets:
-        self._switch(arg.value, targets[key])
+        default = self._switch(arg.value, targets[key])
+        if child.spec is not None:
+          self._mode_default(child, key, default)
         dropped.add(position)
         seen.add(key)
     if child.sibling is not None and any(i not in seen and n not in seen for i, n, _ in child.sibling.mode_params):
@@ -594,7 +941,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _ctor_text(self, child: _Child) -> str:
     """The NNX constructor call of `child`, as code valid in __init__."""
-    code = self.module.code_for_node
+    code = self._code
     if child.sibling is not None:
       fields = child.sibling.field_names
       args = [code(v) if i < len(fields) and f == fields[i] else f'{f}={code(v)}'
@@ -611,7 +958,22 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         raise _Unsupported(value, f'{name}= of {spec.linen} has no NNX counterpart to pass it to')
       args.append(f'{new}={code(value)}')
     args += [f'{k}={v!r}' for k, v in spec.linen_defaults if k not in child.kwargs]
+    args += [f'{k}={v!r}' for k, v in child.mode_defaults.items() if k in accepted]
     return f'nnx.{spec.nnx.rpartition(".")[2]}({", ".join([*args, "rngs=rngs"])})'
+
+  def _variable_text(self, child: _Child) -> str:
+    """`nnx.Param(init(rngs.params(), *args))` / `<Type>(init(*args))`, as code valid in __init__."""
+    lead = 2 if child.api == 'param' else 3
+    init, rest = child.ctor.args[lead - 1].value, child.ctor.args[lead:]
+    code = lambda node: self._code(node, child.size_codes)
+    args = [f'{a.keyword.value}={code(a.value)}' if a.keyword else code(a.value) for a in rest]
+    if child.api == 'param':
+      return f'nnx.Param({code(init)}({", ".join(["rngs.params()", *args])}))'
+    if isinstance(init, cst.Lambda):
+      if not args and init.params.deep_equals(cst.Parameters()):
+        return f'{child.var_type}({code(init.body)})'
+      return f'{child.var_type}(({code(init)})({", ".join(args)}))'
+    return f'{child.var_type}({code(init)}({", ".join(args)}))'
 
   # --- helpers ---------------------------------------------------------------------------------
 
@@ -629,19 +991,27 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         return spec.linen, spec, None
     return None
 
-  def _convert_linen_refs(self, node: cst.CSTNode, allowed: set[cst.CSTNode]) -> None:
+  def _convert_linen_refs(self, node: cst.CSTNode, allowed: set[cst.CSTNode]) -> list[cst.CSTNode]:
+    """Schedules `nn.relu` -> `nnx.relu` for Linen names NNX shares; returns the nodes converted."""
+    converted = []
     for child in node.children:
       if child in allowed:
         continue
       names = {q.name for q in self.get_metadata(QualifiedNameProvider, child, set())}
       linen = {n for n in names if n == 'flax.linen' or n.startswith('flax.linen.')}
       if isinstance(child, (cst.Name, cst.Attribute)) and linen:
-        twin = {_nnx_twin(n) for n in linen}
+        twin = {_nnx_counterpart(n) for n in linen}
         if len(twin) != 1 or None in twin or linen != names:
           raise _Unsupported(child, f'{self.module.code_for_node(child)} has no automatic NNX conversion here')
-        self._refs[child] = twin.pop()
+        self._exprs[child] = twin.pop()
+        converted.append(child)
         continue
-      self._convert_linen_refs(child, allowed)
+      converted += self._convert_linen_refs(child, allowed)
+    return converted
+
+  def _code(self, node: cst.CSTNode, replacements: dict[cst.CSTNode, str] | None = None) -> str:
+    """The code of `node` moved to __init__, with Linen names (and `replacements`) rewritten."""
+    return self.module.code_for_node(node.visit(_Replace({**self._exprs, **self._aliases, **(replacements or {})})))
 
   def _has_name(self, node: cst.CSTNode, names: tp.Collection[str]) -> bool:
     return any(q.name in names for q in self.get_metadata(QualifiedNameProvider, node, set()))
@@ -655,24 +1025,102 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _report(self, node: cst.ClassDef, plan: _Plan) -> None:
     signature = ', '.join([*plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params), 'rngs: nnx.Rngs'])
     self.report_change(node, f'class {plan.name}(nn.Module) -> nnx.Module with __init__({signature})')
-    if plan.compact:
-      mapping = ', '.join(f'{c.linen_name} -> self.{c.attr}' for c in plan.children)
-      self.report_change(node, f'{plan.name}: @nn.compact submodules hoisted into __init__: {mapping}')
+    hoisted = [c for c in plan.children if c.hoisted]
+    if hoisted:
+      mapping = ', '.join(f'{c.linen_name} -> self.{c.attr}' for c in hoisted)
+      what = 'submodules and variables' if any(c.api for c in hoisted) else 'submodules'
+      self.report_change(node, f'{plan.name}: @nn.compact {what} hoisted into __init__: {mapping}')
     for _, name, _ in plan.mode_params:
-      self.report_change(node, f'{plan.name}.__call__: train/eval argument {name} dropped; use model.train() / model.eval()')
+      default = self._switch_defaults.get(name)
+      start = '' if default is None else f' (the layers it fed start in the mode of its default, {name}={default})'
+      self.report_change(node, f'{plan.name}.__call__: train/eval argument {name} dropped; '
+                               f'use model.train() / model.eval(){start}')
+    for collection in plan.collections:
+      name = self._variable_classes[collection]
+      self.report_change(node, f'new Variable type {name} for the Linen collection {collection!r}')
     fields = [ConstructorArgument(name, FIELD, param) for name, param in zip(plan.field_names, plan.params)]
     arguments = [*fields, *plan.size_arguments, ConstructorArgument('rngs', RNGS, 'nnx.Rngs')]
     self.report_class(node, plan.name, arguments, [ChildName(c.linen_name, c.attr) for c in plan.children])
 
   def _init(self, plan: _Plan, setup_body: list[cst.BaseStatement]) -> cst.FunctionDef:
     params = ', '.join(['self', *plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params), 'rngs: nnx.Rngs'])
-    lines = [f'self.{name} = {name}' for name in plan.field_names]
-    if plan.compact:
-      lines += [f'self.{c.attr} = {c.text}' for c in plan.children]
-    source = f'def __init__({params}):\n' + ''.join(f'  {line}\n' for line in lines or ['pass'])
+    fields = [f'self.{name} = {name}' for name in plan.field_names]
+    later = [f'self.{c.attr} = {c.text}' for c in plan.children if c.hoisted]
+    later += [f'self.{attr} = rngs{_stream(stream)}.fork()' for stream, attr in plan.streams.items()]
+    source = f'def __init__({params}):\n' + ''.join(f'  {line}\n' for line in [*fields, *later] or ['pass'])
     init = cst.parse_statement(source)
-    body = [*init.body.body, *setup_body] if lines else setup_body or list(init.body.body)
+    lines = list(init.body.body)
+    body = [*lines[:len(fields)], *setup_body, *lines[len(fields):]] if fields or later else setup_body or lines
     return init.with_changes(body=init.body.with_changes(body=body))
+
+
+class _Replace(cst.CSTTransformer):
+  """Replaces given nodes of the original tree with code."""
+
+  def __init__(self, replacements: dict[cst.CSTNode, str]) -> None:
+    super().__init__()
+    self._replacements = replacements
+
+  def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:
+    if original_node in self._replacements:
+      return cst.parse_expression(self._replacements[original_node])
+    return updated_node
+
+
+def _scope_api(call: cst.Call) -> str | None:
+  """'param' for `self.param(...)`, ...: the Linen scope API a call uses, else None."""
+  func = call.func
+  if isinstance(func, cst.Attribute) and _is_self_attr(func) and func.attr.value in SCOPE_APIS:
+    return func.attr.value
+  return None
+
+
+def _is_initializing_if(statement: cst.CSTNode) -> bool:
+  """`if self.is_initializing():` / `if not self.is_initializing():` without an else."""
+  if not isinstance(statement, cst.If) or statement.orelse is not None:
+    return False
+  test = statement.test
+  if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+    test = test.expression
+  return isinstance(test, cst.Call) and _scope_api(test) == 'is_initializing' and not test.args
+
+
+def _is_straight(body: cst.BaseSuite) -> bool:
+  return all(isinstance(s, cst.SimpleStatementLine) or _is_initializing_if(s) for s in body.body)
+
+
+def _last_axis_of_name(node: cst.CSTNode) -> bool:
+  """`x.shape[-1]` for a plain name x."""
+  return (isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute)
+          and isinstance(node.value.value, cst.Name) and node.value.attr.value == 'shape'
+          and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index)
+          and _is_minus_one(node.slice[0].slice.value))
+
+
+def _is_minus_one(node: cst.CSTNode) -> bool:
+  return (isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus)
+          and isinstance(node.expression, cst.Integer) and node.expression.value == '1')
+
+
+def _literal_identifier(node: cst.CSTNode) -> bool:
+  return (isinstance(node, cst.SimpleString) and node.evaluated_value.isidentifier()
+          and not keyword.iskeyword(node.evaluated_value))
+
+
+def _paren(code: str) -> str:
+  return code if re.fullmatch(r'[\w.]+', code) else f'({code})'
+
+
+def _stream(stream: str) -> str:
+  return f'.{stream}' if stream.isidentifier() and not keyword.iskeyword(stream) else f'[{stream!r}]'
+
+
+def _walk(node: cst.CSTNode, skip: tp.Collection[cst.CSTNode]) -> tp.Iterator[cst.CSTNode]:
+  if node in skip:
+    return
+  yield node
+  for child in node.children:
+    yield from _walk(child, skip)
 
 
 def _field_name(statement: cst.CSTNode) -> str | None:
