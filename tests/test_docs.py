@@ -28,3 +28,12 @@ def test_readme_test_command_is_what_ci_runs():
   command = 'python -m pytest -q -n 2'
   assert f"pip install -e '.[test]' && {command}" in readme
   assert ci.strip().splitlines()[-1] == command
+
+
+def test_rule_examples_are_the_fixture_files():
+  text = (ROOT / 'docs' / 'migrate.md').read_text()
+  cases = re.findall(r'<!-- example: (fixtures/\S+) -->\n.*?```python\n(.*?)```.*?```python\n(.*?)```', text, re.DOTALL)
+  assert len(cases) >= 4
+  for case, before, after in cases:
+    assert before == (ROOT / f'{case}.in.py').read_text(), case
+    assert after == (ROOT / f'{case}.out.py').read_text(), case
