@@ -157,3 +157,16 @@ def test_config_fields_match_linen_and_start_in_the_switch_default_mode():
   assert jnp.allclose(model(x), model(x))  # deterministic=True was the Linen default: eval until train()
   model.train()
   assert not jnp.allclose(model(x), model(x))
+
+
+def test_module_fields_hold_the_submodules_the_caller_builds():
+  from flax import linen as nn
+
+  linen_ns, nnx_ns = _load('module_fields', 'in'), _load('module_fields', 'out')
+  x = jax.random.normal(jax.random.key(0), (2, 5))
+  linen_module = linen_ns['Classifier'](backbone=nn.Dense(4), head=linen_ns['Head'](3))
+  variables = linen_module.init(jax.random.key(1), x)
+  rngs = nnx.Rngs(0)
+  model = nnx_ns['Classifier'](nnx.Linear(5, 4, rngs=rngs), nnx_ns['Head'](3, linear_in_features=4, rngs=rngs), rngs=rngs)
+  report = nnx_bridge.compare(linen_module, variables, model, x)
+  assert report.ok, report.to_text()

@@ -21,11 +21,12 @@ own methods) or become keyword-only constructor arguments named after their role
 reported with its source. `__call__` arguments named like a train/eval switch (`training`,
 `deterministic`, ...) that only feed `deterministic=` / `use_running_average=` are dropped:
 NNX's `model.train()` / `model.eval()` set those. A class of the same file used as a child is
-converted with it. `nn.relu` and the other functions NNX shares become `nnx.X`.
+converted with it; a field typed `nn.Module` becomes an `nnx.Module` parameter. `nn.relu` and
+the other functions NNX shares become `nnx.X`.
 
 ## Left as a TODO (the class is not changed)
 `self.has_variable` (decode caches), `self.put_variable` and the other scope APIs; Linen names
-without a known NNX counterpart (`nn.scan`, `nn.remat`, unknown layers, module-typed fields);
+without a known NNX counterpart (`nn.scan`, `nn.remat`, unknown layers, module factories);
 constructions in loops, conditionals, nested functions or not called at once; shapes that use
 a local other than an input's last axis; kwargs NNX does not take; train/eval switches used
 otherwise; other statements in the class or in `setup()`.
@@ -346,8 +347,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if len(compact) > 1:
       raise _Unsupported(compact[1], 'several @nn.compact methods')
     method = compact[0] if compact else None
-    if call is None or (setup is None and method is None):
-      raise _Unsupported(node, 'no __call__ with setup() or an @nn.compact method to convert')
+    if call is None:
+      raise _Unsupported(node, 'no __call__ to convert')
     if setup is not None and (len(setup.params.params) != 1 or setup.decorators):
       raise _Unsupported(setup, 'setup() with arguments or decorators')
     mode = self._mode_params(call)
@@ -374,7 +375,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         raise _Unsupported(sub, f'the train/eval switch {sub.value} is used other than to set train/eval arguments')
     allowed = {node.bases[0].value} | {d.decorator for d in (method.decorators if method else ())}
     allowed |= {child.ctor.func for child in plan.children if child.api is None}
+    for field in fields:  # `encoder: nn.Module` holds a submodule the caller builds: an NNX one now
+      annotation = field.body[0].annotation.annotation
+      if self._has_name(annotation, MODULE_NAMES):
+        self._exprs[annotation] = 'nnx.Module'
+        allowed.add(annotation)
     plan.linen_nodes = [*allowed, *self._convert_linen_refs(node, allowed)]
+    plan.params = [self._code(f.body[0]).strip() for f in fields]
     for child in plan.children:
       child.text = self._variable_text(child) if child.api else self._ctor_text(child)
       if not child.hoisted:
