@@ -170,3 +170,12 @@ def test_module_fields_hold_the_submodules_the_caller_builds():
   model = nnx_ns['Classifier'](nnx.Linear(5, 4, rngs=rngs), nnx_ns['Head'](3, linear_in_features=4, rngs=rngs), rngs=rngs)
   report = nnx_bridge.compare(linen_module, variables, model, x)
   assert report.ok, report.to_text()
+
+
+def test_guide_variable_creation_shapes():
+  """The guide's variable creation section: Linen's init shapes are the converted model's attributes."""
+  linen_module = _load('guide_basic_module', 'in')['Model'](256, 10)
+  params = linen_module.init(jax.random.key(0), jnp.ones((1, 784)), training=False)['params']
+  model = _load('guide_basic_module', 'out')['Model'](256, 10, block_linear_in_features=784, rngs=nnx.Rngs(0))
+  assert params['Dense_0']['bias'].shape == model.linear.bias.shape == (10,)
+  assert params['Block_0']['Dense_0']['kernel'].shape == model.block.linear.kernel.shape == (784, 256)
