@@ -24,6 +24,7 @@ CASES = {
     'guide_collections': ('Block', dict(features=4), dict(dense_in_features=3), (jnp.ones((2, 3)),), dict(training=False)),
     'guide_multiple_methods': ('AutoEncoder', dict(embed_dim=3, output_dim=5), dict(encoder_in_features=5),
                                (jnp.ones((2, 5)),), {}),
+    'import_styles': ('MLP', dict(width=4), dict(linear1_in_features=3), (jnp.ones((2, 3)),), {}),
     'compact_other_method': ('Encoder', dict(width=3), dict(linear1_in_features=4, linear2_in_features=2),
                              (jnp.ones((2, 4)), jnp.ones((2, 2))), {}),
 }
