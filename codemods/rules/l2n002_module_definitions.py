@@ -281,14 +281,16 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     body: list[cst.BaseStatement] = []
     init_index = None
     setup_body: list[cst.BaseStatement] = []
+    leading: tp.Sequence[cst.EmptyLine] = ()
     for statement in updated_node.body.body:
       if _field_name(statement) is not None:
-        init_index = len(body) if init_index is None else init_index
+        if init_index is None:  # __init__ takes the first field's place, and its blank lines
+          init_index, leading = len(body), statement.leading_lines
       elif isinstance(statement, cst.FunctionDef) and statement.name.value == 'setup':
         setup_body = list(statement.body.body)
       else:
         body.append(statement)
-    init = self._init(plan, setup_body)
+    init = self._init(plan, setup_body).with_changes(leading_lines=leading)
     if init_index is None and body and _is_docstring(body[0]):
       init_index, init = 1, init.with_changes(leading_lines=[cst.EmptyLine()])
     init_index = init_index or 0
