@@ -33,7 +33,9 @@ class ConstructorArgument:
   name: str
   origin: str  # FIELD | INPUT_DIMENSION | UNDETERMINED | RNGS
   detail: str = ''  # the field's declaration, or which size of which child it is and why
-  child: str | None = None  # for sizes: the NNX attribute of the child that takes it
+  child: str | None = None  # for sizes: the NNX attribute of the child (or variable) that takes it
+  child_argument: str | None = None  # for a child's size: the argument of the child's NNX constructor it feeds
+  input: str | None = None  # for a variable's shape: the call argument whose last axis it is
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,3 +119,31 @@ class MigrationResult:
 
   def to_json(self) -> str:
     return json.dumps(self.to_json_dict(), indent=2) + '\n'
+
+
+def _from_json(cls: type, record: tp.Mapping[str, tp.Any]) -> tp.Any:
+  """`cls` from a JSON record; keys a later schema version adds are ignored."""
+  return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
+
+
+def converted_classes_from_json(document: tp.Any) -> dict[str, tuple[ConvertedClass, ...]]:
+  """The `classes` of a `--report-json` document by file path, as `MigrationResult` made them.
+
+  Raises ValueError for another schema version or a document of another shape.
+  """
+  if not isinstance(document, dict) or document.get('version') != SCHEMA_VERSION:
+    raise ValueError(f'not a linen2nnx migrate report of version {SCHEMA_VERSION}')
+  try:
+    return {
+        entry['path']: tuple(
+            dataclasses.replace(
+                _from_json(ConvertedClass, record),
+                arguments=tuple(_from_json(ConstructorArgument, a) for a in record['arguments']),
+                children=tuple(_from_json(ChildName, c) for c in record['children']),
+            )
+            for record in entry['classes']
+        )
+        for entry in document['files']
+    }
+  except (KeyError, TypeError) as error:
+    raise ValueError(f'not a linen2nnx migrate report ({type(error).__name__}: {error})') from None

@@ -406,19 +406,23 @@ def _match(
     nnx_layers: dict[Path, _Layer],
     linen_calls: list[Path],
     nnx_calls: list[Path],
+    layer_pairs: tp.Mapping[Path, Path],
 ) -> tuple[TreeMapping | None, list[str]]:
   """The mapping, or the problems that stop it (the first line says how layers were paired)."""
-  linen_order, nnx_order = _first_calls(linen_calls, linen), _first_calls(nnx_calls, nnx_layers)
-  pairs: list[tuple[Path, Path]] = []
+  pairs = [(a, b) for a, b in layer_pairs.items() if a in linen and b in nnx_layers]
+  how = [f'{len(pairs)} layers paired by the given names'] if pairs else []
+  linen_order = [p for p in _first_calls(linen_calls, linen) if p not in dict(pairs)]
+  nnx_order = [p for p in _first_calls(nnx_calls, nnx_layers) if p not in {b for _, b in pairs}]
   problems: list[str] = []
   if linen_order and len(linen_order) == len(nnx_order):
-    pairs = list(zip(linen_order, nnx_order))
-    problems += _name_conflicts(pairs, linen, nnx_layers)
-    how = f'paired by call order ({len(pairs)} layers with variables called on each side)'
-  else:
-    how = (
-        f'no call order pairs the layers: Linen calls {len(linen_order)} layers with variables, NNX '
-        f'{len(nnx_order)}; paired by equal paths, then by unique signatures'
+    by_order = list(zip(linen_order, nnx_order))
+    problems += _name_conflicts(by_order, linen, nnx_layers)
+    pairs += by_order
+    how.append(f'paired by call order ({len(by_order)} layers with variables called on each side)')
+  elif linen_order or nnx_order or not pairs:
+    how.append(
+        f'no call order pairs the {"other " if pairs else ""}layers: Linen calls {len(linen_order)} layers with '
+        f'variables, NNX {len(nnx_order)}; paired by equal paths, then by unique signatures'
     )
   rest_linen = [p for p in linen if p not in {lp for lp, _ in pairs}]
   rest_nnx = [p for p in nnx_layers if p not in {nnx_path for _, nnx_path in pairs}]
@@ -450,7 +454,7 @@ def _match(
     rules += layer_rules
     problems += layer_problems
   if problems:
-    return None, [how] + problems
+    return None, ['; '.join(how)] + problems
   dropped = sorted(key for linen_path, _ in pairs for key in linen[linen_path].dropped)
   return TreeMapping(tuple(sorted(rules, key=lambda rule: rule.nnx)), tuple(dropped)), []
 
@@ -496,6 +500,7 @@ def derive_mapping(
     nnx_model: nnx.Module,
     *inputs: tp.Any,
     method: Method = None,
+    layer_pairs: tp.Mapping[Path, Path] | None = None,
     **call_kwargs: tp.Any,
 ) -> TreeMapping:
   """The mapping from `linen_module`'s variables to `nnx_model`'s state, derived from abstract traces.
@@ -506,16 +511,24 @@ def derive_mapping(
   (`nnx.eval_shape`). Tries `mapping_by_path` first, then pairs layers by call order; raises
   MappingError when the pairing is ambiguous or a leaf has no counterpart.
 
+  `layer_pairs` (Linen module path -> NNX module path, e.g. from a `linen2nnx migrate` report's
+  child names) is evidence that beats both: each pair naming a layer with variables on both
+  sides is paired first, and only the other layers by call order (the `mapping_by_path`
+  shortcut is skipped, since equal names would overrule the given ones).
+
   While it runs, the `__call__` of the NNX model's module classes is wrapped to record calls,
   so it must not run concurrently with other code calling those classes.
   """
   variables, linen_calls, classes = _trace_linen(linen_module, inputs, method, call_kwargs)
-  try:
-    return mapping_by_path(variables, nnx.state(nnx_model))
-  except MappingError:
-    pass  # the layouts differ: derive the pairing below
+  if not layer_pairs:
+    try:
+      return mapping_by_path(variables, nnx.state(nnx_model))
+    except MappingError:
+      pass  # the layouts differ: derive the pairing below
   nnx_calls, failure = _trace_nnx(nnx_model, inputs, method, call_kwargs)
-  mapping, problems = _match(_linen_layers(variables, classes), _nnx_layers(nnx_model), linen_calls, nnx_calls)
+  mapping, problems = _match(
+      _linen_layers(variables, classes), _nnx_layers(nnx_model), linen_calls, nnx_calls, layer_pairs or {}
+  )
   if failure is not None:
     first_line = next(iter(str(failure).strip().splitlines()), '')
     raise _refusal(

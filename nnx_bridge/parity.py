@@ -209,6 +209,7 @@ def compare(
     rtol: float = 1e-5,
     train: bool = True,
     dropout_seed: int = 0,
+    rng_streams: tp.Sequence[str] = (),
     logical_axis_rules: tp.Sequence[tuple[str, str | None]] | None = None,
     **call_kwargs: tp.Any,
 ) -> ParityReport:
@@ -219,6 +220,9 @@ def compare(
   gets `.eval()` / `.train()`. With `train`, one train-mode call is also compared, with
   dropout off on both sides (the two libraries derive different masks from the same seed).
   `call_kwargs` go to both calls. Without `mapping`, one is derived by tracing both models.
+  `rng_streams` are the other rng streams the Linen model draws from (`self.make_rng('noise')`):
+  each gets a key on the Linen side, while the NNX model draws from its own `nnx.Rngs`, so
+  the outputs agree only where those draws do not change them.
   """
   model = nnx.clone(nnx_model)
   if mapping is None:
@@ -237,7 +241,8 @@ def compare(
   # model, so that state written by one check does not leak into the next.
   eval_module, eval_kwargs = modes.for_mode(linen_module, None, arguments, **modes.EVAL)
   mutable = [c for c in variables if c != 'params']
-  linen_out, _ = eval_module.apply(variables, *inputs, **eval_kwargs, **call_kwargs, mutable=mutable)
+  streams = {name: jax.random.key(dropout_seed + 1 + i) for i, name in enumerate(rng_streams)}
+  linen_out, _ = eval_module.apply(variables, *inputs, **eval_kwargs, **call_kwargs, mutable=mutable, rngs=streams)
   eval_model = nnx.clone(model)
   eval_model.eval()
   nnx_out = eval_model(*inputs, **call_kwargs)
@@ -252,7 +257,8 @@ def compare(
   params = variables['params']
   rest = {k: v for k, v in variables.items() if k != 'params'}
   linen_grads = jax.grad(
-      lambda p: _loss(eval_module.apply({'params': p, **rest}, *inputs, **eval_kwargs, **call_kwargs, mutable=mutable)[0])
+      lambda p: _loss(eval_module.apply({'params': p, **rest}, *inputs, **eval_kwargs, **call_kwargs, mutable=mutable,
+                                      rngs=streams)[0])
   )(params)
   want_grads = mapping.only('params').linen_to_nnx(
       transfer.flat_linen({'params': linen_grads}), allow_lossy=True
@@ -273,7 +279,7 @@ def compare(
     with nn.intercept_methods(_identity_dropout):
       linen_train_out, updates = train_module.apply(
           variables, *inputs, **train_kwargs, **call_kwargs, mutable=mutable,
-          rngs={'dropout': jax.random.key(dropout_seed)},
+          rngs={**streams, 'dropout': jax.random.key(dropout_seed)},
       )
     model.train()
     model.set_attributes(nnx.Dropout, deterministic=True, raise_if_not_found=False)

@@ -357,6 +357,55 @@ def test_mapping_by_path_names_unmatched_leaves():
     mapping_by_path(variables, nnx.state(nnx.eval_shape(lambda: NNXMLP(rngs=nnx.Rngs(0)))))
 
 
+# --- Given layer pairs -------------------------------------------------------------------------
+
+
+class QueryKey(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    q = nn.Dense(3, name='query')(x)
+    k = nn.Dense(3, name='key')(x)
+    return q * jnp.tanh(k)
+
+
+class NNXKeyFirst(nnx.Module):
+  """The same model, computing the key first: call order alone pairs query with k."""
+
+  def __init__(self, *, rngs):
+    self.q = nnx.Linear(3, 3, rngs=rngs)
+    self.k = nnx.Linear(3, 3, rngs=rngs)
+
+  def __call__(self, x):
+    k = self.k(x)
+    return self.q(x) * jnp.tanh(k)
+
+
+def test_given_layer_pairs_beat_call_order():
+  x, abstract = _x(), nnx.eval_shape(lambda: NNXKeyFirst(rngs=nnx.Rngs(0)))
+  by_order = derive_mapping(QueryKey(), abstract, x)
+  assert _rule(by_order, ('k', 'kernel')).linen == (('params', 'query', 'kernel'),)  # the known limit
+  pairs = {('query',): ('q',), ('key',): ('k',)}
+  mapping = derive_mapping(QueryKey(), abstract, x, layer_pairs=pairs)
+  assert _rule(mapping, ('k', 'kernel')).linen == (('params', 'key', 'kernel'),)
+  variables = _perturbed(QueryKey().init(jax.random.key(1), x))
+  model = NNXKeyFirst(rngs=nnx.Rngs(0))
+  _transfer(mapping, variables, model)
+  np.testing.assert_allclose(model(x), QueryKey().apply(variables, x), atol=1e-5)
+
+
+def test_given_layer_pairs_settle_what_call_order_cannot():
+  pairs = {('Dense_0',): ('first',), ('Dense_1',): ('second',), ('nowhere',): ('second',)}
+  mapping = derive_mapping(SameWidth(), nnx.eval_shape(lambda: NNXUncalled(rngs=nnx.Rngs(0))), X, layer_pairs=pairs)
+  assert _rule(mapping, ('second', 'kernel')).linen == (('params', 'Dense_1', 'kernel'),)
+
+
+def test_given_layer_pairs_that_do_not_fit_are_refused():
+  with pytest.raises(MappingError, match=r'2 layers paired by the given names(.|\n)*'
+                     r'Linen params/Dense_0/kernel float32\[4,2\] does not fit NNX linear1/kernel float32\[3,4\]'):
+    derive_mapping(CompactMLP(), nnx.eval_shape(lambda: NNXMLP(rngs=nnx.Rngs(0))), X,
+                   layer_pairs={('Dense_0',): ('linear1',), ('Dense_1',): ('linear2',)})
+
+
 # --- Refusals ----------------------------------------------------------------------------------
 
 

@@ -161,14 +161,16 @@ def test_the_json_report_records_each_converted_class_the_same_with_any_jobs(tmp
     classes[jobs] = {f['path']: f['classes'] for f in report['files']}
   assert classes['1'] == classes['2']
   mlp, = classes['1']['src/setup_mlp.py']
+  NOT_A_SIZE = {'child': None, 'child_argument': None, 'input': None}
   assert mlp == {
       'line': 5, 'linen_name': 'MLP', 'nnx_name': 'MLP', 'cell': None,
       'arguments': [
-          {'name': 'hidden', 'origin': 'field', 'detail': 'hidden: int', 'child': None},
-          {'name': 'out', 'origin': 'field', 'detail': 'out: int = 3', 'child': None},
+          {'name': 'hidden', 'origin': 'field', 'detail': 'hidden: int', **NOT_A_SIZE},
+          {'name': 'out', 'origin': 'field', 'detail': 'out: int = 3', **NOT_A_SIZE},
           {'name': 'dense1_in_features', 'origin': 'input_dimension', 'child': 'dense1',
-           'detail': "in_features of self.dense1, the input dimension of self.dense1's call argument x"},
-          {'name': 'rngs', 'origin': 'rngs', 'detail': 'nnx.Rngs', 'child': None},
+           'detail': "in_features of self.dense1, the input dimension of self.dense1's call argument x",
+           'child_argument': 'in_features', 'input': None},
+          {'name': 'rngs', 'origin': 'rngs', 'detail': 'nnx.Rngs', **NOT_A_SIZE},
       ],
       'children': [{'linen_name': name, 'nnx_attribute': name} for name in ('dense1', 'dense2', 'norm')],
   }

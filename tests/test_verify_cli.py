@@ -19,7 +19,7 @@ def test_right_port_exits_0_and_says_where_constructor_arguments_came_from(capsy
   assert verify(f'{EXAMPLES}/mlp_linen.py:MLP', f'{EXAMPLES}/mlp_nnx.py:MLP', *MLP_INPUT) == 0
   out = capsys.readouterr().out
   assert "in_features=8: the first input's last axis" in out
-  assert 'hidden: the Linen field of the same name' in out
+  assert 'hidden=16: the Linen field of the same name' in out
   assert 'params/Dense_0/kernel' in out and 'linear1/kernel' in out
   assert 'RESULT: the NNX port matches the Linen model' in out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from codemods.commands import migrate_report
 from codemods.commands import model_refs
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
@@ -21,6 +22,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           'leaf mapping and check every leaf before anything is written. Arrays are converted a '
           'few at a time; DST appears only when complete. Exit 0 on success, 1 when the '
           'checkpoint does not fit, 2 on usage errors.'
+      ),
+      epilog=(
+          'With --migrate-report, the NNX class is constructed from its record (sizes measured on '
+          'the Linen model) and its child names pair the layers; a mapping that disagrees with the '
+          'record, or a call order that would pair the layers otherwise, writes nothing.'
       ),
   )
   parser.add_argument('src', metavar='SRC', help='the checkpoint to read')
@@ -51,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
   try:
     example = model_refs.build_example(args, args.linen)
-    nnx_model, _ = model_refs.build_nnx(args, args.nnx, example, abstract=True)
+    nnx_model, _, port = model_refs.build_nnx(args, args.nnx, example, abstract=True)
     mapping = TreeMapping.load(args.mapping) if args.mapping else None
   except (model_refs.UsageError, OSError, ValueError) as error:
     print(f'linen2nnx convert: {error}', file=sys.stderr)
@@ -60,7 +66,17 @@ def run(args: argparse.Namespace) -> int:
       example.linen, None, modes.mode_arguments_of(example.linen), **modes.EVAL
   )
   try:
-    if mapping is None:
+    if mapping is None and port is not None:
+      mapping, by_order = port.mapping(eval_module, nnx_model, *example.args, **eval_kwargs, **example.kwargs)
+      if by_order:  # no outputs are compared here to say which pairing is right
+        print(
+            f'linen2nnx convert: nothing written: {migrate_report.call_order_note(by_order)}\n'
+            'Run linen2nnx verify with --migrate-report and --write-mapping FILE.json: if the outputs '
+            'match, pass that mapping here with --mapping FILE.json.',
+            file=sys.stderr,
+        )
+        return EXIT_MISMATCH
+    elif mapping is None:
       mapping = derive.derive_mapping(eval_module, nnx_model, *example.args, **eval_kwargs, **example.kwargs)
     if args.write_mapping:
       mapping.save(args.write_mapping)

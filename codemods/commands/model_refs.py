@@ -15,6 +15,7 @@ import inspect
 import json
 import os
 import re
+import reprlib
 import sys
 import typing as tp
 
@@ -22,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
+
+from codemods.commands import migrate_report
 
 
 class UsageError(Exception):
@@ -130,13 +133,19 @@ def example_from_file(path: str, name: str | None) -> Example:
 
 
 def nnx_constructor_kwargs(
-    nnx_class: type, linen: nn.Module, inputs: tuple[tp.Any, ...], explicit: dict[str, tp.Any], seed: int
+    nnx_class: type,
+    linen: nn.Module,
+    inputs: tuple[tp.Any, ...],
+    explicit: dict[str, tp.Any],
+    seed: int,
+    measured: tp.Mapping[str, tp.Callable[[], tuple[int, str]]] | None = None,
 ) -> tuple[dict[str, tp.Any], list[str]]:
-  """Keyword arguments for the NNX class, and a line saying where each one came from.
+  """Keyword arguments for the NNX class, and a line saying which value each got and where from.
 
   In order: `--nnx-kwargs`; a Linen field of the same name (the user gives the Linen
-  constructor's arguments once); `rngs=nnx.Rngs(seed)`; an input size (`in_features`, `din`,
-  ...) read off the first input's last axis. Anything else is a usage error.
+  constructor's arguments once); `rngs=nnx.Rngs(seed)`; a size `measured` on the Linen model
+  (from a migrate report's record: value and how it was read), or without one an input size
+  (`in_features`, `din`, ...) read off the first input's last axis. Anything else is a usage error.
   """
   parameters = inspect.signature(nnx_class.__init__).parameters
   fields = {f.name for f in dataclasses.fields(linen)} - {'parent', 'name'}
@@ -146,14 +155,17 @@ def nnx_constructor_kwargs(
       continue
     if name in explicit:
       kwargs[name] = explicit[name]
-      origins.append(f'{name}: from --nnx-kwargs')
+      origins.append(f'{name}={reprlib.repr(kwargs[name])}: from --nnx-kwargs')
     elif name in fields:
       kwargs[name] = getattr(linen, name)
-      origins.append(f'{name}: the Linen field of the same name')
+      origins.append(f'{name}={reprlib.repr(kwargs[name])}: the Linen field of the same name')
     elif name == 'rngs':
       kwargs[name] = nnx.Rngs(seed)
       origins.append(f'rngs: nnx.Rngs({seed})')
-    elif name in _SIZE_NAMES and inputs and hasattr(inputs[0], 'shape'):
+    elif measured is not None and name in measured:
+      kwargs[name], how = measured[name]()
+      origins.append(f'{name}={kwargs[name]}: {how}')
+    elif measured is None and name in _SIZE_NAMES and inputs and hasattr(inputs[0], 'shape'):
       kwargs[name] = int(inputs[0].shape[-1])
       origins.append(f'{name}={kwargs[name]}: the first input\'s last axis (traced from the inputs)')
     elif parameter.default is parameter.empty:
@@ -179,6 +191,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--example', metavar='NAME', help='the function of --examples to call')
   parser.add_argument('--seed', type=int, default=0, help='seed of the random inputs (default 0)')
   parser.add_argument('--init-seed', type=int, default=0, help='seed of the Linen init and of nnx.Rngs (default 0)')
+  parser.add_argument(
+      '--migrate-report', metavar='FILE.json',
+      help=(
+          'the --report-json of the linen2nnx migrate run that wrote NNX: its record of the NNX class '
+          'gives the constructor arguments (sizes measured on the Linen model) and the Linen child '
+          'name of each NNX attribute, which pair the layers of a derived mapping and must agree with it'
+      ),
+  )
 
 
 def build_example(args: argparse.Namespace, linen_ref: str | None) -> Example:
@@ -201,17 +221,25 @@ def build_example(args: argparse.Namespace, linen_ref: str | None) -> Example:
 
 def build_nnx(
     args: argparse.Namespace, nnx_ref: str, example: Example, *, abstract: bool = False
-) -> tuple[nnx.Module, list[str]]:
-  """The NNX port, built for real or (`abstract`) with `nnx.eval_shape`: no arrays allocated."""
+) -> tuple[nnx.Module, list[str], migrate_report.Port | None]:
+  """The NNX port, built for real or (`abstract`) with `nnx.eval_shape`: no arrays allocated.
+
+  Also where each constructor argument came from, and the `--migrate-report` record it was
+  built from (None without the option).
+  """
   nnx_class = load_object(nnx_ref)
   if not (isinstance(nnx_class, type) and issubclass(nnx_class, nnx.Module)):
     raise UsageError(f'{nnx_ref} is not an NNX Module class')
+  port = None
+  if args.migrate_report:
+    port = migrate_report.load_port(args.migrate_report, nnx_class, example.linen, example.args, example.kwargs)
   kwargs, origins = nnx_constructor_kwargs(
       nnx_class, example.linen, (*example.args, *example.kwargs.values()),
       parse_json_kwargs(args.nnx_kwargs, '--nnx-kwargs'), args.init_seed,
+      measured=None if port is None else port.measured_sizes(),
   )
   if not abstract:
-    return nnx_class(**kwargs), origins
+    return nnx_class(**kwargs), origins, port
   rng_arguments = [k for k, v in kwargs.items() if isinstance(v, nnx.Rngs)]
 
   def build():
@@ -220,4 +248,4 @@ def build_nnx(
 
   for k in rng_arguments:
     del kwargs[k]
-  return nnx.eval_shape(build), origins
+  return nnx.eval_shape(build), origins, port

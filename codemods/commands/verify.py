@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from codemods.commands import migrate_report
 from codemods.commands import model_refs
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
@@ -26,6 +27,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           'LINEN and NNX are path/to/file.py:ClassName or package.module:ClassName. The NNX '
           'constructor gets --nnx-kwargs, then Linen fields of the same name, rngs, and input '
           'sizes (in_features, din, ...) from the first input; the report says which it used. '
+          'With --migrate-report, the NNX class\'s record says which arguments are Linen fields '
+          'and which are sizes, and the sizes are measured on the inputs of the Linen submodules '
+          'they are for; its child names pair the layers, and the mapping must agree with them. '
           'Models built from Python objects (configs, ModuleDefs) come from --examples FILE.py '
           '--example NAME, a function returning (linen_module, inputs); LINEN may then be "-".'
       ),
@@ -36,6 +40,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
   parser.add_argument('--atol', type=float, default=1e-5, help='absolute tolerance (default 1e-5)')
   parser.add_argument('--rtol', type=float, default=1e-5, help='relative tolerance (default 1e-5)')
   parser.add_argument('--no-train-step', action='store_true', help='skip the train-mode call')
+  parser.add_argument(
+      '--rng-streams', metavar='NAME,...', default='',
+      help="rng streams the Linen model draws from besides dropout (self.make_rng('noise')): each gets "
+           'a key on the Linen side; the NNX port draws from its own Rngs, so outputs agree only where '
+           'those draws do not change them',
+  )
   parser.add_argument('--mapping', metavar='FILE.json', help='use this leaf mapping instead of deriving one')
   parser.add_argument('--write-mapping', metavar='FILE.json', help='write the mapping used, for review')
   parser.add_argument(
@@ -47,6 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+  import flax.errors
   import jax
 
   from nnx_bridge import derive
@@ -57,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
   try:
     example = model_refs.build_example(args, None if args.linen == '-' else args.linen)
-    nnx_model, origins = model_refs.build_nnx(args, args.nnx, example)
+    nnx_model, origins, port = model_refs.build_nnx(args, args.nnx, example)
     mapping = TreeMapping.load(args.mapping) if args.mapping else None
     rules = None
     if args.logical_axis_rules:
@@ -74,16 +85,25 @@ def run(args: argparse.Namespace) -> int:
       jax.random.key(args.init_seed), *example.args, **eval_kwargs, **example.kwargs
   )
   try:
-    if mapping is None:
+    if mapping is None and port is not None:
+      mapping, by_order = port.mapping(eval_module, nnx_model, *example.args, **eval_kwargs, **example.kwargs)
+      if by_order:  # the outputs decide which pairing is right
+        print(f'linen2nnx verify: note: {migrate_report.call_order_note(by_order)}', file=sys.stderr)
+    elif mapping is None:
       mapping = derive.derive_mapping(eval_module, nnx_model, *example.args, **eval_kwargs, **example.kwargs)
     report = parity.compare(
         example.linen, variables, nnx_model, *example.args,
         mapping=mapping, atol=args.atol, rtol=args.rtol, train=not args.no_train_step,
-        logical_axis_rules=rules, **example.kwargs,
+        logical_axis_rules=rules, rng_streams=[s for s in args.rng_streams.split(',') if s], **example.kwargs,
     )
   except BridgeError as error:  # the port's variables do not even line up with the Linen ones
     print(f'linen2nnx verify: the NNX port does not match: {error}', file=sys.stderr)
     return EXIT_MISMATCH
+  except flax.errors.InvalidRngError as error:
+    reason = str(error).splitlines()[0]
+    print(f'linen2nnx verify: the Linen model draws from an rng stream it was not given ({reason}); '
+          'name the stream with --rng-streams', file=sys.stderr)
+    return EXIT_USAGE
   if args.write_mapping:
     mapping.save(args.write_mapping)
   if args.json:
