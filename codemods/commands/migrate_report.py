@@ -33,7 +33,6 @@ Path = tuple[str, ...]
 Shape = tuple[int, ...]
 
 
-
 class ReportError(ValueError):
   """A migrate report that has no usable record for the models given; commands exit 2 on it."""
 

@@ -629,14 +629,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _check_hoistable(self, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = ()) -> None:
     """Code moved into __init__ must mean the same there: no locals (but `skip`), Linen names NNX shares."""
-    if value in skip:
-      return
-    names = {q.name for q in self.get_metadata(QualifiedNameProvider, value, set())}
-    linen = {n for n in names if n == 'flax.linen' or n.startswith('flax.linen.')}
-    if isinstance(value, (cst.Name, cst.Attribute)) and linen:
-      targets = {_nnx_counterpart(n) for n in linen}
-      if len(targets) != 1 or None in targets or linen != names:
-        raise _Unsupported(value, f'{self.module.code_for_node(value)} has no automatic NNX conversion here')
+    if value in skip or self._nnx_name_for(value) is not None:
       return
     if isinstance(value, cst.Name) and value.value != 'self' and value.value not in self._switches:
       scope = self.get_metadata(ScopeProvider, value, None)
@@ -1004,19 +997,29 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         return spec.linen, spec, None
     return None
 
+  def _nnx_name_for(self, node: cst.CSTNode) -> str | None:
+    """The NNX name for a Linen name (`nn.relu` -> `nnx.relu`); None for other code.
+
+    Raises _Unsupported for a Linen name NNX has no counterpart of.
+    """
+    names = {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+    linen = {n for n in names if n == 'flax.linen' or n.startswith('flax.linen.')}
+    if not (isinstance(node, (cst.Name, cst.Attribute)) and linen):
+      return None
+    targets = {_nnx_counterpart(n) for n in linen}
+    if len(targets) != 1 or None in targets or linen != names:
+      raise _Unsupported(node, f'{self.module.code_for_node(node)} has no automatic NNX conversion here')
+    return targets.pop()
+
   def _convert_linen_refs(self, node: cst.CSTNode, allowed: set[cst.CSTNode]) -> list[cst.CSTNode]:
     """Schedules `nn.relu` -> `nnx.relu` for Linen names NNX shares; returns the nodes converted."""
     converted = []
     for child in node.children:
       if child in allowed:
         continue
-      names = {q.name for q in self.get_metadata(QualifiedNameProvider, child, set())}
-      linen = {n for n in names if n == 'flax.linen' or n.startswith('flax.linen.')}
-      if isinstance(child, (cst.Name, cst.Attribute)) and linen:
-        twin = {_nnx_counterpart(n) for n in linen}
-        if len(twin) != 1 or None in twin or linen != names:
-          raise _Unsupported(child, f'{self.module.code_for_node(child)} has no automatic NNX conversion here')
-        self._exprs[child] = twin.pop()
+      target = self._nnx_name_for(child)
+      if target is not None:
+        self._exprs[child] = target
         converted.append(child)
         continue
       converted += self._convert_linen_refs(child, allowed)
