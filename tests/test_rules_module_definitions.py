@@ -128,7 +128,9 @@ def test_todo_case_is_left_unchanged_with_reasons():
 
 @pytest.mark.parametrize('snippet, reason', [
     ('  @nn.compact\n  def __call__(self, x):\n    d = nn.Dense(3)\n    return d(x)\n', 'not called where it is constructed'),
-    ('  @nn.compact\n  def __call__(self, x):\n    return nn.scan(nn.Dense)(3)(nn.Dense(3)(x))\n', 'no automatic NNX conversion'),
+    ('  @nn.compact\n  def __call__(self, x):\n    return nn.scan(nn.Dense)(3)(nn.Dense(3)(x))\n', 'builds a submodule'),
+    ('  conv: object\n  @nn.compact\n  def __call__(self, x):\n    return nn.Dense(3)(self.conv(4)(x))\n',
+     'self.conv(...)(...) builds a submodule from a ModuleDef'),
     ('  @nn.compact\n  def __call__(self, x):\n    return nn.Dense(3)(x + self.get_variable("cache", "k"))\n', 'self.get_variable'),
     ('  def setup(self):\n    self.k = self.make_rng("dropout")\n  def __call__(self, x):\n    return x\n', 'a setup() statement'),
     ('  @nn.compact\n  def __call__(self, x):\n    w = self.param("w", nn.initializers.ones, (x.shape[0],))\n    return x * w\n',

@@ -425,6 +425,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _plan_compact(self, plan: _Plan, method: cst.FunctionDef, counts: dict[str, int]) -> dict[cst.Call, cst.Call]:
     """Layers and variables built inline in the @nn.compact method; returns each layer's call."""
     ctors = [c for c in _descendants(method) if isinstance(c, cst.Call) and self._constructed(c) is not None]
+    for call in _descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
+      if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors:
+        raise _Unsupported(call, f'{self.module.code_for_node(call.func.func)}(...)(...) builds a submodule from a '
+                                 'ModuleDef, factory or layer NNX has no counterpart of')
     variables = [c for c in _descendants(method.body) if isinstance(c, cst.Call) and _scope_api(c) in ('param', 'variable')]
     if not ctors and not variables and not plan.children:
       raise _Unsupported(method, 'no submodule or variable created in the @nn.compact method')
