@@ -129,6 +129,8 @@ def test_todo_case_is_left_unchanged_with_reasons():
 @pytest.mark.parametrize('snippet, reason', [
     ('  @nn.compact\n  def __call__(self, x):\n    d = nn.Dense(3)\n    return d(x)\n', 'not called where it is constructed'),
     ('  @nn.compact\n  def __call__(self, x):\n    return nn.scan(nn.Dense)(3)(nn.Dense(3)(x))\n', 'builds a submodule'),
+    ('  flag: bool\n  @nn.compact\n  def __call__(self, x):\n    return nn.Dense(3)(x) if self.flag else x\n',
+     'conditional expression'),
     ('  conv: object\n  @nn.compact\n  def __call__(self, x):\n    return nn.Dense(3)(self.conv(4)(x))\n',
      'self.conv(...)(...) builds a submodule from a ModuleDef'),
     ('  @nn.compact\n  def __call__(self, x):\n    return nn.Dense(3)(x + self.get_variable("cache", "k"))\n', 'self.get_variable'),

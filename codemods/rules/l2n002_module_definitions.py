@@ -435,9 +435,11 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._straight_line(method.body)
     outer = {}
     for sub in _descendants(method):
-      if isinstance(sub, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.FunctionDef)):
+      if isinstance(sub, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.FunctionDef,
+                          cst.IfExp, cst.BooleanOperation)):
         if any(c in ctors or c in variables for c in _descendants(sub)):
-          raise _Unsupported(sub, 'a submodule or variable created in a lambda, comprehension or nested function')
+          raise _Unsupported(sub, 'a submodule or variable created in a lambda, comprehension, nested function '
+                                  'or conditional expression')
       if isinstance(sub, cst.Call) and sub.func in ctors:
         outer[sub.func] = sub
     holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
