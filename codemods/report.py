@@ -35,7 +35,7 @@ class ConstructorArgument:
   detail: str = ''  # the field's declaration, or which size of which child it is and why
   child: str | None = None  # for sizes: the NNX attribute of the child (or variable) that takes it
   child_argument: str | None = None  # for a child's size: the argument of the child's NNX constructor it feeds
-  input: str | None = None  # for a variable's shape: the call argument whose last axis it is
+  input: str | None = None  # the `__call__` argument whose last axis it is, when the code says so
 
 
 @dataclasses.dataclass(frozen=True)

@@ -169,7 +169,7 @@ def test_the_json_report_records_each_converted_class_the_same_with_any_jobs(tmp
           {'name': 'out', 'origin': 'field', 'detail': 'out: int = 3', **NOT_A_SIZE},
           {'name': 'dense1_in_features', 'origin': 'input_dimension', 'child': 'dense1',
            'detail': "in_features of self.dense1, the input dimension of self.dense1's call argument x",
-           'child_argument': 'in_features', 'input': None},
+           'child_argument': 'in_features', 'input': 'x'},
           {'name': 'rngs', 'origin': 'rngs', 'detail': 'nnx.Rngs', **NOT_A_SIZE},
       ],
       'children': [{'linen_name': name, 'nnx_attribute': name} for name in ('dense1', 'dense2', 'norm')],

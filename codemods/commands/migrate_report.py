@@ -220,14 +220,14 @@ class Port:
 
     The argument says what it is: an argument of a child (`child_argument`), measured on the
     child's call (a child that is itself a converted class passes it on to one of its own size
-    arguments, whose record says where it goes); or the last axis of an input in a variable's
-    shape (`input`), measured on the module's own call.
+    arguments, whose record says where it goes); or else the last axis of an input (`input`, as
+    in a variable's shape), measured on the module's own call.
     """
     argument = next((a for a in record.arguments if a.name == name), None)
     where = f'{record.nnx_name}({name}=...)'
     if argument is None or argument.origin not in (report.INPUT_DIMENSION, report.UNDETERMINED):
       raise ReportError(f'{self.where}: {where} is not a size argument of its record')
-    if argument.input is not None:
+    if argument.child_argument is None and argument.input is not None:
       return self._last_axis(path, argument.input, where)
     if argument.child_argument is None or argument.child is None:
       raise ReportError(f'{self.where}: {where} is not determined by the code ({argument.detail})')

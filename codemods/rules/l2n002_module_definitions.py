@@ -837,8 +837,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     while name in plan.field_names or name in {p for p, _ in plan.size_params} or name == 'rngs':
       name += '_'
     plan.size_params.append((name, source))
+    input_name = plan.call_params[source[1]] if source is not None and source[0] == 'input' else None
     if child.api:  # an `x.shape[-1]` in a variable's shape: measurable when x is a call argument
-      input_name = plan.call_params[source[1]] if source is not None and source[0] == 'input' else None
       origin = INPUT_DIMENSION if input_name else UNDETERMINED
       detail = f'{where}, in the shape of self.{child.attr}' + ('' if input_name else ', not determined by the code')
       argument = ConstructorArgument(name, origin, detail, child.attr, input=input_name)
@@ -847,7 +847,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       if where is None:
         where = f'not determined by the code of __call__ (pass what self.{child.attr} needs)'
       detail = f'{nnx_arg} of self.{child.attr}, {where}'
-      argument = ConstructorArgument(name, origin, detail, child.attr, child_argument=nnx_arg)
+      argument = ConstructorArgument(name, origin, detail, child.attr, child_argument=nnx_arg, input=input_name)
     plan.size_arguments.append(argument)
     self._pending.append((node, f'new constructor argument {name}: {detail}'))
     return name
