@@ -44,6 +44,7 @@ class ChildName:
 
   linen_name: str
   nnx_attribute: str
+  linen_class: str | None = None  # 'flax.linen.Dense' (a layer-table row), 'Block' (a class converted with it); None for a variable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,8 @@ class ConvertedClass:
   arguments: tuple[ConstructorArgument, ...]
   children: tuple[ChildName, ...]
   cell: int | None = None  # as in Entry
+  call_arguments: tuple[str, ...] = ()  # the Linen `__call__` arguments, in order (less self)
+  mode_arguments: tuple[str, ...] = ()  # those of them NNX dropped: train/eval switches
 
   def sort_key(self) -> tuple[int, int, str]:
     return (-1 if self.cell is None else self.cell, self.line, self.linen_name)
@@ -140,6 +143,8 @@ def converted_classes_from_json(document: tp.Any) -> dict[str, tuple[ConvertedCl
                 _from_json(ConvertedClass, record),
                 arguments=tuple(_from_json(ConstructorArgument, a) for a in record['arguments']),
                 children=tuple(_from_json(ChildName, c) for c in record['children']),
+                call_arguments=tuple(record.get('call_arguments', ())),
+                mode_arguments=tuple(record.get('mode_arguments', ())),
             )
             for record in entry['classes']
         )

@@ -31,6 +31,11 @@ class ConvertFooRule(MigrationRule):
 - `self.nnx_is_free(node)` and `self.remove_import_of(node)` are the scope helpers rules share
   (declare `ScopeProvider` to use them).
 - A rule must be idempotent: its output, migrated again, is unchanged.
+- Optional, for speed: `REQUIRES = ('initializers', 'zeros_init')` runs the rule only on code
+  that contains at least one of these words. Every part of a qualified name is in each way of
+  writing it, whatever the import style (`import flax` + `flax.linen.Dense` and `from
+  flax.linen import Dense as D` both contain `Dense`; the alias `nn` need not be there), so
+  listing the last part of each name the rule matches is safe.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from codemods.report import Entry
 
 REPORT_KEY = 'linen2nnx.report'
 CLASSES_KEY = 'linen2nnx.classes'
+KNOWN_CLASSES_KEY = 'linen2nnx.known_classes'  # the records of earlier rules, for the rules after them
 TODO_PREFIX = '# TODO(linen2nnx): '
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.Decorator)
 
@@ -60,6 +66,8 @@ class MigrationRule(VisitorBasedCodemodCommand):
 
   CODE: tp.ClassVar[str] = ''
   DESCRIPTION: tp.ClassVar[str] = ''
+  REQUIRES: tp.ClassVar[tuple[str, ...]] = ()  # empty: the rule runs on every file
+  AFTER: tp.ClassVar[tuple[str, ...]] = ()  # the codes of the rules it builds on, selected with it
   METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
 
   def __init__(self, context: cst.codemod.CodemodContext) -> None:
@@ -78,10 +86,16 @@ class MigrationRule(VisitorBasedCodemodCommand):
       self._todo_comments.setdefault(statement, []).append(TODO_PREFIX + ' '.join(message.split()))
 
   def report_class(self, node: cst.ClassDef, nnx_name: str, arguments: tp.Sequence[ConstructorArgument],
-                   children: tp.Sequence[ChildName]) -> None:
-    """Records that the class `node` (of the original tree) was converted, for the JSON report."""
+                   children: tp.Sequence[ChildName], *, call_arguments: tp.Sequence[str] = (),
+                   mode_arguments: tp.Sequence[str] = ()) -> None:
+    """Records that the class `node` (of the original tree) was converted, for the JSON report.
+
+    Later rules read the records of the classes converted before them from
+    `self.context.scratch[KNOWN_CLASSES_KEY]`.
+    """
     line = self.get_metadata(PositionProvider, node).start.line
-    record = ConvertedClass(line, node.name.value, nnx_name, tuple(arguments), tuple(children))
+    record = ConvertedClass(line, node.name.value, nnx_name, tuple(arguments), tuple(children),
+                            call_arguments=tuple(call_arguments), mode_arguments=tuple(mode_arguments))
     self.context.scratch.setdefault(CLASSES_KEY, []).append(record)
 
   def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:

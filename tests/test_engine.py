@@ -1,14 +1,21 @@
-"""`codemods.engine.migrate`: import styles, safety, encodings, walking, notebooks and parallelism."""
+"""`codemods.engine.migrate`: import styles, safety, encodings, walking, notebooks and parallelism;
+`transform_source` running rules as libcst would, rule after rule."""
 
 import json
 import pathlib
+import pickle
+import subprocess
+import sys
 
 import libcst as cst
+import libcst.matchers as m
 import pytest
+from libcst.metadata import QualifiedNameProvider
 
 from codemods import rules as registry
 from codemods.engine import migrate
 from codemods.rule import MigrationRule
+from codemods.transform import transform_source
 
 RULES = registry.select_rules(['L2N001'])  # engine behaviour, shown with one rule
 LINEN = 'import flax.linen as nn\n\nW = nn.initializers.zeros\n'
@@ -193,3 +200,122 @@ def test_results_do_not_depend_on_jobs_or_order(tmp_path):
   assert one == two
   assert one.to_json() == two.to_json()
   assert json.loads(one.to_json())['summary'] == {'changed': 5, 'unchanged': 0, 'skipped': 1, 'failed': 1}
+
+
+# --- transform_source: the shortcuts it takes do not change what the rules produce ----------
+
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / 'fixtures'
+BOTH_RULES = (
+    'import flax\nfrom flax import linen as nn\n\n\nclass MLP(nn.Module):\n  features: int\n\n'
+    '  @nn.compact\n  def __call__(self, x):\n'
+    '    x = nn.Dense(self.features, kernel_init=nn.initializers.lecun_normal())(x)\n'
+    '    return flax.linen.relu(x)\n'
+)
+
+
+# libcst's own way, rule after rule, in a process that does not import codemods.transform (and so
+# leaves libcst as it is, without codemods.libcst_speedups): what transform_source must give.
+_RULE_AFTER_RULE = """
+import pickle, sys
+import libcst as cst
+from libcst.codemod import CodemodContext
+from codemods import rules as registry
+from codemods.report import ConvertedClass, Entry
+from codemods.rule import CLASSES_KEY, KNOWN_CLASSES_KEY, REPORT_KEY
+
+results = {}
+for name, source, reverse in pickle.load(sys.stdin.buffer):
+  tree, entries, classes = cst.parse_module(source), [], []
+  for rule in registry.ALL_RULES[::-1] if reverse else registry.ALL_RULES:
+    context = CodemodContext(scratch={KNOWN_CLASSES_KEY: tuple(classes)})
+    tree = rule(context).transform_module(tree)
+    entries += context.scratch.get(REPORT_KEY, [])
+    classes += context.scratch.get(CLASSES_KEY, [])
+  results[name] = (tree.bytes, sorted(entries, key=Entry.sort_key), sorted(classes, key=ConvertedClass.sort_key))
+assert 'codemods.libcst_speedups' not in sys.modules
+pickle.dump(results, sys.stdout.buffer)
+"""
+CASES = {
+    **{str(p.relative_to(FIXTURES)): (p.read_bytes(), False) for p in sorted(FIXTURES.glob('**/*.py'))
+       if not p.name.endswith('.out.py')},
+    'both_rules': (BOTH_RULES.encode(), False),
+    'both_rules_reversed': (BOTH_RULES.encode(), True),
+}
+
+
+@pytest.fixture(scope='module')
+def rule_after_rule():
+  cases = pickle.dumps([(name, source, reverse) for name, (source, reverse) in CASES.items()])
+  run = subprocess.run([sys.executable, '-c', _RULE_AFTER_RULE], input=cases, capture_output=True, check=True)
+  return pickle.loads(run.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', CASES)
+def test_transform_source_gives_what_libcst_gives_rule_after_rule(name, rule_after_rule):
+  source, reverse = CASES[name]
+  result = transform_source(source, registry.ALL_RULES[::-1] if reverse else registry.ALL_RULES)
+  assert (result.source, list(result.entries), list(result.classes)) == rule_after_rule[name]
+
+
+class _RenameXRule(MigrationRule):
+  CODE = 'L2N902'
+  DESCRIPTION = 'renames `x` to `needle` and imports it, to test what the next rule sees.'
+
+  def leave_Name(self, original_node, updated_node):
+    if updated_node.value != 'x':
+      return updated_node
+    self.add_needed_import('haystack', 'needle')
+    return updated_node.with_changes(value='needle')
+
+
+class _NeedleRule(MigrationRule):
+  CODE = 'L2N903'
+  DESCRIPTION = 'reports each `needle`, with its position and qualified name.'
+  REQUIRES = ('needle',)
+  METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+
+  def visit_ImportFrom(self, node):
+    return False
+
+  def visit_Name(self, node):
+    if node.value == 'needle':
+      names = ', '.join(sorted(q.name for q in self.get_metadata(QualifiedNameProvider, node)))
+      self.report_change(node, names)
+
+
+def test_a_rule_sees_the_code_and_the_imports_the_rules_before_it_made():
+  result = transform_source('import flax\n\nprint(x)\n', [_RenameXRule, _NeedleRule])
+  assert result.source == 'import flax\nfrom haystack import needle\n\nprint(needle)\n'
+  assert [(e.line, e.column, e.message) for e in result.entries if e.code == 'L2N903'] == [(4, 7, 'haystack.needle')]
+
+
+class _PinRule(MigrationRule):
+  CODE = 'L2N904'
+  DESCRIPTION = 'reports the module, on code that says needle or pin anywhere.'
+  REQUIRES = ('needle', 'pin')
+
+  def visit_Module(self, node):
+    self.report_change(node, 'ran')
+
+
+def test_a_rule_runs_only_on_code_with_a_word_it_requires():
+  assert not transform_source('import flax\n\nprint(x)\n', [_PinRule]).entries
+  assert transform_source('import flax  # a pin\n\nprint(x)\n', [_PinRule]).entries
+  assert transform_source('import flax\n\nprint(x)\n', [_RenameXRule, _PinRule]).entries  # the needle L2N902 wrote
+
+
+class _DecoratedRule(MigrationRule):
+  CODE = 'L2N905'
+  DESCRIPTION = 'renames `x` to `y` inside functions only, through libcst matcher decorators.'
+
+  @m.call_if_inside(m.FunctionDef())
+  @m.leave(m.Name('x'))
+  def rename(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+    return updated_node.with_changes(value='y')
+
+
+def test_matcher_decorators_apply_every_time_next_to_undecorated_rules():
+  source = 'import flax\nx = 1\n\ndef f():\n  return x\n'
+  for rules in ([_DecoratedRule], [*RULES, _DecoratedRule], [_DecoratedRule]):
+    assert transform_source(source, rules).source == source.replace('return x', 'return y')

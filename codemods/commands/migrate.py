@@ -31,7 +31,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
   parser.add_argument('--include', action='append', default=[], metavar='GLOB', help='only files matching GLOB (repeatable)')
   parser.add_argument('--exclude', action='append', default=[], metavar='GLOB', help='skip files matching GLOB (repeatable)')
   parser.add_argument('--report-json', metavar='FILE', help='write the report as JSON (schema: docs/migrate.md)')
-  parser.add_argument('--select', metavar='CODE,...', help='run only these rules (codes or prefixes, e.g. L2N001)')
+  parser.add_argument(
+      '--select', metavar='CODE,...',
+      help='run only these rules (codes or prefixes, e.g. L2N001), with the rules they build on '
+           '(L2N003 brings L2N002); the rules are listed in docs/migrate.md',
+  )
   parser.set_defaults(run=run)
 
 

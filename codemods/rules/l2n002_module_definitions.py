@@ -1062,7 +1062,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       self.report_change(node, f'new Variable type {name} for the Linen collection {collection!r}')
     fields = [ConstructorArgument(name, FIELD, param) for name, param in zip(plan.field_names, plan.params)]
     arguments = [*fields, *plan.size_arguments, ConstructorArgument('rngs', RNGS, 'nnx.Rngs')]
-    self.report_class(node, plan.name, arguments, [ChildName(c.linen_name, c.attr) for c in plan.children])
+    children = [ChildName(c.linen_name, c.attr, _linen_class(c)) for c in plan.children]
+    self.report_class(node, plan.name, arguments, children, call_arguments=plan.call_params,
+                      mode_arguments=[name for _, name, _ in plan.mode_params])
 
   def _init(self, plan: _Plan, setup_body: list[cst.BaseStatement]) -> cst.FunctionDef:
     params = ', '.join(['self', *plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params), 'rngs: nnx.Rngs'])
@@ -1087,6 +1089,13 @@ class _Replace(cst.CSTTransformer):
     if original_node in self._replacements:
       return cst.parse_expression(self._replacements[original_node])
     return updated_node
+
+
+def _linen_class(child: _Child) -> str | None:
+  """'flax.linen.Dense' for a table layer, 'Block' for a class converted with it, None for a variable."""
+  if child.spec is not None:
+    return child.spec.linen
+  return child.sibling.name if child.sibling is not None else None
 
 
 def _scope_api(call: cst.Call) -> str | None:
