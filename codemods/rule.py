@@ -155,3 +155,10 @@ def _with_comments(statement: tp.Any, comments: list[str]) -> tp.Any:
       for text in dict.fromkeys(comments) if text not in present
   ]
   return statement.with_changes(leading_lines=(*statement.leading_lines, *new)) if new else statement
+
+
+def descendants(node: cst.CSTNode) -> tp.Iterator[cst.CSTNode]:
+  """Every node below `node`, depth first: what rules search when planning a rewrite."""
+  for child in node.children:
+    yield child
+    yield from descendants(child)

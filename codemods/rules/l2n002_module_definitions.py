@@ -54,6 +54,7 @@ from codemods.report import UNDETERMINED
 from codemods.report import ChildName
 from codemods.report import ConstructorArgument
 from codemods.rule import MigrationRule
+from codemods.rule import descendants
 from codemods.rules.l2n001_convert_initializers import NNX_INITIALIZERS
 from codemods.rules.l2n001_convert_initializers import nnx_initializer_target
 from nnx_bridge.layer_table import MODE_ARGUMENTS
@@ -183,12 +184,6 @@ def _nnx_counterpart(qualified: str) -> str | None:
 
 def _snake(name: str) -> str:
   return re.sub(r'(?<=[a-z0-9])(?=[A-Z])', '_', name).lower()
-
-
-def _descendants(node: cst.CSTNode) -> tp.Iterator[cst.CSTNode]:
-  for child in node.children:
-    yield child
-    yield from _descendants(child)
 
 
 class ConvertModuleDefinitionsRule(MigrationRule):
@@ -340,7 +335,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       value = field.body[0].value
       if name in ('name', 'parent', 'rngs') or (value is not None and _has_call(value)):
         raise _Unsupported(field, f'field {name} (a reserved name or a computed default)')
-    for sub in _descendants(node):
+    for sub in descendants(node):
       if isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in SCOPE_APIS - CONVERTED_APIS:
         raise _Unsupported(sub, f'self.{sub.attr.value} has no automatic NNX conversion'
                                 + (HAS_VARIABLE_HINT if sub.attr.value == 'has_variable' else ''))
@@ -371,8 +366,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._plan_scope_calls(node, plan, setup, taken | {c.attr for c in plan.children})
     calls = self._child_calls(plan, methods, setup, inline)
     self._derive(plan, methods, call, calls)
-    keywords = {sub.keyword for sub in _descendants(call.body) if isinstance(sub, cst.Arg)}
-    for sub in _descendants(call.body):
+    keywords = {sub.keyword for sub in descendants(call.body) if isinstance(sub, cst.Arg)}
+    for sub in descendants(call.body):
       if isinstance(sub, cst.Name) and sub.value in self._switches and sub not in self._mode_uses | keywords:
         raise _Unsupported(sub, f'the train/eval switch {sub.value} is used other than to set train/eval arguments')
     allowed = {node.bases[0].value} | {d.decorator for d in (method.decorators if method else ())}
@@ -424,26 +419,26 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _plan_compact(self, plan: _Plan, method: cst.FunctionDef, counts: dict[str, int]) -> dict[cst.Call, cst.Call]:
     """Layers and variables built inline in the @nn.compact method; returns each layer's call."""
-    ctors = [c for c in _descendants(method) if isinstance(c, cst.Call) and self._constructed(c) is not None]
-    for call in _descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
+    ctors = [c for c in descendants(method) if isinstance(c, cst.Call) and self._constructed(c) is not None]
+    for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
       if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors:
         raise _Unsupported(call, f'{self.module.code_for_node(call.func.func)}(...)(...) builds a submodule from a '
                                  'ModuleDef, factory or layer NNX has no counterpart of')
-    variables = [c for c in _descendants(method.body) if isinstance(c, cst.Call) and _scope_api(c) in ('param', 'variable')]
+    variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and _scope_api(c) in ('param', 'variable')]
     if not ctors and not variables and not plan.children:
       raise _Unsupported(method, 'no submodule or variable created in the @nn.compact method')
     self._straight_line(method.body)
     outer = {}
-    for sub in _descendants(method):
+    for sub in descendants(method):
       if isinstance(sub, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.FunctionDef,
                           cst.IfExp, cst.BooleanOperation)):
-        if any(c in ctors or c in variables for c in _descendants(sub)):
+        if any(c in ctors or c in variables for c in descendants(sub)):
           raise _Unsupported(sub, 'a submodule or variable created in a lambda, comprehension, nested function '
                                   'or conditional expression')
       if isinstance(sub, cst.Call) and sub.func in ctors:
         outer[sub.func] = sub
     holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
-    for node in _descendants(method.body):
+    for node in descendants(method.body):
       if node in variables:
         child = self._variable(node, None, hoisted=True)
         self._exprs[node] = f'self.{child.attr}[...]' if child.api == 'param' else f'self.{child.attr}'
@@ -458,7 +453,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         child = self._child(node, counts, None)
         child.hoisted = True
         plan.children.append(child)
-    for sub in _descendants(method.body):
+    for sub in descendants(method.body):
       if isinstance(sub, cst.Attribute) and isinstance(sub.value, cst.Name) and sub.value.value in holders \
           and sub.attr.value == 'value':
         self._exprs[sub] = f'{sub.value.value}[...]'
@@ -514,7 +509,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if not _literal_identifier(name):
       raise _Unsupported(call, f'self.{api} with a name that is not a literal identifier')
     refs = {} if not hoisted else {
-        sub: sub.value.value.value for arg in call.args[lead - 1:] for sub in _descendants(arg) if _last_axis_of_name(sub)
+        sub: sub.value.value.value for arg in call.args[lead - 1:] for sub in descendants(arg) if _last_axis_of_name(sub)
     }
     for arg in call.args[lead - 1:]:
       self._check_hoistable(arg.value, skip=set(refs))
@@ -546,8 +541,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _plan_scope_calls(self, node: cst.ClassDef, plan: _Plan, setup: cst.FunctionDef | None, taken: set[str]) -> None:
     """self.make_rng / self.sow / self.is_initializing; any other scope API keeps the class Linen."""
     handled = {c.ctor for c in plan.children if c.api is not None}
-    in_setup = set(_descendants(setup)) if setup is not None else set()
-    for sub in _descendants(node):
+    in_setup = set(descendants(setup)) if setup is not None else set()
+    for sub in descendants(node):
       if not (isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in SCOPE_APIS):
         continue
       api, call = sub.attr.value, self._parent(sub)
@@ -616,7 +611,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     for method in methods.values():
       if method is setup:
         continue
-      for sub in _descendants(method):
+      for sub in descendants(method):
         if not (isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in from_setup):
           continue
         child, parent = from_setup[sub.attr.value], self._parent(sub)
@@ -793,7 +788,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           dim(part, env, derive)
           targets = [t.target for t in getattr(part, 'targets', ())] + [getattr(part, 'target', None)]
           for target in filter(None, targets):
-            for sub in (target, *_descendants(target)):
+            for sub in (target, *descendants(target)):
               if isinstance(sub, cst.Name):
                 env[sub.value] = None
       return output
@@ -1184,4 +1179,4 @@ def _self_assignment(statement: cst.CSTNode) -> str | None:
 
 
 def _has_call(node: cst.CSTNode) -> bool:
-  return any(isinstance(sub, cst.Call) for sub in (node, *_descendants(node)))
+  return any(isinstance(sub, cst.Call) for sub in (node, *descendants(node)))

@@ -38,6 +38,7 @@ from codemods.report import UNDETERMINED
 from codemods.report import ConvertedClass
 from codemods.rule import KNOWN_CLASSES_KEY
 from codemods.rule import MigrationRule
+from codemods.rule import descendants
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 from nnx_bridge.layer_table import find_layer
 
@@ -87,7 +88,7 @@ class ConvertInitApplyRule(MigrationRule):
     if not self._records:
       return
     self._block(node.body)
-    for sub in _descendants(node):
+    for sub in descendants(node):
       if isinstance(sub, cst.IndentedBlock):
         self._block(sub.body)
 
@@ -128,7 +129,7 @@ class ConvertInitApplyRule(MigrationRule):
              variables: str, model: str, call: cst.Call) -> _Group:
     init, value = statements[index], construction.body[0].value
     between = statements[statements.index(construction) + 1:index]
-    if any(isinstance(n, cst.Name) and n.value == model for s in between for n in _descendants(s)):
+    if any(isinstance(n, cst.Name) and n.value == model for s in between for n in descendants(s)):
       raise _Skip(call, f'{model}.init: {model} is used between its construction and init')
     record = self._records[value.func.value]
     group = _Group(model, record, construction, init)
@@ -416,9 +417,3 @@ def _assigned_value(statement: cst.CSTNode) -> cst.BaseExpression | None:
 def _is_method(func: cst.BaseExpression, model: str, method: str) -> bool:
   return (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == model
           and func.attr.value == method)
-
-
-def _descendants(node: cst.CSTNode) -> tp.Iterator[cst.CSTNode]:
-  for child in node.children:
-    yield child
-    yield from _descendants(child)
