@@ -43,6 +43,7 @@ class ConvertInitializersRule(MigrationRule):
   """Rewrites Linen initializer references to the identical `nnx.initializers` ones."""
 
   CODE = 'L2N001'
+  REQUIRES = ('initializers', 'zeros_init', 'ones_init')
   DESCRIPTION = 'flax.linen.initializers.X -> nnx.initializers.X (the same functions).'
   METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, ExpressionContextProvider)
 

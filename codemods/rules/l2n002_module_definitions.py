@@ -190,6 +190,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   """Converts Linen module classes built from table layers and scope variables into NNX modules."""
 
   CODE = 'L2N002'
+  REQUIRES = ('Module',)
   DESCRIPTION = 'nn.Module classes (setup or @nn.compact) -> nnx.Module with __init__(..., rngs).'
   METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider)
 

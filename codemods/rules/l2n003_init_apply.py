@@ -75,7 +75,7 @@ class ConvertInitApplyRule(MigrationRule):
   CODE = 'L2N003'
   DESCRIPTION = 'model.init(key, x) -> Model(..., rngs=nnx.Rngs(key)); model.apply(variables, x) -> model(x).'
   AFTER = ('L2N002',)
-  REQUIRES = ('.init(',)
+  REQUIRES = ('init',)
   METADATA_DEPENDENCIES = (ScopeProvider,)
 
   def __init__(self, context: cst.codemod.CodemodContext) -> None:
