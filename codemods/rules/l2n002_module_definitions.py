@@ -462,7 +462,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _straight_line(self, body: cst.BaseSuite) -> None:
     for statement in body.body:
-      if not isinstance(statement, cst.SimpleStatementLine) and not _is_initializing_if(statement):
+      if not _is_straight_statement(statement):
         raise _Unsupported(statement, 'the @nn.compact body has loops, conditionals or nested blocks')
 
   def _child(self, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> _Child:
@@ -1112,8 +1112,13 @@ def _is_initializing_if(statement: cst.CSTNode) -> bool:
   return isinstance(test, cst.Call) and _scope_api(test) == 'is_initializing' and not test.args
 
 
+def _is_straight_statement(statement: cst.CSTNode) -> bool:
+  """A simple statement, or an `if [not] self.is_initializing():` block NNX resolves."""
+  return isinstance(statement, cst.SimpleStatementLine) or _is_initializing_if(statement)
+
+
 def _is_straight(body: cst.BaseSuite) -> bool:
-  return all(isinstance(s, cst.SimpleStatementLine) or _is_initializing_if(s) for s in body.body)
+  return all(_is_straight_statement(s) for s in body.body)
 
 
 def _last_axis_of_name(node: cst.CSTNode) -> bool:
@@ -1140,14 +1145,6 @@ def _paren(code: str) -> str:
 
 def _stream(stream: str) -> str:
   return f'.{stream}' if stream.isidentifier() and not keyword.iskeyword(stream) else f'[{stream!r}]'
-
-
-def _walk(node: cst.CSTNode, skip: tp.Collection[cst.CSTNode]) -> tp.Iterator[cst.CSTNode]:
-  if node in skip:
-    return
-  yield node
-  for child in node.children:
-    yield from _walk(child, skip)
 
 
 def _field_name(statement: cst.CSTNode) -> str | None:
