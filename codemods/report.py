@@ -59,6 +59,7 @@ class ConvertedClass:
   cell: int | None = None  # as in Entry
   call_arguments: tuple[str, ...] = ()  # the Linen `__call__` arguments, in order (less self)
   mode_arguments: tuple[str, ...] = ()  # those of them NNX dropped: train/eval switches
+  cache_input: str | None = None  # the `__call__` argument whose shape `init_cache(input_shape, dtype=jnp.float32)` takes; None: no init_cache
 
   def sort_key(self) -> tuple[int, int, str]:
     return (-1 if self.cell is None else self.cell, self.line, self.linen_name)

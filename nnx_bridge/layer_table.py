@@ -2,12 +2,16 @@
 
 One frozen row per Linen layer, read by the runtime bridge, the codemod, the parity checker and
 the checkpoint converter. It is plain data (stdlib only, classes named by dotted strings) so
-the codemod can import it without importing jax.
+the codemod can import it without importing jax; only `linen_fields` / `nnx_arguments` import
+a layer's class, when called, to read its constructor's signature.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+import inspect
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +215,38 @@ class ParamMap:
 
 
 @dataclasses.dataclass(frozen=True)
+class OutputShape:
+  """A layer's output shape in terms of its first input's: kept input axes, then new trailing axes.
+
+  `keep` is 'leading' (every input axis but the last: Dense, norms, attention) or 'all' (Embed:
+  every input axis). The trailing axes come from the first Linen kwarg of `trailing` that the
+  construction passes (an int; also a tuple of ints when `tuple_ok`), or are the input's last
+  axis at SAME_AS_INPUT. Valid only when none of the Linen kwargs `unless` is passed.
+  """
+
+  keep: str
+  trailing: tuple[str, ...]
+  tuple_ok: bool = False
+  unless: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeCache:
+  """A layer's autoregressive decode cache.
+
+  Linen creates the `leaves` in the `cache` collection on the first call with its `switch`
+  kwarg on (at init, shaped like that call's keys and values); NNX creates them in
+  `method(input_shape, dtype)`, `input_shape` being the shape of the first call input of
+  `shape_args` that the call passes.
+  """
+
+  leaves: tuple[str, ...]
+  shape_args: tuple[int, ...] = (0,)
+  switch: str = 'decode'
+  method: str = 'init_cache'
+
+
+@dataclasses.dataclass(frozen=True)
 class ExampleArray:
   """A random example input: standard normal floats, or integers in [0, maxval) for an int dtype."""
 
@@ -252,7 +288,9 @@ class LayerSpec:
   them); `linen_defaults` are Linen kwargs whose Linen default NNX must be given explicitly
   because NNX's own default behaves differently; `output_size` says what the output's last
   axis is, for following sizes through a chain of layers: the Linen kwarg that sets it
-  ('features'), SAME_AS_INPUT, or None when not known statically; `exact` says whether
+  ('features'), SAME_AS_INPUT, or None when not known statically; `output_shape` the whole
+  output shape, when known (the codemod derives decode-cache shapes from it); `cache` the
+  layer's decode cache, if it has one; `exact` says whether
   converted weights reproduce Linen's outputs, `note` why not or what else to know.
   """
 
@@ -265,6 +303,8 @@ class LayerSpec:
   linen_only: tuple[LinenOnlyKwarg, ...] = ()
   params: ParamMap = ParamMap()
   output_size: str | None = None
+  output_shape: OutputShape | None = None
+  cache: DecodeCache | None = None
   exact: bool = True
   note: str = ''
   example: Example | None = None
@@ -283,6 +323,10 @@ _ATTENTION_ONLY = (
     LinenOnlyKwarg('attn_weights_value_einsum_cls', None, note='NNX takes `attention_fn` only'),
 )
 _ATTENTION_DEFAULTS = (('decode', False),)
+_ATTENTION_SHAPE = OutputShape('leading', ('out_features', SAME_AS_INPUT))
+_ATTENTION_CACHE_LEAVES = ('cached_key', 'cached_value', 'cache_index')
+_ATTENTION_PARAMS = ParamMap(collections=tuple((leaf, 'cache') for leaf in _ATTENTION_CACHE_LEAVES))
+_SAME_SHAPE = OutputShape('leading', (SAME_AS_INPUT,))
 _CELL_NOTE = (
     ' Linen `carry_init` belongs in NNX `initialize_carry(..., carry_init=)` (NNX warns when it'
     ' is given to the constructor).'
@@ -300,6 +344,7 @@ LAYERS: tuple[LayerSpec, ...] = (
         'flax.linen.Dense',
         'flax.nnx.Linear',
         output_size='features',
+        output_shape=OutputShape('leading', ('features',)),
         call_args=('inputs',),
         arg_renames=(('features', 'out_features'),),
         derived=(('in_features', _IN),),
@@ -310,6 +355,7 @@ LAYERS: tuple[LayerSpec, ...] = (
         'flax.linen.DenseGeneral',
         'flax.nnx.LinearGeneral',
         call_args=('inputs',),
+        output_shape=OutputShape('leading', ('features',), tuple_ok=True, unless=('axis', 'batch_dims')),
         arg_renames=(('features', 'out_features'),),
         derived=(
             ('in_features', InputDimsAt(0, 'axis', -1)),
@@ -356,6 +402,7 @@ LAYERS: tuple[LayerSpec, ...] = (
         'flax.linen.Embed',
         'flax.nnx.Embed',
         output_size='features',
+        output_shape=OutputShape('all', ('features',)),
         call_args=('inputs',),
         example=Example(
             (('num_embeddings', 7), ('features', 3)),
@@ -366,6 +413,7 @@ LAYERS: tuple[LayerSpec, ...] = (
         'flax.linen.LayerNorm',
         'flax.nnx.LayerNorm',
         output_size=SAME_AS_INPUT,
+        output_shape=_SAME_SHAPE,
         call_args=('x',),
         derived=(('num_features', InputDimsAt(0, 'feature_axes', -1)),),
         linen_only=(_FLOAT32_REDUCTIONS,),
@@ -376,6 +424,7 @@ LAYERS: tuple[LayerSpec, ...] = (
         'flax.linen.RMSNorm',
         'flax.nnx.RMSNorm',
         output_size=SAME_AS_INPUT,
+        output_shape=_SAME_SHAPE,
         call_args=('x',),
         derived=(('num_features', InputDimsAt(0, 'feature_axes', -1)),),
         linen_only=(_FLOAT32_REDUCTIONS,),
@@ -386,6 +435,7 @@ LAYERS: tuple[LayerSpec, ...] = (
         'flax.linen.GroupNorm',
         'flax.nnx.GroupNorm',
         output_size=SAME_AS_INPUT,
+        output_shape=_SAME_SHAPE,
         call_args=('x',),
         derived=(('num_features', _IN),),
         linen_only=(_FLOAT32_REDUCTIONS,),
@@ -395,6 +445,7 @@ LAYERS: tuple[LayerSpec, ...] = (
         'flax.linen.BatchNorm',
         'flax.nnx.BatchNorm',
         output_size=SAME_AS_INPUT,
+        output_shape=_SAME_SHAPE,
         call_args=('x',),
         derived=(('num_features', InputDimsAt(0, 'axis', -1)),),
         linen_only=(_FLOAT32_REDUCTIONS,),
@@ -415,6 +466,7 @@ LAYERS: tuple[LayerSpec, ...] = (
         'flax.linen.Dropout',
         'flax.nnx.Dropout',
         output_size=SAME_AS_INPUT,
+        output_shape=_SAME_SHAPE,
         call_args=('inputs',),
         note=(
             'Linen `deterministic` defaults to None, NNX to False; NNX needs `rngs` (constructor'
@@ -435,9 +487,14 @@ LAYERS: tuple[LayerSpec, ...] = (
         ),
         linen_defaults=_ATTENTION_DEFAULTS,
         linen_only=_ATTENTION_ONLY,
+        params=_ATTENTION_PARAMS,
+        output_shape=_ATTENTION_SHAPE,
+        cache=DecodeCache(_ATTENTION_CACHE_LEAVES, shape_args=(1, 0)),
         note=(
             'NNX keys and values share `in_kv_features`. NNX `decode` defaults to None, which'
-            ' raises at call time unless set. The decode `cache` collection is not mapped.'
+            ' raises at call time unless set. With `decode`, Linen creates the `cache` collection'
+            ' at init; NNX creates the same leaves in `init_cache(inputs_k.shape)` (inputs_q when'
+            ' there are no inputs_k), which must be called before decoding.'
         ),
         example=Example(
             _ATTENTION_EXAMPLE_KWARGS,
@@ -452,7 +509,13 @@ LAYERS: tuple[LayerSpec, ...] = (
         derived=(('in_features', _IN),),
         linen_defaults=_ATTENTION_DEFAULTS,
         linen_only=_ATTENTION_ONLY,
-        note='Linen deprecates SelfAttention; NNX MultiHeadAttention called with one input.',
+        params=_ATTENTION_PARAMS,
+        output_shape=_ATTENTION_SHAPE,
+        cache=DecodeCache(_ATTENTION_CACHE_LEAVES),
+        note=(
+            'Linen deprecates SelfAttention; NNX MultiHeadAttention called with one input. With'
+            ' `decode`, NNX creates the `cache` leaves in `init_cache(inputs_q.shape)`.'
+        ),
         example=Example(
             _ATTENTION_EXAMPLE_KWARGS, (ExampleArray((2, 3, 4)),), mode_argument='deterministic'
         ),
@@ -556,6 +619,23 @@ _BY_NAME |= {
 def find_layer(linen_name: str) -> LayerSpec | None:
   """The row for a dotted Linen class name, 'flax.linen.Dense' or 'flax.linen.linear.Dense'."""
   return _BY_NAME.get(linen_name)
+
+
+@functools.cache
+def linen_fields(linen_name: str) -> tuple[str, ...]:
+  """A Linen layer's constructor fields in positional order ('features', 'use_bias', ...), less parent/name."""
+  return tuple(p for p in inspect.signature(_class_of(linen_name)).parameters if p not in ('parent', 'name'))
+
+
+@functools.cache
+def nnx_arguments(nnx_name: str) -> frozenset[str]:
+  """The argument names an NNX layer's constructor accepts."""
+  return frozenset(inspect.signature(_class_of(nnx_name).__init__).parameters)
+
+
+def _class_of(dotted: str) -> type:
+  module, _, name = dotted.rpartition('.')
+  return getattr(importlib.import_module(module), name)
 
 
 # --- Markdown ----------------------------------------------------------------------------------

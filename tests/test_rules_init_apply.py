@@ -55,11 +55,11 @@ def test_mixed_modes_set_the_mode_before_each_call():
   assert not jnp.allclose(head(jnp.ones((2, 5))), head(jnp.ones((2, 5))))  # fresh dropout masks in train mode
 
 
-def test_variables_used_by_a_training_step_leave_the_block_unchanged():
+def test_a_step_returning_a_tree_map_of_the_params_leaves_the_model_linen():
   source = (FIXTURES / 'todo_training_step.in.py').read_text()
   result = transform_source(source, registry.select_rules(['L2N003']))
   todos = [e for e in result.entries if e.kind == 'todo']
-  assert [e.code for e in todos] == ['L2N003'] and 'not converted yet' in todos[0].message
+  assert [e.code for e in todos] == ['L2N003'] and 'not assigned back to the params' in todos[0].message
   assert 'model = Linear()\n' in result.source and 'model.init(jax.random.key(0), x)' in result.source
 
 

@@ -15,6 +15,13 @@ collection's name) holding `init(*args)`; `self.make_rng('s')` draws from a stre
 `if self.is_initializing():` blocks go and `if not self.is_initializing():` blocks stay
 unconditional (NNX creates variables in `__init__`, never in a call).
 
+Decode caches: the Linen pattern `flag = self.has_variable('cache', 'k')`, `k = self.variable(
+'cache', 'k', init, *shape_args)`, ..., `if flag: <update>` becomes `nnx.Cache` attributes (None
+in `__init__`) created by a new method `init_cache(input_shape, dtype=jnp.float32)` from shapes
+derived in terms of the first call input's (`input_shape`); the flag becomes a check that it
+ran and the update runs always. A class whose children hold decode caches (converted classes,
+table layers with a `cache` entry in decode mode) gets an `init_cache` calling theirs.
+
 NNX sizes taken from call inputs are derived from the code (a field, a config attribute, the
 `features` of the layer before, a `concatenate` of known sizes, through calls of the class's
 own methods) or become keyword-only constructor arguments named after their role, each
@@ -25,7 +32,8 @@ converted with it; a field typed `nn.Module` becomes an `nnx.Module` parameter. 
 the other functions NNX shares become `nnx.X`.
 
 ## Left as a TODO (the class is not changed)
-`self.has_variable` (decode caches), `self.put_variable` and the other scope APIs; Linen names
+`self.has_variable` outside the decode-cache pattern, or a cache whose shape (or an input of a
+child holding one) the code does not fix; `self.put_variable` and the other scope APIs; Linen names
 without a known NNX counterpart (`nn.scan`, `nn.remat`, unknown layers, module factories);
 constructions in loops, conditionals, nested functions or not called at once; shapes that use
 a local other than an input's last axis; kwargs NNX does not take; train/eval switches used
@@ -37,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import inspect
 import keyword
 import re
 import typing as tp
@@ -45,6 +52,7 @@ import typing as tp
 import libcst as cst
 import libcst.helpers
 from libcst.metadata import QualifiedNameProvider
+from libcst.metadata import QualifiedNameSource
 from libcst.metadata import ScopeProvider
 
 from codemods.report import FIELD
@@ -53,6 +61,7 @@ from codemods.report import RNGS
 from codemods.report import UNDETERMINED
 from codemods.report import ChildName
 from codemods.report import ConstructorArgument
+from codemods.rule import CLASSES_KEY
 from codemods.rule import MigrationRule
 from codemods.rule import descendants
 from codemods.rules.l2n001_convert_initializers import NNX_INITIALIZERS
@@ -63,6 +72,8 @@ from nnx_bridge.layer_table import InputDimsAt
 from nnx_bridge.layer_table import SAME_AS_INPUT
 from nnx_bridge.layer_table import LayerSpec
 from nnx_bridge.layer_table import find_layer
+from nnx_bridge.layer_table import linen_fields
+from nnx_bridge.layer_table import nnx_arguments
 
 MODULE_NAMES = frozenset({'flax.linen.Module', 'flax.linen.module.Module'})
 COMPACT_NAMES = frozenset({'flax.linen.compact', 'flax.linen.module.compact'})
@@ -86,6 +97,16 @@ ELEMENTWISE = frozenset(
 
 Dim = tuple[str, tp.Any] | None
 """A last-axis size: ('known', code valid in __init__), ('input', i) (the class's call argument i), or None."""
+
+Shape = tuple[str, ...] | None
+"""A whole shape as the parts of a tuple display valid in init_cache: ('*input_shape[:-1]', 'self.features'),
+in terms of `input_shape`, the shape of the first call argument; None when the code does not fix it."""
+
+INPUT_SHAPE = ('*input_shape',)
+INIT_CACHE = 'init_cache(input_shape, dtype=jnp.float32)'
+"""The method every converted class holding a decode cache gets; input_shape is the shape of its first
+`__call__` argument at full length (what Linen's init saw), dtype the caches' (as the layers compute)."""
+ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide)
 
 
 class _Unsupported(Exception):
@@ -115,7 +136,19 @@ class _Child:
   mode_defaults: dict[str, bool] = dataclasses.field(default_factory=dict)  # deterministic=... from a switch default
   var_type: str = ''  # the NNX Variable type of a variable
   shape_refs: dict[cst.Subscript, str] = dataclasses.field(default_factory=dict)  # `x.shape[-1]` -> x
-  size_codes: dict[cst.Subscript, str] = dataclasses.field(default_factory=dict)  # ... -> code in __init__
+  size_codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)  # ... -> code in __init__
+  cache: bool = False  # a decode-cache variable: None in __init__, created by init_cache
+  cache_text: str = ''  # its creation in init_cache
+
+  @property
+  def holds_cache(self) -> bool:
+    """A submodule with a decode cache: a converted class with init_cache, or a table layer in decode mode."""
+    if self.sibling is not None:
+      return self.sibling.cache_input is not None
+    if self.spec is None or self.spec.cache is None or self.spec.cache.switch not in self.kwargs:
+      return False
+    switch = self.kwargs[self.spec.cache.switch]
+    return not (isinstance(switch, cst.Name) and switch.value == 'False')
 
 
 @dataclasses.dataclass
@@ -135,22 +168,9 @@ class _Plan:
   linen_nodes: list[cst.CSTNode] = dataclasses.field(default_factory=list)
   streams: dict[str, str] = dataclasses.field(default_factory=dict)  # rng stream -> attribute
   collections: list[str] = dataclasses.field(default_factory=list)  # that need a generated Variable type
-
-
-@functools.cache
-def _class_of(dotted: str) -> type:
-  module, _, name = dotted.rpartition('.')
-  return getattr(importlib.import_module(module), name)
-
-
-@functools.cache
-def _linen_fields(linen: str) -> tuple[str, ...]:
-  return tuple(p for p in inspect.signature(_class_of(linen)).parameters if p not in ('parent', 'name'))
-
-
-@functools.cache
-def _nnx_kwargs(nnx_name: str) -> frozenset[str]:
-  return frozenset(inspect.signature(_class_of(nnx_name).__init__).parameters)
+  output_shape: Shape = None  # the whole shape `__call__` returns, in terms of its first input's (`input_shape`)
+  cache_lines: list[str] = dataclasses.field(default_factory=list)  # the body of init_cache; empty: none
+  cache_input: str | None = None  # the `__call__` argument whose shape init_cache takes
 
 
 @functools.cache
@@ -210,6 +230,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._switches: dict[str, bool] = {}
     self._mode_uses: set[cst.Name] = set()
     self._switch_defaults: dict[str, bool] = {}  # __call__ switches with a literal default
+    self._branches: set[cst.If] = set()  # conditionals of plain code in @nn.compact bodies
+    self._statements: dict[cst.CSTNode, str] = {}  # original statement -> the code replacing it
+    self._cache_flags: dict[cst.Call, str] = {}  # `flag = self.has_variable('cache', ...)` -> flag
 
   # --- traversal -------------------------------------------------------------------------------
 
@@ -223,16 +246,19 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def visit_ClassDef(self, node: cst.ClassDef) -> None:
     if node.name.value not in self._linen_classes or not isinstance(self._parent(node), cst.Module):
       return
-    saved = (dict(self._calls), dict(self._exprs), dict(self._ifs), dict(self._methods), dict(self._variable_classes))
+    saved = (dict(self._calls), dict(self._exprs), dict(self._ifs), dict(self._methods), dict(self._variable_classes),
+             dict(self._statements))
     self._pending = []
     try:
       plan = self._plan(node)
     except _Unsupported as error:
-      self._calls, self._exprs, self._ifs, self._methods, self._variable_classes = saved
+      self._calls, self._exprs, self._ifs, self._methods, self._variable_classes, self._statements = saved
       self.report_todo(error.node, f'class {node.name.value} left as Linen: {error.message}')
       return
     self._plans[node.name.value] = self._class_plans[node] = plan
     self.add_needed_import('flax', 'nnx')
+    if plan.cache_lines and not self._jnp_bound(node):
+      self.add_needed_import('jax.numpy', asname='jnp')
     for used in plan.linen_nodes:
       self.remove_import_of(used)
     self._report(node, plan)
@@ -245,6 +271,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return cst.parse_expression(self._exprs[original_node])
     if original_node in self._ifs:
       return cst.FlattenSentinel(updated_node.body.body) if self._ifs[original_node] else cst.RemoveFromParent()
+    if original_node in self._statements:
+      return cst.parse_statement(self._statements[original_node]).with_changes(leading_lines=updated_node.leading_lines)
     return updated_node
 
   def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
@@ -291,6 +319,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       init_index, init = 1, init.with_changes(leading_lines=[cst.EmptyLine()])
     init_index = init_index or 0
     body.insert(init_index, init)
+    if plan.cache_lines:
+      init_index += 1
+      body.insert(init_index, self._init_cache(plan).with_changes(leading_lines=[cst.EmptyLine(indent=False)]))
     if init_index + 1 < len(body) and not body[init_index + 1].leading_lines:  # a blank line after __init__
       body[init_index + 1] = body[init_index + 1].with_changes(leading_lines=[cst.EmptyLine()])
     return updated_node.with_changes(
@@ -336,10 +367,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       value = field.body[0].value
       if name in ('name', 'parent', 'rngs') or (value is not None and _has_call(value)):
         raise _Unsupported(field, f'field {name} (a reserved name or a computed default)')
-    for sub in descendants(node):
-      if isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in SCOPE_APIS - CONVERTED_APIS:
-        raise _Unsupported(sub, f'self.{sub.attr.value} has no automatic NNX conversion'
-                                + (HAS_VARIABLE_HINT if sub.attr.value == 'has_variable' else ''))
+    for sub in descendants(node):  # self.has_variable: a decode-cache pattern of the @nn.compact method, or a TODO
+      if isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in SCOPE_APIS - CONVERTED_APIS - {'has_variable'}:
+        raise _Unsupported(sub, f'self.{sub.attr.value} has no automatic NNX conversion')
     setup, call = methods.get('setup'), methods.get('__call__')
     compact = [m for m in methods.values() if any(self._has_name(d.decorator, COMPACT_NAMES) for d in m.decorators)]
     if len(compact) > 1:
@@ -367,6 +397,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._plan_scope_calls(node, plan, setup, taken | {c.attr for c in plan.children})
     calls = self._child_calls(plan, methods, setup, inline)
     self._derive(plan, methods, call, calls)
+    self._plan_init_cache(node, plan, call, calls, taken)
     keywords = {sub.keyword for sub in descendants(call.body) if isinstance(sub, cst.Arg)}
     for sub in descendants(call.body):
       if isinstance(sub, cst.Name) and sub.value in self._switches and sub not in self._mode_uses | keywords:
@@ -381,7 +412,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     plan.linen_nodes = [*allowed, *self._convert_linen_refs(node, allowed)]
     plan.params = [self._code(f.body[0]).strip() for f in fields]
     for child in plan.children:
-      child.text = self._variable_text(child) if child.api else self._ctor_text(child)
+      child.text = 'nnx.data(None)' if child.cache else self._variable_text(child) if child.api else self._ctor_text(child)
       if not child.hoisted:
         self._exprs[child.ctor] = child.text
     plan.mode_params = [(i, name, MODE_PARAMS[name]) for i, name in mode.items()]
@@ -428,7 +459,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and _scope_api(c) in ('param', 'variable')]
     if not ctors and not variables and not plan.children:
       raise _Unsupported(method, 'no submodule or variable created in the @nn.compact method')
-    self._straight_line(method.body)
+    caches = self._decode_caches(plan, method)
+    self._straight_line(method.body, {*ctors, *variables} - caches)
     outer = {}
     for sub in descendants(method):
       if isinstance(sub, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.FunctionDef,
@@ -441,7 +473,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
     for node in descendants(method.body):
       if node in variables:
-        child = self._variable(node, None, hoisted=True)
+        child = self._variable(node, None, hoisted=True, cache=node in caches)
         self._exprs[node] = f'self.{child.attr}[...]' if child.api == 'param' else f'self.{child.attr}'
         plan.children.append(child)
         assign = self._parent(node)
@@ -460,10 +492,93 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         self._exprs[sub] = f'{sub.value.value}[...]'
     return {c.ctor: outer[c.ctor] for c in plan.children if c.hoisted and c.api is None}
 
-  def _straight_line(self, body: cst.BaseSuite) -> None:
+  def _straight_line(self, body: cst.BaseSuite, built: set[cst.Call]) -> None:
+    """Simple statements, and conditionals of plain code: no construction (`built`) in them, no loops."""
     for statement in body.body:
-      if not _is_straight_statement(statement):
+      if _is_straight_statement(statement):
+        continue
+      branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
+      if not isinstance(statement, cst.If) or any(isinstance(s, cst.BaseCompoundStatement) and not isinstance(s, cst.If)
+                                                 or s in built for s in descendants(statement)) \
+          or any(_has_scope_call(b.test) and not _is_initializing_if(b) for b in branches):
         raise _Unsupported(statement, 'the @nn.compact body has loops, conditionals or nested blocks')
+      self._branches.update(branches)
+
+  def _decode_caches(self, plan: _Plan, method: cst.FunctionDef) -> set[cst.Call]:
+    """The decode-cache patterns of the @nn.compact method; returns their self.variable calls.
+
+    The pattern (flax's MultiHeadDotProductAttention, the lm1b and wmt examples), in one block:
+    `flag = self.has_variable('cache', 'k')`, then `v = self.variable('cache', 'k', init, *args)`
+    for each cache, then `if flag: <the update>` (an else is only run by Linen's init). Linen's
+    init creates the caches and leaves them as `init` made them; later calls run the update. In
+    NNX init_cache creates them, the flag becomes a check that it ran, and the update always runs.
+    """
+    found: set[cst.Call] = set()
+    for call in descendants(method.body):
+      if isinstance(call, cst.Call) and _scope_api(call) == 'has_variable':
+        found |= self._decode_cache(plan, method, call)
+    return found
+
+  def _decode_cache(self, plan: _Plan, method: cst.FunctionDef, call: cst.Call) -> set[cst.Call]:
+    unsupported = lambda node, why: _Unsupported(node, f'{why}{HAS_VARIABLE_HINT}')
+    assign, line = self._parent(call), None
+    if isinstance(assign, cst.Assign):
+      line = self._parent(assign)
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)
+            and assign.value is call and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
+            and len(call.args) == 2 and all(a.keyword is None and isinstance(a.value, cst.SimpleString) for a in call.args)):
+      raise unsupported(call, "self.has_variable other than `flag = self.has_variable('cache', '<name>')`")
+    collection, name = (a.value.evaluated_value for a in call.args)
+    if collection != 'cache':
+      raise unsupported(call, f'self.has_variable on the collection {collection!r} (only decode caches, in '
+                              "'cache', are converted)")
+    if method.name.value != '__call__':
+      raise unsupported(call, 'a decode cache in an @nn.compact method other than __call__')
+    flag = assign.targets[0].target.value
+    block = self._parent(line)
+    statements = list(block.body)
+    start = statements.index(line)
+    guard = next((s for s in statements[start + 1:] if isinstance(s, cst.If) and isinstance(s.test, cst.Name)
+                  and s.test.value == flag), None)
+    if guard is None:
+      raise unsupported(call, f'a self.has_variable flag {flag} not tested by an `if {flag}:` after it in the same block')
+    caches: dict[str, cst.Call] = {}
+    holders: dict[str, str] = {}
+    for statement in statements[start + 1:statements.index(guard)]:
+      target = _assigned_name(statement)
+      value = statement.body[0].value if target else None
+      if isinstance(value, cst.Call) and _scope_api(value) == 'variable' and value.args \
+          and isinstance(value.args[0].value, cst.SimpleString) and value.args[0].value.evaluated_value == 'cache' \
+          and len(value.args) > 1 and isinstance(value.args[1].value, cst.SimpleString):
+        caches[value.args[1].value.evaluated_value] = value
+        holders[target] = value.args[1].value.evaluated_value
+    if name not in caches:
+      raise unsupported(call, f"self.has_variable('cache', {name!r}) without a "
+                              f"`{name} = self.variable('cache', {name!r}, ...)` between it and `if {flag}:`")
+    uses = [n for n in descendants(method.body) if isinstance(n, cst.Name) and n.value == flag]
+    if [n for n in uses if n is not assign.targets[0].target and n is not guard.test]:
+      raise unsupported(call, f'the self.has_variable flag {flag} used other than as `if {flag}:`')
+    inside = set(descendants(guard.body))
+    for node in descendants(method.body):
+      if isinstance(node, cst.Name) and node.value in holders:
+        parent = self._parent(node)
+        if isinstance(parent, cst.AssignTarget) and self._parent(parent).value in caches.values():
+          continue  # `cached_key = self.variable('cache', ...)`
+        if isinstance(parent, cst.Attribute) and parent.attr is node or isinstance(parent, cst.Arg) and parent.keyword is node:
+          continue  # `other.cached_key`, `f(cached_key=...)`: not the local
+        if not (isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value == 'value'):
+          raise unsupported(node, f'the decode cache {holders[node.value]} used other than through .value')
+        if _is_written(parent, self._parent) and parent not in inside:
+          raise _Unsupported(node, f'the decode cache {holders[node.value]} is written outside `if {flag}:`, so '
+                                   "Linen's init writes it too: init_cache cannot create it as that init did")
+    self._cache_flags[call] = flag
+    self._statements[line] = (f'if self.{name} is None:\n'
+                              f"  raise ValueError('{plan.name}: the decode cache is empty: call init_cache(input_shape) first')\n")
+    self._ifs[guard] = True
+    dropped = ' (its else, which only Linen\'s init ran, goes)' if guard.orelse is not None else ''
+    self._pending.append((call, f'`{flag} = self.has_variable({collection!r}, {name!r})` -> a check that init_cache '
+                                f'created the decode caches; the `if {flag}:` block runs always{dropped}'))
+    return set(caches.values())
 
   def _child(self, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> _Child:
     linen, spec, sibling = self._constructed(ctor)
@@ -471,7 +586,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if any(a.star for a in ctor.args):
       raise _Unsupported(ctor, 'a constructor call with *args or **kwargs')
     positional = [a.value for a in ctor.args if a.keyword is None]
-    names = _linen_fields(linen) if spec is not None else tuple(sibling.field_names)
+    names = linen_fields(linen) if spec is not None else tuple(sibling.field_names)
     if len(positional) > len(names):
       raise _Unsupported(ctor, f'too many positional arguments for {short}')
     kwargs = dict(zip(names, positional))
@@ -490,8 +605,11 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._ctor_modes(child)
     return child
 
-  def _variable(self, call: cst.Call, attr: str | None, hoisted: bool) -> _Child:
-    """A `self.param(name, init, *args)` / `self.variable(collection, name, init, *args)` call."""
+  def _variable(self, call: cst.Call, attr: str | None, hoisted: bool, cache: bool = False) -> _Child:
+    """A `self.param(name, init, *args)` / `self.variable(collection, name, init, *args)` call.
+
+    A decode cache (`cache`) is made by init_cache, from shapes `_plan_init_cache` derives.
+    """
     api = _scope_api(call)
     if any(a.star for a in call.args) or any(a.keyword is not None for a in call.args[:3 if api == 'variable' else 2]):
       raise _Unsupported(call, f'self.{api} with *args, **kwargs or keyword leading arguments')
@@ -509,17 +627,17 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       collection, name = 'params', call.args[0].value
     if not _literal_identifier(name):
       raise _Unsupported(call, f'self.{api} with a name that is not a literal identifier')
-    refs = {} if not hoisted else {
+    refs = {} if not hoisted or cache else {
         sub: sub.value.value.value for arg in call.args[lead - 1:] for sub in descendants(arg) if _last_axis_of_name(sub)
     }
-    for arg in call.args[lead - 1:]:
+    for arg in call.args[lead - 1:] if not cache else ():
       self._check_hoistable(arg.value, skip=set(refs))
     if api == 'param':
       var_type = 'nnx.Param'
     else:
       var_type = _flax_variable_type(collection) or self._variable_class_name(collection)
     return _Child(attr or name.evaluated_value, name.evaluated_value, call, None, None, {}, hoisted=hoisted,
-                  api=api, collection=collection, var_type=var_type, shape_refs=refs)
+                  api=api, collection=collection, var_type=var_type, shape_refs=refs, cache=cache)
 
   def _variable_class_name(self, collection: str) -> str:
     if collection not in self._variable_classes:
@@ -541,7 +659,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _plan_scope_calls(self, node: cst.ClassDef, plan: _Plan, setup: cst.FunctionDef | None, taken: set[str]) -> None:
     """self.make_rng / self.sow / self.is_initializing; any other scope API keeps the class Linen."""
-    handled = {c.ctor for c in plan.children if c.api is not None}
+    handled = {c.ctor for c in plan.children if c.api is not None} | set(self._cache_flags)
     in_setup = set(descendants(setup)) if setup is not None else set()
     for sub in descendants(node):
       if not (isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in SCOPE_APIS):
@@ -552,7 +670,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       if not (isinstance(call, cst.Call) and call.func is sub):
         raise _Unsupported(sub, f'self.{api} used other than by calling it')
       if sub in in_setup or api not in CONVERTED_APIS - {'param', 'variable'}:
-        raise _Unsupported(sub, f'self.{api} has no automatic NNX conversion{" in setup()" if sub in in_setup else ""}')
+        raise _Unsupported(sub, f'self.{api} has no automatic NNX conversion{" in setup()" if sub in in_setup else ""}'
+                                + (HAS_VARIABLE_HINT if api == 'has_variable' else ''))
       if api == 'make_rng':
         self._make_rng(plan, call, taken)
       elif api == 'sow':
@@ -703,9 +822,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         return dim(expr.args[0].value, env, derive)
       if derive and isinstance(expr, cst.Call) and self._has_name(expr.func, CONCATENATE):
         return concatenated(expr, env, derive)
+      if derive and isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, ARITHMETIC):
+        left, right = dim(expr.left, env, derive), dim(expr.right, env, derive)
+        return right if _is_number(expr.left) else left if _is_number(expr.right) else _broadcast(left, right)
       for sub in expr.children:
         dim(sub, env, derive)
-      return None
+      last = self._reshaped_last(expr) if derive else None
+      return ('known', last) if last is not None else None
 
     def concatenated(expr: cst.Call, env: dict[str, Dim], derive: bool) -> Dim:
       """`jnp.concatenate([a, b], axis=-1)` of known sizes: their sum."""
@@ -771,13 +894,30 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       inner = {names[k] if isinstance(k, int) and k < len(names) else k: d for k, d in arg_dims}
       active.append(method)
       try:
-        return walk(method.body, inner, derive and _is_straight(method.body))
+        return walk(method.body, inner, derive and self._is_straight(method.body))
       finally:
         active.pop()
+
+    def branch(statement: cst.If, env: dict[str, Dim], derive: bool) -> None:
+      """A conditional of plain code: a name keeps what the code says of it only when every arm agrees."""
+      arms = _arms(statement)
+      for test in _tests(statement):
+        dim(test, env, derive)
+      ends = []
+      for arm in arms:
+        ends.append(dict(env))
+        if arm is not None:
+          walk(arm, ends[-1], derive)
+      for name in {name for end in ends for name in end}:
+        values = [end.get(name) for end in ends]
+        env[name] = values[0] if all(v == values[0] for v in values) else None
 
     def walk(body: cst.BaseSuite, env: dict[str, Dim], derive: bool) -> Dim:
       output: Dim = None
       for statement in self._effective(body.body):
+        if statement in self._branches:
+          branch(statement, env, derive)
+          continue
         parts = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
         for part in parts:
           if isinstance(part, cst.Return) and part.value is not None:
@@ -796,7 +936,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
     inputs = {name: ('input', i) for i, name in enumerate(plan.call_params)}
     active.append(call)
-    plan.output = walk(call.body, inputs, _is_straight(call.body))
+    plan.output = walk(call.body, inputs, self._is_straight(call.body))
+    if self._returns_in_branches(call):
+      plan.output = None
     for node in calls:  # calls in methods __call__ does not reach: still checked, sizes undetermined
       if node not in visited:
         visit(node, {}, False)
@@ -807,6 +949,283 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         for nnx_arg, index, optional in self._size_sources(child):
           if not optional:
             child.sizes[nnx_arg] = self._size_param(plan, child, nnx_arg, None, None, child.ctor)
+
+  def _returns_in_branches(self, method: cst.FunctionDef) -> bool:
+    """A `return` in a conditional: what the last one returns is not all the method may return."""
+    inside = set(descendants(method))
+    return any(isinstance(sub, cst.Return) for branch in self._branches & inside for sub in descendants(branch))
+
+  def _is_straight(self, body: cst.BaseSuite) -> bool:
+    """Straight-line code, or conditionals of plain code that `_straight_line` let through."""
+    return all(_is_straight_statement(s) or s in self._branches for s in body.body)
+
+  def _reshaped_last(self, expr: cst.CSTNode) -> str | None:
+    """`x.reshape(..., n)` / `jnp.reshape(x, (..., n))`: the code of n, when it is valid in __init__."""
+    shape = self._reshape_target(expr)
+    last = shape[-1] if shape else None
+    if last is None or isinstance(last, cst.StarredElement) or _is_minus_one(last.value):
+      return None
+    try:
+      self._check_hoistable(last.value)
+    except _Unsupported:
+      return None
+    return self._code(last.value)
+
+  def _reshape_target(self, expr: cst.CSTNode) -> list[cst.BaseElement] | None:
+    """The target shape's elements of `x.reshape(a, b)`, `x.reshape((a, b))` or `jnp.reshape(x, (a, b))`."""
+    if not isinstance(expr, cst.Call) or any(a.keyword is not None for a in expr.args):
+      return None
+    imported = any(q.source == QualifiedNameSource.IMPORT for q in self.get_metadata(QualifiedNameProvider, expr.func, set()))
+    if isinstance(expr.func, cst.Attribute) and expr.func.attr.value == 'reshape' and not imported:
+      args = list(expr.args)
+    elif self._has_name(expr.func, {'jax.numpy.reshape'}) and len(expr.args) == 2:
+      args = list(expr.args[1:])
+    else:
+      return None
+    if len(args) == 1 and isinstance(args[0].value, (cst.Tuple, cst.List)) and not args[0].star:
+      return list(args[0].value.elements)
+    if any(a.star == '**' for a in args):
+      return None
+    return [cst.StarredElement(a.value) if a.star else cst.Element(a.value) for a in args]
+
+  # --- decode caches: init_cache ---------------------------------------------------------------
+
+  def _plan_init_cache(self, node: cst.ClassDef, plan: _Plan, call: cst.FunctionDef, calls: dict[cst.Call, _Child],
+                       taken: set[str]) -> None:
+    """Whole shapes through `__call__` and, for a class with decode caches, the body of init_cache.
+
+    A class whose `__call__` creates decode caches (`_decode_caches`) creates them in
+    init_cache(input_shape, dtype) instead, from the shapes the code gives them in terms of the
+    shape of its first input; a class with children holding decode caches (converted classes
+    with an init_cache, table layers in decode mode) calls theirs with their inputs' shapes.
+    Whatever the code does not fix keeps the class Linen.
+    """
+    inputs: dict[str, list[Shape]] = {}  # a child holding a cache -> the shapes init_cache takes, per call
+    dtypes: dict[str, str | None] = {}
+    own = {c.ctor: c for c in plan.children if c.cache}
+
+    def shape(expr: cst.CSTNode, env: dict[str, Shape]) -> Shape:
+      if isinstance(expr, cst.Name):
+        return env.get(expr.value)
+      if isinstance(expr, cst.Call) and expr in calls:
+        return layer(expr, env)
+      if isinstance(expr, cst.Call) and self._has_name(expr.func, ELEMENTWISE) \
+          and len(expr.args) == 1 and expr.args[0].keyword is None and not expr.args[0].star:
+        return shape(expr.args[0].value, env)
+      if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, ARITHMETIC):
+        left, right = shape(expr.left, env), shape(expr.right, env)
+        return right if _is_number(expr.left) else left if _is_number(expr.right) else _broadcast_shape(left, right)
+      for sub in expr.children:
+        shape(sub, env)
+      return self._reshaped(expr, env)
+
+    def layer(node: cst.Call, env: dict[str, Shape]) -> Shape:
+      child = calls[node]
+      args = [shape(a.value, env) for a in node.args]
+      if child.holds_cache:
+        wanted = child.spec.cache.shape_args if child.spec is not None else (0,)
+        position = next((p for p in (self._call_arg(node, child, i) for i in wanted) if p is not None), None)
+        inputs.setdefault(child.attr, []).append(args[position] if position is not None else None)
+      first = self._call_arg(node, child, 0)
+      source = args[first] if first is not None else None
+      if source is None:
+        return None
+      return self._layer_shape(child, source) if child.spec is not None else self._sibling_shape(child, source)
+
+    def dtype_of(value: cst.CSTNode) -> str | None:
+      """The dtype of a layer's output: init_cache's dtype, unless the layer sets its own."""
+      if isinstance(value, cst.Call) and value in calls and calls[value].spec is not None:
+        kwargs = calls[value].kwargs
+        if 'dtype' not in kwargs:
+          return 'dtype'
+        code = _paren(self._code(kwargs['dtype']))
+        return f'dtype if {code} is None else {code}'
+      return dtypes.get(value.value) if isinstance(value, cst.Name) else None
+
+    def branch(statement: cst.If, env: dict[str, Shape]) -> None:
+      for test in _tests(statement):
+        shape(test, env)
+      ends = []
+      for arm in _arms(statement):
+        ends.append((dict(env), dict(dtypes)))
+        if arm is not None:
+          walk(arm, ends[-1][0])
+      for name in {name for end, _ in ends for name in end}:
+        values = [end.get(name) for end, _ in ends]
+        env[name] = values[0] if all(v == values[0] for v in values) else None
+        dtypes[name] = None if env[name] is None else dtypes.get(name)
+
+    def walk(body: cst.BaseSuite, env: dict[str, Shape]) -> Shape:
+      output: Shape = None
+      for statement in self._effective(body.body):
+        if statement in self._branches:
+          branch(statement, env)
+          continue
+        if not isinstance(statement, cst.SimpleStatementLine):  # other blocks: their calls learn nothing
+          for sub in descendants(statement):
+            if isinstance(sub, cst.Call) and sub in calls:
+              layer(sub, {})
+          _forget(statement, env)
+          continue
+        for part in statement.body:
+          name = _assigned_name(cst.SimpleStatementLine([part]))
+          if isinstance(part, cst.Return) and part.value is not None:
+            output = shape(part.value, env)
+          elif name is not None and part.value in own:  # a decode cache, made from what the code says so far
+            self._cache_text(own[part.value], env, dtypes)
+            env[name] = dtypes[name] = None
+          elif name is not None:
+            env[name], dtypes[name] = shape(part.value, env), dtype_of(part.value)
+          elif isinstance(part, cst.AugAssign) and isinstance(part.target, cst.Name) \
+              and type(part.operator).__name__.removesuffix('Assign') in {o.__name__ for o in ARITHMETIC}:
+            value = shape(part.value, env)
+            target = part.target.value
+            env[target] = env.get(target) if _is_number(part.value) else _broadcast_shape(env.get(target), value)
+          else:
+            for sub in part.children:
+              shape(sub, env)
+            _forget(part, env)
+      return output
+
+    env: dict[str, Shape] = {plan.call_params[0]: INPUT_SHAPE} if plan.call_params else {}
+    plan.output_shape = walk(call.body, env)
+    if self._returns_in_branches(call):
+      plan.output_shape = None
+    holders = [c for c in plan.children if c.holds_cache]
+    if not own and not holders:
+      return
+    if 'init_cache' in taken | {c.attr for c in plan.children}:
+      raise _Unsupported(node, 'decode caches, and the class already has an attribute init_cache')
+    if not plan.call_params:
+      raise _Unsupported(node, 'decode caches, and __call__ takes no input whose shape init_cache could take')
+    if {'input_shape', 'dtype'} & self._global_names:
+      raise _Unsupported(node, "decode caches, and a module-level name input_shape or dtype that init_cache's "
+                               'arguments would hide')
+    self._jnp_bound(node)
+    lines = []
+    for child in plan.children:
+      if child.cache:
+        lines.append(f'self.{child.attr} = {child.cache_text}')
+      elif child.holds_cache:
+        shapes = inputs.get(child.attr, [])
+        if not shapes:
+          raise _Unsupported(child.ctor, f'self.{child.attr} holds a decode cache and __call__ does not call it: '
+                                         'init_cache cannot derive the shape of its input')
+        if any(s is None for s in shapes) or len(set(shapes)) != 1:
+          raise _Unsupported(child.ctor, f'init_cache cannot derive the shape of the input of self.{child.attr}, '
+                                         'which holds a decode cache: the code does not fix it')
+        method = child.spec.cache.method if child.spec is not None else 'init_cache'
+        lines.append(f'self.{child.attr}.{method}({_shape_code(shapes[0])}, dtype)')
+    plan.cache_lines, plan.cache_input = lines, plan.call_params[0]
+
+  def _cache_text(self, child: _Child, env: dict[str, Shape], dtypes: dict[str, str | None]) -> None:
+    """A decode cache's creation in init_cache: each `x.shape` / `x.dtype` of its arguments from what the code says of x."""
+    replacements: dict[cst.CSTNode, str] = {}
+    for arg in child.ctor.args[2:]:
+      for sub in (arg.value, *descendants(arg.value)):
+        if isinstance(sub, cst.Attribute) and isinstance(sub.value, cst.Name) and sub.attr.value in ('shape', 'dtype'):
+          known = env.get(sub.value.value) if sub.attr.value == 'shape' else dtypes.get(sub.value.value)
+          if known is not None:
+            replacements[sub] = _shape_code(known) if sub.attr.value == 'shape' else known
+    for arg in child.ctor.args[2:]:
+      try:
+        self._check_hoistable(arg.value, skip=set(replacements))
+      except _Unsupported as error:
+        raise _Unsupported(error.node, f'init_cache cannot derive the decode cache {child.linen_name}: '
+                                       f'{self.module.code_for_node(error.node)} is not fixed by the code before it '
+                                       '(only the .shape and .dtype of layer outputs and of the first input are)') from None
+    child.size_codes = replacements
+    child.cache_text = self._variable_text(child)
+
+  def _layer_shape(self, child: _Child, source: tuple[str, ...]) -> Shape:
+    """A table layer's output shape from its input's, per the row's `output_shape`."""
+    out = child.spec.output_shape
+    if out is None or any(k in child.kwargs for k in out.unless):
+      return None
+    lead, last = _split_last(source)
+    for kwarg in out.trailing:
+      if kwarg == SAME_AS_INPUT:
+        trailing: tuple[str, ...] = (last,)
+        break
+      if kwarg in child.kwargs:
+        value = child.kwargs[kwarg]
+        if isinstance(value, (cst.Tuple, cst.List)) and out.tuple_ok:
+          if any(isinstance(e, cst.StarredElement) for e in value.elements):
+            return None
+          trailing = tuple(self._code(e.value) for e in value.elements)
+        elif out.tuple_ok and not isinstance(value, cst.Integer):
+          return None  # an int or a tuple: the code does not say which
+        else:
+          trailing = (self._code(value),)
+        break
+    else:
+      return None
+    return _simplify((*(source if out.keep == 'all' else lead), *trailing))
+
+  def _sibling_shape(self, child: _Child, source: tuple[str, ...]) -> Shape:
+    """A same-file class's output shape, in the caller's terms."""
+    out = child.sibling.output_shape
+    if out is None:
+      return None
+    lead, last = _split_last(source)
+    parts: list[str] = []
+    for part in out:
+      if part in ('*input_shape', '*input_shape[:-1]', 'input_shape[-1]'):
+        parts += {'*input_shape': source, '*input_shape[:-1]': lead, 'input_shape[-1]': (last,)}[part]
+        continue
+      star = '*' if part.startswith('*') else ''
+      code = None if 'input_shape' in part else self._in_caller(part[len(star):], child)
+      if code is None:
+        return None
+      parts.append(star + code)
+    return _simplify(tuple(parts))
+
+  def _reshaped(self, expr: cst.CSTNode, env: dict[str, Shape]) -> Shape:
+    """`y.reshape(*x.shape[:-1], n)` and the like: the shape, from what the code says of x."""
+    elements = self._reshape_target(expr)
+    if not elements:
+      return None
+    parts: list[str] = []
+    for element in elements:
+      value = element.value
+      if isinstance(element, cst.StarredElement):
+        sliced = isinstance(value, cst.Subscript) and len(value.slice) == 1 \
+            and isinstance(value.slice[0].slice, cst.Slice) and value.slice[0].slice.lower is None \
+            and value.slice[0].slice.step is None and value.slice[0].slice.upper is not None \
+            and _is_minus_one(value.slice[0].slice.upper)
+        base = value.value if sliced else value
+        if not (isinstance(base, cst.Attribute) and isinstance(base.value, cst.Name) and base.attr.value == 'shape'):
+          return None
+        known = env.get(base.value.value)
+        if known is None:
+          return None
+        parts += _split_last(known)[0] if sliced else known
+        continue
+      if _is_minus_one(value):
+        return None
+      try:
+        self._check_hoistable(value)
+      except _Unsupported:
+        return None
+      parts.append(self._code(value))
+    return _simplify(tuple(parts))
+
+  def _jnp_bound(self, node: cst.ClassDef) -> bool:
+    """Whether `jnp` is `jax.numpy` here (False: unbound, the import is added); raises when it is something else."""
+    scope = self.get_metadata(ScopeProvider, node, None)
+    names = {qn.name for a in scope['jnp'] for qn in a.get_qualified_names_for('jnp')} if scope is not None else set()
+    if names - {'jax.numpy'}:
+      raise _Unsupported(node, "decode caches, and the name jnp (init_cache's default dtype is jnp.float32) is "
+                               'bound to something else here')
+    return bool(names)
+
+  def _init_cache(self, plan: _Plan) -> cst.FunctionDef:
+    source = (
+        'def init_cache(self, input_shape: tuple[int, ...], dtype=jnp.float32):\n'
+        f'  """Creates the decode caches as Linen\'s init did for `{plan.cache_input}` of shape input_shape (full length)."""\n'
+        + ''.join(f'  {line}\n' for line in plan.cache_lines)
+    )
+    return cst.parse_statement(source)
 
   def _effective(self, statements: tp.Sequence[cst.BaseStatement]) -> tp.Iterator[cst.BaseStatement]:
     """The statements that run in NNX: `if [not] self.is_initializing():` blocks resolved."""
@@ -887,6 +1306,18 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return first
     if size is not None and size in child.kwargs:
       return ('known', self._code(child.kwargs[size]))
+    out = child.spec.output_shape  # else the last of the trailing axes the whole output shape has
+    if size is not None or out is None or any(k in child.kwargs for k in out.unless):
+      return None
+    kwarg = next((k for k in out.trailing if k == SAME_AS_INPUT or k in child.kwargs), None)
+    value = child.kwargs.get(kwarg)
+    if kwarg == SAME_AS_INPUT:
+      return first
+    if isinstance(value, (cst.Tuple, cst.List)) and out.tuple_ok and value.elements \
+        and not isinstance(value.elements[-1], cst.StarredElement):
+      return ('known', self._code(value.elements[-1].value))
+    if value is not None and (not out.tuple_ok or isinstance(value, cst.Integer)):
+      return ('known', self._code(value))
     return None
 
   def _sibling_output(self, child: _Child, arg_dims: list[Dim]) -> Dim:
@@ -896,10 +1327,33 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return None
     if output[0] == 'input':
       return arg_dims[output[1]] if output[1] < len(arg_dims) else None
-    field = output[1][len('self.'):] if output[1].startswith('self.') else None
-    if field in child.sibling.field_names and field in child.kwargs:
-      return ('known', self._code(child.kwargs[field]))
-    return None
+    code = self._in_caller(output[1], child)
+    return None if code is None else ('known', code)
+
+  def _in_caller(self, code: str, child: _Child) -> str | None:
+    """Code of a same-file class (`self.heads * self.dim`) in the terms of the class that builds it
+    as `child`: each `self.<field>` replaced by the argument passed for it; None when one is not passed."""
+    fields, missing = child.sibling.field_names, []
+
+    class Fields(cst.CSTTransformer):
+      def leave_Attribute(_, original: cst.Attribute, updated: cst.BaseExpression) -> cst.BaseExpression:
+        if _is_self_attr(original):
+          name = original.attr.value
+          if name in fields and name in child.kwargs:
+            return cst.parse_expression(_paren(self._code(child.kwargs[name])))
+          missing.append(name)
+        return updated
+
+    try:
+      original = cst.parse_expression(code)
+    except cst.ParserSyntaxError:
+      return None
+    nodes = (original, *descendants(original))
+    selves = [n for n in nodes if isinstance(n, cst.Name) and n.value == 'self']
+    if len(selves) != len([n for n in nodes if isinstance(n, cst.Attribute) and _is_self_attr(n)]):
+      return None  # `self` used other than as `self.<field>`
+    node = original.visit(Fields())
+    return None if missing else cst.Module([]).code_for_node(node)
 
   def _switch(self, value: cst.BaseExpression, inverted: bool) -> bool | None:
     """Checks that `value` is a __call__ train/eval switch (or its negation) meaning the same as the target.
@@ -957,7 +1411,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       args += [f'{k}={v}' for k, v in child.sizes.items()]
       return f'{child.sibling.name}({", ".join([*args, "rngs=rngs"])})'
     spec = child.spec
-    renames, accepted = dict(spec.arg_renames), _nnx_kwargs(spec.nnx)
+    renames, accepted = dict(spec.arg_renames), nnx_arguments(spec.nnx)
     only = {k.name for k in spec.linen_only}
     args = [f'{k}={v}' for k, v in child.sizes.items()]
     for name, value in child.kwargs.items():
@@ -1056,11 +1510,22 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     for collection in plan.collections:
       name = self._variable_classes[collection]
       self.report_change(node, f'new Variable type {name} for the Linen collection {collection!r}')
+    if plan.cache_lines:
+      own = [f'self.{c.attr}' for c in plan.children if c.cache]
+      held = [f'self.{c.attr}.{c.spec.cache.method if c.spec else "init_cache"}' for c in plan.children if c.holds_cache]
+      what = ([f'creates the decode caches {", ".join(own)} (None until then)'] if own else []) \
+          + ([f'calls {", ".join(held)}'] if held else [])
+      self.report_change(node, f'{plan.name}: new method {INIT_CACHE}, input_shape being the shape of '
+                               f'{plan.cache_input} at full length (what Linen\'s init saw): it {" and ".join(what)}; '
+                               'call it before decoding')
     fields = [ConstructorArgument(name, FIELD, param) for name, param in zip(plan.field_names, plan.params)]
     arguments = [*fields, *plan.size_arguments, ConstructorArgument('rngs', RNGS, 'nnx.Rngs')]
     children = [ChildName(c.linen_name, c.attr, _linen_class(c)) for c in plan.children]
     self.report_class(node, plan.name, arguments, children, call_arguments=plan.call_params,
                       mode_arguments=[name for _, name, _ in plan.mode_params])
+    if plan.cache_input is not None:  # the record report_class just made
+      records = self.context.scratch[CLASSES_KEY]
+      records[-1] = dataclasses.replace(records[-1], cache_input=plan.cache_input)
 
   def _init(self, plan: _Plan, setup_body: list[cst.BaseStatement]) -> cst.FunctionDef:
     params = ', '.join(['self', *plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params), 'rngs: nnx.Rngs'])
@@ -1112,13 +1577,120 @@ def _is_initializing_if(statement: cst.CSTNode) -> bool:
   return isinstance(test, cst.Call) and _scope_api(test) == 'is_initializing' and not test.args
 
 
+def _assigned_name(statement: cst.CSTNode) -> str | None:
+  """The name of a `name = value` statement, else None."""
+  if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+    assign = statement.body[0]
+    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
+      return assign.targets[0].target.value
+  return None
+
+
+def _is_written(node: cst.CSTNode, parent_of: tp.Callable[[cst.CSTNode], cst.CSTNode | None]) -> bool:
+  """Whether `node` is (part of) an assignment target: `node = ...`, `node += ...`, `a, node = ...`."""
+  parent = parent_of(node)
+  while isinstance(parent, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
+    node, parent = parent, parent_of(parent)
+  return isinstance(parent, cst.AssignTarget) or (isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is node)
+
+
+def _has_scope_call(node: cst.CSTNode) -> bool:
+  return any(isinstance(sub, cst.Call) and _scope_api(sub) for sub in (node, *descendants(node)))
+
+
 def _is_straight_statement(statement: cst.CSTNode) -> bool:
   """A simple statement, or an `if [not] self.is_initializing():` block NNX resolves."""
   return isinstance(statement, cst.SimpleStatementLine) or _is_initializing_if(statement)
 
 
-def _is_straight(body: cst.BaseSuite) -> bool:
-  return all(_is_straight_statement(s) for s in body.body)
+def _split_last(shape: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+  """The leading parts and the last axis of a shape: ('*input_shape',) -> (('*input_shape[:-1]',), 'input_shape[-1]')."""
+  *lead, last = shape
+  if last.startswith('*'):
+    return (*lead, f'{last}[:-1]'), f'{last[1:]}[-1]'
+  return tuple(lead), last
+
+
+def _simplify(parts: tuple[str, ...]) -> tuple[str, ...]:
+  """('*e[:-1]', 'e[-1]') -> ('*e',)."""
+  out: list[str] = []
+  for part in parts:
+    if out and out[-1].startswith('*') and out[-1].endswith('[:-1]') and part == f'{out[-1][1:-len("[:-1]")]}[-1]':
+      out[-1] = out[-1][:-len('[:-1]')]
+    else:
+      out.append(part)
+  return tuple(out)
+
+
+def _shape_code(shape: tuple[str, ...]) -> str:
+  if len(shape) == 1 and shape[0].startswith('*'):
+    return shape[0][1:]
+  return f'({", ".join(shape)}{"," if len(shape) == 1 else ""})'
+
+
+def _broadcast_shape(left: Shape, right: Shape) -> Shape:
+  """The shape of `left op right`: as `_broadcast`, on the last axis once the leading ones agree."""
+  if left is None or right is None or left == right:
+    return left if left == right else None
+  (lead, last), (other_lead, other_last) = _split_last(left), _split_last(right)
+  if lead != other_lead:
+    return None
+  if last == other_last:
+    return left
+  if ('input_shape' in last) != ('input_shape' in other_last):  # a size the code fixes wins over an input's
+    return _simplify((*lead, other_last if 'input_shape' in last else last))
+  return None
+
+
+def _forget(node: cst.CSTNode, env: dict[str, tp.Any]) -> None:
+  """Every name `node` assigns no longer has what the code said of it."""
+  for sub in descendants(node):
+    targets = []
+    if isinstance(sub, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr, cst.AsName)):
+      targets.append(sub.target if not isinstance(sub, cst.AsName) else sub.name)
+    for target in targets:
+      for name in (target, *descendants(target)):
+        if isinstance(name, cst.Name) and name.value in env:
+          env[name.value] = None
+
+
+def _arms(statement: cst.If) -> list[cst.BaseSuite | None]:
+  """The bodies of an if / elif / else chain; None for a missing else."""
+  arms: list[cst.BaseSuite | None] = []
+  node: cst.CSTNode | None = statement
+  while isinstance(node, cst.If):
+    arms.append(node.body)
+    node = node.orelse
+  arms.append(node.body if isinstance(node, cst.Else) else None)
+  return arms
+
+
+def _tests(statement: cst.If) -> list[cst.BaseExpression]:
+  tests = []
+  node: cst.CSTNode | None = statement
+  while isinstance(node, cst.If):
+    tests.append(node.test)
+    node = node.orelse
+  return tests
+
+
+def _is_number(node: cst.CSTNode) -> bool:
+  if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+    node = node.expression
+  return isinstance(node, (cst.Integer, cst.Float))
+
+
+def _broadcast(left: Dim, right: Dim) -> Dim:
+  """The last axis of `left op right`: theirs when they agree, else the one the code fixes.
+
+  Two arrays combined elementwise have the same last axis unless one of them is 1 and
+  broadcasts: a size the code fixes (a field) wins over an input's.
+  """
+  if left == right:
+    return left
+  if left is not None and right is not None and {left[0], right[0]} == {'known', 'input'}:
+    return left if left[0] == 'known' else right
+  return None
 
 
 def _last_axis_of_name(node: cst.CSTNode) -> bool:

@@ -1,0 +1,76 @@
+"""L2N003 training code run for real: each fixture and its port train from the same start to the same numbers."""
+
+import pathlib
+import runpy
+
+import pytest
+
+from codemods import rules as registry
+from codemods.transform import transform_source
+from tests import training_parity as parity
+
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / 'fixtures' / 'L2N003'
+
+
+def _run_both(case: str, linen_class: str, nnx_class: str, script: str | None = None):
+  """Runs `<case>.in.py` recording its model, then `<case>.out.py` (or `script`) started from it."""
+  with parity.recording_linen(linen_class) as linen:
+    linen_globals = runpy.run_path(str(FIXTURES / f'{case}.in.py'))
+  with parity.transferring_into(nnx_class, linen) as ported:
+    nnx_globals = runpy.run_path(script or str(FIXTURES / f'{case}.out.py'))
+  return linen, linen_globals, ported, nnx_globals
+
+
+def test_guide_training_step_trains_to_the_same_parameters():
+  with parity.same_masks():  # Dropout(0.5) in train mode: one mask on both sides (see training_parity)
+    linen, linen_globals, ported, nnx_globals = _run_both('guide_training_step', 'Model', 'Model')
+  parity.assert_same_state({'params': linen_globals['params']}, ported)
+  parity.assert_close(linen_globals['logits'], nnx_globals['logits'])
+
+
+def test_same_masks_is_what_makes_dropout_training_comparable():
+  """Without it the two libraries' masks differ (different rng derivations), and so do the results."""
+  linen, linen_globals, ported, nnx_globals = _run_both('guide_training_step', 'Model', 'Model')
+  with pytest.raises(AssertionError):
+    parity.assert_close(linen_globals['logits'], nnx_globals['logits'])
+
+
+def test_guide_train_state_trains_to_the_same_parameters():
+  linen, linen_globals, ported, nnx_globals = _run_both('guide_train_state', 'Dense', 'Linear')
+  state = linen_globals['state']
+  parity.assert_same_state({'params': state.params}, ported)
+  parity.assert_close(linen_globals['logits'], nnx_globals['logits'])
+  assert int(nnx_globals['optimizer'].step[...]) == int(state.step) == 3
+
+
+def test_optax_batch_stats_trains_to_the_same_losses_and_statistics():
+  linen, linen_globals, ported, nnx_globals = _run_both('optax_batch_stats', 'CNN', 'CNN')
+  for name in ('losses', 'logits', 'mean'):  # per-step losses; eval logits and BatchNorm mean after training
+    parity.assert_close(linen_globals[name], nnx_globals[name])
+  parity.assert_same_state(linen.final, ported)  # params and batch stats, from the jitted eval step
+
+
+def test_freeze_unfreeze_port_trains_to_the_same_losses():
+  linen, linen_globals, ported, nnx_globals = _run_both('freeze_unfreeze', 'Regressor', 'Regressor')
+  parity.assert_close(linen_globals['losses'], nnx_globals['losses'])
+  parity.assert_same_state({'params': linen_globals['params']}, ported)
+  parity.assert_close(linen_globals['predictions'], nnx_globals['predictions'])
+
+
+def test_the_parity_checks_reject_a_port_that_trains_differently(tmp_path):
+  wrong = tmp_path / 'wrong.py'
+  wrong.write_text((FIXTURES / 'guide_train_state.out.py').read_text().replace('optax.adam(1e-3)', 'optax.adam(2e-3)'))
+  linen, linen_globals, ported, nnx_globals = _run_both('guide_train_state', 'Dense', 'Linear', str(wrong))
+  with pytest.raises(AssertionError):
+    parity.assert_same_state({'params': linen_globals['state'].params}, ported)
+  with pytest.raises(AssertionError):
+    parity.assert_close(linen_globals['logits'], nnx_globals['logits'])
+
+
+def test_training_code_outside_the_patterns_keeps_each_model_linen():
+  source = (FIXTURES / 'todo_training_code.in.py').read_text()
+  result = transform_source(source, registry.select_rules(['L2N003']))
+  todos = [e.message for e in result.entries if e.code == 'L2N003' and e.kind == 'todo']
+  assert len(todos) == 3
+  assert 'jax.tree.leaves' in todos[0] and "mutable=['intermediates']" in todos[1] and 'static_argnums' in todos[2]
+  assert result.source.count('.init(jax.random.key(0), jnp.ones((1, 3)))') == 3  # every model left as it was
