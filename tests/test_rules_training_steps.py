@@ -1,4 +1,4 @@
-"""L2N003 training code run for real: each fixture and its port train from the same start to the same numbers."""
+"""L2N003 training and decoding code run for real: each fixture and its port, from the same start, compute the same."""
 
 import pathlib
 import runpy
@@ -74,3 +74,9 @@ def test_training_code_outside_the_patterns_keeps_each_model_linen():
   assert len(todos) == 3
   assert 'jax.tree.leaves' in todos[0] and "mutable=['intermediates']" in todos[1] and 'static_argnums' in todos[2]
   assert result.source.count('.init(jax.random.key(0), jnp.ones((1, 3)))') == 3  # every model left as it was
+
+
+def test_decode_view_generates_the_same_tokens_from_the_same_parameters():
+  linen, linen_globals, ported, nnx_globals = _run_both('decode_view', 'AttentionLM', 'AttentionLM')
+  parity.assert_close(linen_globals['tokens'], nnx_globals['tokens'])  # greedy tokens through the cache
+  parity.assert_close(linen_globals['full'], nnx_globals['full'])  # the model itself kept decode=False

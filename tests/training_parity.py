@@ -1,8 +1,9 @@
 """Runs Linen training code and its NNX port from the same initial parameters (and dropout masks).
 
 `recording_linen(name)` records the first `init` of a Linen model of class `name` (its inputs
-and the variables it made) and the variables of its last inference `apply` (no `rngs=`, no
-`mutable=`: the eval call after training, also inside `jax.jit`, through a debug callback).
+and the variables it made) and the variables of the last inference `apply` of a model of that
+class (no `rngs=`, nothing mutable but a decode `cache`: the eval or decoding call after
+training, also inside `jax.jit`, through a debug callback), less the decode cache.
 `transferring_into(name, linen)` copies those initial variables into the first outermost NNX
 model of class `name` built inside the block, right after it is built, with `nnx_bridge`, so
 both sides train from the same start.
@@ -32,7 +33,7 @@ import nnx_bridge
 
 @dataclasses.dataclass
 class LinenRecord:
-  """The Linen model's first init (module, inputs, variables) and its last inference apply's variables."""
+  """The Linen model's first init (module, inputs, variables) and the last inference apply's variables."""
 
   model: nn.Module | None = None
   init_args: tuple = ()
@@ -73,11 +74,13 @@ def recording_linen(model_class: str) -> tp.Iterator[LinenRecord]:
     return variables
 
   def apply(module, variables, *args, rngs=None, mutable=False, **kwargs):
-    if module is record.model and rngs is None and mutable is False:
-      if _traced(variables):
-        jax.debug.callback(lambda v: finals.append(_concrete(v)), dict(variables))
+    decoding = mutable in (['cache'], ('cache',), 'cache')
+    if type(module).__name__ == model_class and rngs is None and (mutable is False or decoding):
+      state = {k: v for k, v in dict(variables).items() if k != 'cache'}
+      if _traced(state):
+        jax.debug.callback(lambda v: finals.append(_concrete(v)), state)
       else:
-        finals.append(_concrete(variables))
+        finals.append(_concrete(state))
     return original_apply(module, variables, *args, rngs=rngs, mutable=mutable, **kwargs)
 
   nn.Module.init, nn.Module.apply = init, apply

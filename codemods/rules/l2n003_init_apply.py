@@ -26,6 +26,9 @@ and then uses the model and its state becomes NNX code:
   `nnx.update(model, jax.tree.map(f, nnx.state(model, nnx.Param), grads))`; the state the step
   returned (and the batch-stats updates a `has_aux` loss returned) is dropped from its `return`
   and from the unpacking at each call site; `freeze` / `unfreeze` around the state go;
+- decoding: `decoder = Model(<same arguments>, decode=True)` with `cache = decoder.init(key,
+  x)['cache']` becomes `decoder = nnx.with_attributes(model, decode=True)` and
+  `decoder.init_cache(<shape of x>)`; its `mutable=['cache']` applies become plain calls;
 - data parallelism: a step decorated `@partial(jax.pmap, axis_name=...)` and given replicated
   state becomes `@nnx.pmap(axis_name=..., in_axes=(None, None, 0, ...))` (model and optimizer
   broadcast, the body and its `pmean`s unchanged); `jax_utils.replicate` / `unreplicate` of
@@ -139,6 +142,8 @@ class _Group:
   functions: dict[cst.CSTNode, _Function] = dataclasses.field(default_factory=dict)
   done: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # calls / statements already rewritten
   tuple_aliases: set[cst.Assign] = dataclasses.field(default_factory=set)
+  twins: set[str] = dataclasses.field(default_factory=set)  # decode-mode views of the model (`decoder`)
+  applied: dict[cst.CSTNode, set[str]] = dataclasses.field(default_factory=dict)  # function -> modules it applies
   optimizer: str | None = None
   layer: LayerSpec | None = None  # for a built-in layer used as the model (`nn.Dense(10)`)
 
@@ -158,6 +163,7 @@ class ConvertInitApplyRule(MigrationRule):
     self._records = {r.nnx_name: r for r in context.scratch.get(KNOWN_CLASSES_KEY, ())}
     self._statements: dict[cst.CSTNode, tp.Any] = {}
     self._edits: dict[cst.CSTNode, Edit] = {}
+    self._claimed: set[cst.CSTNode] = set()  # init statements of decode-mode twins, part of their model's group
 
   def visit_Module(self, node: cst.Module) -> None:
     self._names_in_module = {n.value for n in descendants(node) if isinstance(n, cst.Name)}
@@ -182,7 +188,7 @@ class ConvertInitApplyRule(MigrationRule):
   def _block(self, statements: tp.Sequence[cst.BaseStatement]) -> None:
     for index, statement in enumerate(statements):
       found = _init_statement(statement)
-      if found is None:
+      if found is None or statement in self._claimed:
         continue
       construction = next((s for s in reversed(statements[:index]) if _assigned_name(s) == found[1]), None)
       value = _assigned_value(construction) if construction is not None else None
@@ -260,6 +266,7 @@ class ConvertInitApplyRule(MigrationRule):
     for wrapper in descendants(init.body[0].value):
       if isinstance(wrapper, cst.Call) and FREEZERS.match(cst.helpers.get_full_name_for_node(wrapper.func) or ''):
         self.remove_import_of(wrapper.func)
+    self._twins(group, statements, index, construction.body[0].value)
     self._name(group, group.scope, target, kind)
     self._finish_functions(group)
     self._check_applies(group)
@@ -268,6 +275,52 @@ class ConvertInitApplyRule(MigrationRule):
     self._check_model_uses(group)
     self._place_modes(group, statements)
     return group
+
+  def _twins(self, group: _Group, statements: tp.Sequence[cst.BaseStatement], index: int, model_call: cst.Call) -> None:
+    """`decoder = Model(<same arguments>, decode=True)` and `cache = decoder.init(key, x)['cache']` later on.
+
+    The lm1b / wmt pattern: a decode-mode instance sharing the trained params. It becomes
+    `decoder = nnx.with_attributes(model, decode=True)` (the same Variables, `decode` set on every
+    submodule that has it) and `decoder.init_cache(<shape of x>)` (L2N002's cache method).
+    """
+    base = self._arguments(model_call, drop='decode')
+    for position in range(index + 1, len(statements)):
+      statement, value = statements[position], _assigned_value(statements[position])
+      decode = [a for a in value.args if a.keyword is not None and a.keyword.value == 'decode'] \
+          if isinstance(value, cst.Call) and self._code(value.func) == self._code(model_call.func) else []
+      if not decode or self._arguments(value, drop='decode') != base:
+        continue
+      name = _assigned_name(statement)
+      found = next(((s, f) for s in statements[position + 1:] if (f := _init_statement(s)) and f[1] == name), None)
+      if found is None or found[1][3] != _collection('cache') or not group.record.cache_input:
+        raise _Skip(value, f"{name}: a decode-mode {self._code(value.func)} without `... = {name}.init(key, x)['cache']`")
+      init, (target, _, call, _) = found
+      if len(self._assignments(group.scope, name)) != 1:
+        raise _Skip(value, f'{name} is assigned more than once')
+      example = self._init_arguments(group, call)[1].get(group.record.cache_input)
+      if example is None:
+        raise _Skip(call, f'{name}.init without the {group.record.cache_input} whose shape init_cache takes')
+      view = f'{name} = nnx.with_attributes({group.model}, decode={self._code(decode[0].value)})'
+      self._replace_statement(group, statement.body[0], view)
+      group.statements[init] = [cst.parse_statement(f'{name}.init_cache({self._shape(example)})\n').with_changes(
+          leading_lines=init.leading_lines)]
+      group.changes.append((value, f'{view}: a decode-mode view sharing the variables of {group.model}'))
+      group.changes.append((call, f'{name}.init(...)[\'cache\'] -> {name}.init_cache({self._shape(example)})'))
+      group.twins.add(name)
+      group.model_uses.add(call.func.value)
+      group.recognized.update((statement.body[0].targets[0].target, init.body[0].targets[0].target))
+      self._claimed.add(init)
+      self._name(group, group.scope, target, _collection('cache'))
+
+  def _arguments(self, call: cst.Call, drop: str) -> list[str]:
+    return [self._code(a).rstrip(',') for a in call.args if not (a.keyword is not None and a.keyword.value == drop)]
+
+  def _shape(self, example: cst.BaseExpression) -> str:
+    """`(4, 12)` for `jnp.ones((4, 12), jnp.int32)`, else `<example>.shape`."""
+    if isinstance(example, cst.Call) and example.args and isinstance(example.args[0].value, cst.Tuple) \
+        and ARRAY_MAKERS.match(cst.helpers.get_full_name_for_node(example.func) or ''):
+      return self._code(example.args[0].value)
+    return f'{self._code(example)}.shape'
 
   def _assignments(self, scope: tp.Any, name: str) -> list[tp.Any]:
     return [a for a in scope.assignments[name]] if scope is not None else []
@@ -495,7 +548,7 @@ class ConvertInitApplyRule(MigrationRule):
   def _is_apply(self, group: _Group, call: cst.Call) -> bool:
     """`model.apply(...)`, or `state.apply_fn(...)` (checked to be the model's TrainState at the end)."""
     func = call.func
-    return _is_method(func, group.model, 'apply') or (
+    return any(_is_method(func, module, 'apply') for module in (group.model, *group.twins)) or (
         isinstance(func, cst.Attribute) and func.attr.value == 'apply_fn' and isinstance(func.value, cst.Name))
 
   def _apply(self, group: _Group, call: cst.Call) -> None:
@@ -529,9 +582,13 @@ class ConvertInitApplyRule(MigrationRule):
         raise _Skip(arg, f'{group.model}.apply with {name}=')
       drop.append(arg)
     group.applies[call] = method
-    if _is_method(call.func, group.model, 'apply'):
+    module = group.model
+    if any(_is_method(call.func, m, 'apply') for m in (group.model, *group.twins)):
       group.model_uses.add(call.func.value)
-    target = f'{group.model}.{method}' if method else group.model
+      module = call.func.value.value
+    if module != group.model and mode is not None:
+      raise _Skip(call, f'{module}.apply with a train/eval argument (set the mode on the view by hand)')
+    target = f'{module}.{method}' if method else module
     kept = [a for a in call.args if a not in drop]
     group.edits[call] = lambda updated: updated.with_changes(
         func=cst.parse_expression(target), whitespace_before_args=cst.SimpleWhitespace(''),
@@ -541,6 +598,7 @@ class ConvertInitApplyRule(MigrationRule):
     if mutable is not None:
       self._mutable_result(group, call)
     owner = self._mode_owner(group, call)
+    group.applied.setdefault(owner, set()).add(module)
     if mode is not None:
       if group.modes.get(owner, mode) != mode:
         raise _Skip(call, f'{group.model}.apply in train and eval mode in one statement or step')
@@ -557,8 +615,8 @@ class ConvertInitApplyRule(MigrationRule):
     output, updates = (e.value for e in assign.targets[0].target.elements)
     group.edits[assign] = lambda updated: updated.with_changes(
         targets=[cst.AssignTarget(updated.targets[0].target.elements[0].value)])
-    group.changes.append((call, f'{group.model}.apply(..., mutable=...): the NNX call updates the model in place; '
-                                f'{self._code(updates)} goes'))
+    group.changes.append((call, f'{self._code(call.func)}(..., mutable=...): the NNX call updates the model in '
+                                f'place; {self._code(updates)} goes'))
     del output
     self._target(group, updates, UPDATES)
 
@@ -774,8 +832,6 @@ class ConvertInitApplyRule(MigrationRule):
       raise _Skip(loss, f'{self._code(loss)} is differentiated twice')
     record.kinds[0] = _collection('params')
     group.edits[inner.func] = _expression(GRADS[func])
-    group.edits[call.args[0]] = lambda updated: updated.with_changes(value=cst.Name(group.model))
-    group.changes.append((call, f'{func}({self._code(loss)})(params) -> {GRADS[func]}({self._code(loss)})({group.model})'))
     param = function.params.params[0]
     group.recognized.add(param)
     self._name(group, self.get_metadata(ScopeProvider, function.body), param.name.value, _collection('params'))
@@ -817,6 +873,10 @@ class ConvertInitApplyRule(MigrationRule):
         for statement in returns:
           self._prune_return(group, statement, drops)
       if record.loss_of is not None:
+        module, call = self._module_for(group, function), record.loss_of
+        group.edits[call.args[0]] = lambda updated, module=module: updated.with_changes(value=cst.Name(module))
+        func, loss = cst.helpers.get_full_name_for_node(call.func.func), self._code(call.func.args[0].value)
+        group.changes.append((call, f'{func}({loss})(params) -> {GRADS[func]}({loss})({module})'))
         self._loss_result(group, record, drops)
       else:
         self._step_calls(group, record, drops)
@@ -847,17 +907,24 @@ class ConvertInitApplyRule(MigrationRule):
 
   def _state_names(self, group: _Group, node: cst.CSTNode, kinds: dict[int, str]) -> dict[int, list[str]]:
     """For each state position, the NNX names replacing it: the first gets `model`, opt state `optimizer`."""
-    result, seen = {}, set()
+    result, seen, module = {}, set(), self._module_for(group, node)
     for position in sorted(kinds):
       kind = kinds[position]
-      wanted = [group.model] if kind != OPT_STATE else [self._optimizer(group, node)]
+      wanted = [module] if kind != OPT_STATE else [self._optimizer(group, node)]
       if kind == TRAIN_STATE:
-        wanted = [group.model, self._optimizer(group, node)]
-      if group.model not in seen and kind == OPT_STATE:
-        wanted = [group.model, *wanted]
+        wanted = [module, self._optimizer(group, node)]
+      if module not in seen and kind == OPT_STATE:
+        wanted = [module, *wanted]
       result[position] = [n for n in wanted if n not in seen]
       seen.update(wanted)
     return result
+
+  def _module_for(self, group: _Group, function: cst.CSTNode) -> str:
+    """The module a step (or a loss inside it) applies: the model, or one decode-mode view of it."""
+    modules = group.applied.get(self._mode_owner(group, function), {group.model})
+    if len(modules) != 1:
+      raise _Skip(function, f'{self._name_of(function)} applies both {" and ".join(sorted(modules))}')
+    return next(iter(modules))
 
   def _prune_return(self, group: _Group, statement: cst.Return, drops: set[tuple[int, ...]]) -> None:
     value = _pruned(statement.value, drops)
@@ -950,7 +1017,7 @@ class ConvertInitApplyRule(MigrationRule):
   def _check_applies(self, group: _Group) -> None:
     """Each collection an apply was given must be this model's state: the NNX call drops them."""
     for call in group.applies:
-      if not _is_method(call.func, group.model, 'apply') and call.func.value not in group.visited:
+      if call.func.attr.value == 'apply_fn' and call.func.value not in group.visited:
         raise _Skip(call, f'{self._code(call.func)} of something other than the TrainState of {group.model}')
       first = call.args[0].value
       if isinstance(first, cst.Dict) and _literal_keys(first) is None:
@@ -977,13 +1044,14 @@ class ConvertInitApplyRule(MigrationRule):
           raise _Skip(node, f'{key[1]} holds the state of {group.model} but is also assigned other values')
 
   def _check_model_uses(self, group: _Group) -> None:
-    """The Linen model may only be initialised, applied, or handed to TrainState.create."""
-    (assignment,) = self._assignments(group.scope, group.model)
-    accesses = [a for a in assignment.references if _resolves_to(a.scope, group.model, group.scope)]
-    for access in sorted(accesses, key=lambda a: self._position(a.node)):
-      if access.node not in group.model_uses:
-        raise _Skip(access.node, f'{group.model} is used by code not converted yet (jax.jit(model.apply), '
-                                 'apply with other variables, ...)')
+    """The Linen model (and its decode-mode twins) may only be initialised, applied, or given to TrainState.create."""
+    for module in (group.model, *sorted(group.twins)):
+      (assignment,) = self._assignments(group.scope, module)
+      accesses = [a for a in assignment.references if _resolves_to(a.scope, module, group.scope)]
+      for access in sorted(accesses, key=lambda a: self._position(a.node)):
+        if access.node not in group.model_uses:
+          raise _Skip(access.node, f'{module} is used by code not converted yet (jax.jit({module}.apply), '
+                                   'apply with other variables, ...)')
 
   # --- train/eval modes ------------------------------------------------------------------------
 
