@@ -79,6 +79,10 @@ REPLICATES = re.compile(r'^((flax\.)?jax_utils\.)?(replicate|unreplicate)$')
 PMAPS = ('jax.pmap', 'pmap')
 PMAP_OPTIONS = ('axis_name', 'in_axes', 'donate_argnums')
 """The `jax.pmap` options a converted step keeps (`donate_argnums` is dropped, reported)."""
+TREE_READERS = ('jax.tree.leaves', 'jax.tree_util.tree_leaves', 'jax.tree_leaves', 'jax.tree.reduce',
+                'jax.tree_util.tree_reduce', 'optax.global_norm')
+"""Functions of a whole tree that do not depend on its paths: given the state, they get `nnx.state(model, ...)`."""
+STATE_FILTERS = {'params': 'nnx.Param', 'batch_stats': 'nnx.BatchStat', 'cache': 'nnx.Cache'}
 IN_PLACE_COLLECTIONS_EXCLUDED = ('params', 'intermediates')
 """`mutable=` collections whose NNX counterpart is not an in-place update of the model."""
 
@@ -143,6 +147,7 @@ class _Group:
   done: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # calls / statements already rewritten
   tuple_aliases: set[cst.Assign] = dataclasses.field(default_factory=set)
   twins: set[str] = dataclasses.field(default_factory=set)  # decode-mode views of the model (`decoder`)
+  state_reads: list[tuple[cst.CSTNode, str]] = dataclasses.field(default_factory=list)  # node, nnx filter
   applied: dict[cst.CSTNode, set[str]] = dataclasses.field(default_factory=dict)  # function -> modules it applies
   optimizer: str | None = None
   layer: LayerSpec | None = None  # for a built-in layer used as the model (`nn.Dense(10)`)
@@ -269,6 +274,7 @@ class ConvertInitApplyRule(MigrationRule):
     self._twins(group, statements, index, construction.body[0].value)
     self._name(group, group.scope, target, kind)
     self._finish_functions(group)
+    self._finish_state_reads(group)
     self._check_applies(group)
     self._check_tuple_aliases(group)
     self._check_assignments(group)
@@ -536,6 +542,8 @@ class ConvertInitApplyRule(MigrationRule):
       return self._apply_updates(group, call)
     if func in TREE_MAPS and kind == _collection('params') and not first:
       return self._tree_map_update(group, call, node)
+    if func in TREE_READERS and (kind == VARIABLES or _collection_of(kind) in STATE_FILTERS):
+      return self._state_read(group, call, node, kind)
     if isinstance(call.func, cst.Name) and arg.keyword is None and not arg.star and kind != OPTAX_UPDATES:
       function = self._function_def(call.func)
       if function is not None:
@@ -728,6 +736,17 @@ class ConvertInitApplyRule(MigrationRule):
     group.edits[assign] = lambda updated: cst.Expr(updated.value)
     group.changes.append((call, f'params = {self._code(call.func)}(...) -> nnx.update({group.model}, ...)'))
     self._target(group, assign.targets[0].target, _collection('params'))
+
+  def _state_read(self, group: _Group, call: cst.Call, node: cst.BaseExpression, kind: str) -> None:
+    """`jax.tree.leaves(params)` -> `jax.tree.leaves(nnx.state(model, nnx.Param))`: the same leaves, other paths."""
+    group.state_reads.append((node, STATE_FILTERS.get(_collection_of(kind) or '', 'nnx.Not(nnx.RngState)')))
+    group.changes.append((call, f'{self._code(node)} in {self._code(call.func)}(...) -> the NNX state of the model '
+                                '(the same leaves; its paths are the NNX attribute paths)'))
+
+  def _finish_state_reads(self, group: _Group) -> None:
+    for node, kind_filter in group.state_reads:
+      code = f'nnx.state({self._module_for(group, node)}, {kind_filter})'
+      group.edits[node] = _expression(code)
 
   # --- steps and loss functions ----------------------------------------------------------------
 
