@@ -18,6 +18,7 @@ import typing as tp
 from codemods import files
 from codemods.diffs import unified_diff
 from codemods.notebooks import transform_notebook
+from codemods.options import MigrationOptions
 from codemods.report import CHANGED
 from codemods.report import FAILED
 from codemods.report import SKIPPED
@@ -41,11 +42,12 @@ def migrate(
     include: tp.Sequence[str] = (),
     exclude: tp.Sequence[str] = (),
     progress: bool = False,
+    options: MigrationOptions = MigrationOptions(),
 ) -> MigrationResult:
   """Migrates the .py/.ipynb files under `paths` with `rules`; writes them only when `write`.
 
   `jobs` processes (default: all cores) share the files that mention flax; `progress` shows a
-  tqdm bar on stderr. Raises FileNotFoundError for a path that does not exist.
+  tqdm bar on stderr; `options` are the user's choices for the generated code. Raises FileNotFoundError for a path that does not exist.
   """
   rules = tuple(rules)
   outcomes: dict[str, FileOutcome] = {}
@@ -64,7 +66,7 @@ def migrate(
   jobs = min(jobs or os.cpu_count() or 1, max(len(candidates), 1))
   bar = _progress_bar(len(candidates), progress)
   try:
-    for outcome in _run(candidates, rules, write, jobs):
+    for outcome in _run(candidates, rules, write, jobs, options):
       outcomes[outcome.path] = outcome
       bar.update()
   finally:
@@ -72,15 +74,16 @@ def migrate(
   return MigrationResult(tuple(outcomes[path] for path in sorted(outcomes)), written=write)
 
 
-def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]], write: bool) -> FileOutcome:
+def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]], write: bool,
+                 options: MigrationOptions = MigrationOptions()) -> FileOutcome:
   """Migrates one file: never raises; a failure is an outcome, and the file is then left untouched."""
   try:
     with open(path, 'rb') as file:
       old = file.read()
     if path.endswith('.ipynb'):
-      result = transform_notebook(old, rules)
+      result = transform_notebook(old, rules, options)
     else:
-      result = transform_source(old, rules)
+      result = transform_source(old, rules, options)
     if result.source == old:
       return FileOutcome(path, UNCHANGED, entries=result.entries, classes=result.classes)
     encoding = 'utf-8' if path.endswith('.ipynb') else _encoding(old)
@@ -100,15 +103,16 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]], write: bool
       time.sleep(float(os.environ[SLEEP_ENV]))
 
 
-def _run(paths: list[str], rules: tuple[type[MigrationRule], ...], write: bool, jobs: int) -> tp.Iterator[FileOutcome]:
+def _run(paths: list[str], rules: tuple[type[MigrationRule], ...], write: bool, jobs: int,
+         options: MigrationOptions) -> tp.Iterator[FileOutcome]:
   if jobs <= 1:
     for path in paths:
-      yield migrate_file(path, rules, write)
+      yield migrate_file(path, rules, write, options)
     return
   # spawn, not fork: the parent may have imported jax, whose threads make fork unsafe.
   context = multiprocessing.get_context('spawn')
   with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-    futures = {pool.submit(migrate_file, path, rules, write): path for path in paths}
+    futures = {pool.submit(migrate_file, path, rules, write, options): path for path in paths}
     for future in concurrent.futures.as_completed(futures):
       try:
         yield future.result()

@@ -49,6 +49,8 @@ from libcst.metadata import ParentNodeProvider
 from libcst.metadata import PositionProvider
 from libcst.metadata import ScopeProvider
 
+from codemods.options import OPTIONS_KEY
+from codemods.options import MigrationOptions
 from codemods.report import ChildName
 from codemods.report import ConstructorArgument
 from codemods.report import ConvertedClass
@@ -73,6 +75,11 @@ class MigrationRule(VisitorBasedCodemodCommand):
   def __init__(self, context: cst.codemod.CodemodContext) -> None:
     super().__init__(context)
     self._todo_comments: dict[cst.CSTNode, list[str]] = {}
+
+  @property
+  def options(self) -> MigrationOptions:
+    """The user's choices for the generated code (`linen2nnx migrate --train-state`, ...)."""
+    return self.context.scratch.get(OPTIONS_KEY, MigrationOptions())
 
   def report_change(self, node: cst.CSTNode, message: str) -> None:
     """Records that `node` (of the original tree) was rewritten."""

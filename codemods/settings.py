@@ -6,10 +6,11 @@ include = ["src/**"]          # globs, as --include
 exclude = ["tests/legacy/"]   # globs, as --exclude
 select = ["L2N"]              # rule codes or prefixes, as --select
 jobs = 2                      # as -j
+train-state = "keep"          # as --train-state
 ```
 
 The nearest pyproject.toml at or above the current directory is read. Command-line globs add
-to the configured ones; `--select` and `-j` replace them.
+to the configured ones; `--select`, `-j` and `--train-state` replace them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import tomllib
 import typing as tp
 
-_KEYS = {'include': list, 'exclude': list, 'select': list, 'jobs': int}
+_KEYS = {'include': list, 'exclude': list, 'select': list, 'jobs': int, 'train-state': str}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Settings:
   exclude: tuple[str, ...] = ()
   select: tuple[str, ...] = ()
   jobs: int | None = None
+  train_state: str | None = None
   source: str | None = None
 
 
@@ -64,12 +66,13 @@ def load_settings(start: str | os.PathLike[str] = '.') -> Settings:
     if value is None:
       continue
     if not isinstance(value, kind) or (kind is list and not all(isinstance(v, str) for v in value)):
-      expected = 'a list of strings' if kind is list else 'an integer'
+      expected = {list: 'a list of strings', int: 'an integer', str: 'a string'}[kind]
       raise ValueError(f'{path}: [tool.linen2nnx] {key} must be {expected}, got {value!r}')
   return Settings(
       include=tuple(table.get('include', ())),
       exclude=tuple(table.get('exclude', ())),
       select=tuple(table.get('select', ())),
       jobs=table.get('jobs'),
+      train_state=table.get('train-state'),
       source=path,
   )

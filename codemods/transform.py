@@ -26,6 +26,8 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.codemod.visitors import RemoveImportsVisitor
 
 from codemods import libcst_speedups
+from codemods.options import OPTIONS_KEY
+from codemods.options import MigrationOptions
 from codemods.report import ConvertedClass
 from codemods.report import Entry
 from codemods.rule import CLASSES_KEY
@@ -57,7 +59,8 @@ class Transformed(tp.Generic[Source]):
   classes: tuple[ConvertedClass, ...] = ()
 
 
-def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]]) -> Transformed[Source]:
+def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
+                     options: MigrationOptions = MigrationOptions()) -> Transformed[Source]:
   """Applies `rules` in order; bytes keep their encoding, BOM and line endings (libcst does)."""
   try:
     tree = cst.parse_module(source)
@@ -71,7 +74,7 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]]) ->
   for rule in rules:
     if rule.REQUIRES and not any(word in code(wrapper) for word in rule.REQUIRES):
       continue
-    context = CodemodContext(scratch={KNOWN_CLASSES_KEY: tuple(classes)})
+    context = CodemodContext(scratch={KNOWN_CLASSES_KEY: tuple(classes), OPTIONS_KEY: options})
     try:
       wrapper = _next(wrapper, _apply(rule(context), wrapper))
       for key, visitor in _IMPORT_VISITORS.items():

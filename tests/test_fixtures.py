@@ -2,6 +2,7 @@
 
 Both files are executed too: they assert their own values, so a pair shows the rewrite keeps
 what the code computes. `<case>.report.txt` holds the expected `line:col CODE kind: message`.
+A folder with a pyproject.toml runs its fixtures with that `[tool.linen2nnx]` table's options.
 """
 
 import pathlib
@@ -10,6 +11,8 @@ import runpy
 import pytest
 
 from codemods import rules as registry
+from codemods.options import MigrationOptions
+from codemods.settings import load_settings
 from codemods.transform import transform_source
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / 'fixtures'
@@ -21,6 +24,13 @@ def _rule_of(case: pathlib.Path):
   return registry.select_rules([code])
 
 
+def _options_of(case: pathlib.Path) -> MigrationOptions:
+  settings = load_settings(case.parent)
+  if settings.source is None or not pathlib.Path(settings.source).is_relative_to(FIXTURES):
+    return MigrationOptions()
+  return MigrationOptions(train_state=settings.train_state or 'nnx')
+
+
 def _report(entries) -> str:
   return ''.join(f'{e.line}:{e.column} {e.code} {e.kind}: {e.message}\n' for e in entries)
 
@@ -28,12 +38,12 @@ def _report(entries) -> str:
 @pytest.mark.parametrize('case', CASES, ids=lambda p: f'{p.parent.name}/{p.name[:-6]}')
 def test_fixture(case):
   expected = case.with_name(case.name.replace('.in.py', '.out.py'))
-  result = transform_source(case.read_bytes(), _rule_of(case))
+  result = transform_source(case.read_bytes(), _rule_of(case), _options_of(case))
   assert result.source.decode() == expected.read_text()
   report = case.with_name(case.name.replace('.in.py', '.report.txt'))
   if report.exists():
     assert _report(result.entries) == report.read_text()
-  assert transform_source(result.source, _rule_of(case)).source == result.source  # idempotent
+  assert transform_source(result.source, _rule_of(case), _options_of(case)).source == result.source  # idempotent
   runpy.run_path(str(case))
   runpy.run_path(str(expected))
 

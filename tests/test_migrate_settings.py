@@ -20,11 +20,13 @@ def test_nearest_pyproject_is_read(tmp_path):
       exclude = ["src/legacy/"]
       select = ["L2N001"]
       jobs = 1
+      train-state = "keep"
   '''))
   nested = tmp_path / 'src' / 'pkg'
   nested.mkdir(parents=True)
   loaded = settings.load_settings(nested)
-  assert loaded == settings.Settings(('src/**',), ('src/legacy/',), ('L2N001',), 1, str(tmp_path / 'pyproject.toml'))
+  assert loaded == settings.Settings(include=('src/**',), exclude=('src/legacy/',), select=('L2N001',), jobs=1,
+                                     train_state='keep', source=str(tmp_path / 'pyproject.toml'))
 
 
 def test_no_table_means_no_settings(tmp_path):
@@ -38,6 +40,7 @@ def test_no_table_means_no_settings(tmp_path):
         ('includes = ["a"]', r"unknown keys \['includes'\]"),
         ('jobs = "2"', 'jobs must be an integer'),
         ('exclude = "tests/"', 'exclude must be a list of strings'),
+        ('train-state = 1', 'train-state must be a string'),
     ],
 )
 def test_bad_settings_are_refused(tmp_path, table, message):
@@ -57,6 +60,22 @@ def test_migrate_applies_the_settings(tmp_path, monkeypatch, capsys):
   (tmp_path / 'pyproject.toml').write_text('[tool.linen2nnx]\nselect = ["L2N999"]\n')
   assert cli.main(['migrate', '--check', '.']) == 2  # an unknown rule code is a usage error
   assert 'L2N999' in capsys.readouterr().err
+
+
+def test_train_state_option_from_the_command_line_and_the_settings(tmp_path, monkeypatch, capsys):
+  guide = (ROOT / 'fixtures' / 'L2N003' / 'guide_train_state.in.py').read_text()
+  (tmp_path / 'train.py').write_text(guide)
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(['migrate', '-j', '1', 'train.py']) == 0
+  assert 'nnx.Optimizer(' in capsys.readouterr().out  # the default: nnx
+  assert cli.main(['migrate', '-j', '1', '--train-state', 'keep', 'train.py']) == 0
+  assert 'NNXTrainState.create(apply_fn=graphdef.apply' in capsys.readouterr().out
+  (tmp_path / 'pyproject.toml').write_text('[tool.linen2nnx]\ntrain-state = "keep"\n')
+  assert cli.main(['migrate', '-j', '1', 'train.py']) == 0
+  assert 'NNXTrainState' in capsys.readouterr().out
+  (tmp_path / 'pyproject.toml').write_text('[tool.linen2nnx]\ntrain-state = "tree"\n')
+  assert cli.main(['migrate', '-j', '1', 'train.py']) == 2
+  assert "train-state must be one of nnx, keep, got 'tree'" in capsys.readouterr().err
 
 
 def test_pre_commit_hooks_run_the_cli():

@@ -4,8 +4,10 @@ import pathlib
 import runpy
 
 import pytest
+from flax import nnx
 
 from codemods import rules as registry
+from codemods.options import MigrationOptions
 from codemods.transform import transform_source
 from tests import training_parity as parity
 
@@ -81,3 +83,26 @@ def test_decode_view_generates_the_same_tokens_from_the_same_parameters():
   linen, linen_globals, ported, nnx_globals = _run_both('decode_view', 'AttentionLM', 'AttentionLM')
   parity.assert_close(linen_globals['tokens'], nnx_globals['tokens'])  # greedy tokens through the cache
   parity.assert_close(linen_globals['full'], nnx_globals['full'])  # the model itself kept decode=False
+
+
+def test_kept_train_state_trains_to_the_same_parameters():
+  """`--train-state keep` (fixtures/L2N003/keep_train_state): the TrainState stays, around nnx.split state."""
+  kept = str(FIXTURES / 'keep_train_state' / 'guide_train_state.out.py')
+  linen, linen_globals, ported, nnx_globals = _run_both('guide_train_state', 'Dense', 'Linear', kept)
+  state = nnx_globals['state']
+  assert type(state).__name__ == 'NNXTrainState' and int(state.step) == int(linen_globals['state'].step) == 3
+  nnx.update(ported.model, state.params)  # the trained params live in the TrainState
+  parity.assert_same_state({'params': linen_globals['state'].params}, ported)
+  parity.assert_close(linen_globals['logits'], nnx_globals['logits'])
+  parity.assert_close(linen_globals['kernel'], nnx_globals['kernel'])
+
+
+def test_kept_train_state_refuses_a_model_with_train_eval_state():
+  source = (FIXTURES / 'keep_train_state' / 'guide_train_state.in.py').read_text().replace(
+      'model = nn.Dense(features=10)', 'model = Net()').replace(
+      'sample_x = jnp.ones((1, 784))', 'class Net(nn.Module):\n  @nn.compact\n  def __call__(self, x, train: bool = False):\n'
+      '    return nn.Dropout(0.5, deterministic=not train)(nn.Dense(10)(x))\n\n\nsample_x = jnp.ones((1, 784))')
+  result = transform_source(source, registry.select_rules(['L2N003']), MigrationOptions(train_state='keep'))
+  todos = [e.message for e in result.entries if e.code == 'L2N003' and e.kind == 'todo']
+  assert len(todos) == 1 and 'use --train-state nnx' in todos[0]
+  assert 'train_state.TrainState.create(' in result.source

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from codemods.options import TRAIN_STATE_STYLES
+from codemods.options import MigrationOptions
+
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_FAILED = 0, 1, 2
 
 
@@ -20,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           'Exit 0 when done, 1 with --check when a file would change, 2 when a file could not '
           'be processed (the other files are still processed) or on usage errors. Defaults '
           'come from [tool.linen2nnx] in the nearest pyproject.toml (include, exclude, select, '
-          'jobs); command-line globs add to them, --select and -j replace them.'
+          'jobs, train-state); command-line globs add to them, the other options replace them.'
       ),
   )
   parser.add_argument('paths', nargs='+', metavar='PATH', help='files or directories')
@@ -36,6 +39,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
       help='run only these rules (codes or prefixes, e.g. L2N001), with the rules they build on '
            '(L2N003 brings L2N002); the rules are listed in docs/migrate.md',
   )
+  parser.add_argument(
+      '--train-state', choices=TRAIN_STATE_STYLES, default=None,
+      help='what a flax TrainState becomes: nnx (default: nnx.Optimizer, steps over the model) or keep '
+           '(the TrainState stays, around nnx.split state, as in the migration guide)',
+  )
   parser.set_defaults(run=run)
 
 
@@ -49,12 +57,13 @@ def run(args: argparse.Namespace) -> int:
     select = args.select.split(',') if args.select else settings.select
     rules = registry.select_rules(select) if select else registry.ALL_RULES
     jobs = args.jobs if args.jobs is not None else settings.jobs
+    options = MigrationOptions(train_state=args.train_state or settings.train_state or 'nnx')
     if jobs is not None and jobs < 1:
       raise ValueError(f'-j must be at least 1, got {jobs}')
     result = engine.migrate(
         args.paths, rules=rules, write=args.write, jobs=jobs,
         include=[*settings.include, *args.include], exclude=[*settings.exclude, *args.exclude],
-        progress=sys.stderr.isatty(),
+        progress=sys.stderr.isatty(), options=options,
     )
   except (ValueError, FileNotFoundError) as error:
     print(f'linen2nnx migrate: {error}', file=sys.stderr)

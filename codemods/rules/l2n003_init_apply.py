@@ -25,7 +25,9 @@ and then uses the model and its state becomes NNX code:
   `optimizer.update(model, grads)`, `params = jax.tree.map(f, params, grads)` becomes
   `nnx.update(model, jax.tree.map(f, nnx.state(model, nnx.Param), grads))`; the state the step
   returned (and the batch-stats updates a `has_aux` loss returned) is dropped from its `return`
-  and from the unpacking at each call site; `freeze` / `unfreeze` around the state go;
+  and from the unpacking at each call site; `freeze` / `unfreeze` around the state go; with
+  `--train-state keep` the TrainState stays instead, built around `nnx.split(model, nnx.Param,
+  ...)` state (the migration guide's variant), and its steps stay `jax.jit` steps;
 - decoding: `decoder = Model(<same arguments>, decode=True)` with `cache = decoder.init(key,
   x)['cache']` becomes `decoder = nnx.with_attributes(model, decode=True)` and
   `decoder.init_cache(<shape of x>)`; its `mutable=['cache']` applies become plain calls;
@@ -88,6 +90,9 @@ IN_PLACE_COLLECTIONS_EXCLUDED = ('params', 'intermediates')
 
 VARIABLES, OPT_STATE, TRAIN_STATE, UPDATES, OPTAX_UPDATES = (
     'variables', 'opt_state', 'train_state', 'updates', 'optax_updates')
+KEPT_STATE, KEPT_PARAMS = 'kept_train_state', 'kept_params'
+"""With `--train-state keep`: a TrainState kept around `nnx.split` state, and its `params` (an nnx.State)."""
+KEPT = (KEPT_STATE, KEPT_PARAMS)
 """Kinds of Linen state a name can hold; a collection's kind is 'collection:<name>'."""
 MODEL_STATE = (VARIABLES, OPT_STATE, TRAIN_STATE)
 
@@ -148,6 +153,8 @@ class _Group:
   tuple_aliases: set[cst.Assign] = dataclasses.field(default_factory=set)
   twins: set[str] = dataclasses.field(default_factory=set)  # decode-mode views of the model (`decoder`)
   state_reads: list[tuple[cst.CSTNode, str]] = dataclasses.field(default_factory=list)  # node, nnx filter
+  kept_state: bool = False  # with --train-state keep, once the TrainState is kept
+  kept_modes: set[bool] = dataclasses.field(default_factory=set)  # train/eval of the kept TrainState's applies
   applied: dict[cst.CSTNode, set[str]] = dataclasses.field(default_factory=dict)  # function -> modules it applies
   optimizer: str | None = None
   layer: LayerSpec | None = None  # for a built-in layer used as the model (`nn.Dense(10)`)
@@ -411,7 +418,7 @@ class ConvertInitApplyRule(MigrationRule):
       arg = self._parent(self._parent(parent))
       call = self._parent(arg) if isinstance(arg, cst.Arg) else None
       if isinstance(call, cst.Call) and call.args and call.args[0] is arg and self._is_apply(group, call) \
-          and kind not in (OPT_STATE, TRAIN_STATE, OPTAX_UPDATES, UPDATES):
+          and kind not in (OPT_STATE, TRAIN_STATE, OPTAX_UPDATES, UPDATES, KEPT_STATE):
         return self._apply(group, call)
     if isinstance(parent, cst.Assign) and parent.value is node and kind not in (OPTAX_UPDATES,):
       return self._alias(group, parent, kind)
@@ -419,6 +426,8 @@ class ConvertInitApplyRule(MigrationRule):
       assign = self._parent(self._parent(parent))
       if isinstance(assign, cst.Assign) and assign.value is self._parent(parent):
         return self._tuple_alias(group, assign, list(assign.value.elements).index(parent), kind)
+    if isinstance(parent, (cst.Element, cst.Return)) and kind in KEPT:
+      return None  # a kept TrainState is returned and passed on as in Linen
     if isinstance(parent, (cst.Element, cst.Return)):
       return self._returned(group, node, kind)
     raise _Skip(node, f'{self._code(node)} ({_describe(kind)}) is used by code not converted yet '
@@ -426,6 +435,8 @@ class ConvertInitApplyRule(MigrationRule):
 
   def _attribute(self, group: _Group, attribute: cst.Attribute, kind: str) -> None:
     name, parent = attribute.attr.value, self._parent(attribute)
+    if kind == KEPT_STATE:
+      return self._kept_attribute(group, attribute, name, parent)
     if kind == TRAIN_STATE and name == 'params':
       return self._use(group, attribute, _collection('params'))
     if kind == TRAIN_STATE and name == 'apply_fn' and isinstance(parent, cst.Call) and parent.func is attribute:
@@ -456,25 +467,31 @@ class ConvertInitApplyRule(MigrationRule):
     collection = _collection_of(kind)
     if collection is not None:
       return self._leaf(group, top, [collection, *keys])
+    if kind == KEPT_PARAMS:  # an nnx.State: the same leaves under the NNX attribute names
+      return self._leaf(group, top, ['params', *keys], state=self._code(subscript.value))
     raise _Skip(subscript, f'{self._code(subscript)}: a read of {_describe(kind)} not converted yet')
 
-  def _leaf(self, group: _Group, node: cst.CSTNode, keys: list[str | None]) -> None:
-    """`model.block.linear.kernel[...]` for ['params', 'Block_0', 'Dense_0', 'kernel']."""
+  def _leaf(self, group: _Group, node: cst.CSTNode, keys: list[str | None], state: str | None = None) -> None:
+    """`model.block.linear.kernel[...]` for ['params', 'Block_0', 'Dense_0', 'kernel'].
+
+    With `state` (the code of an nnx.State of the model): `<state>['block']['linear']['kernel'][...]`.
+    """
     if any(k is None for k in keys):
       raise _Skip(node, 'a variables read with keys that are not literal strings')
     if isinstance(self._parent(node), (cst.AssignTarget, cst.AugAssign, cst.Del)):
       raise _Skip(node, 'a write into the variables')
-    record, code, layer = group.record, group.model, group.layer
+    record, code, layer = group.record, group.model if state is None else state, group.layer
+    step = (lambda name: f'.{name}') if state is None else (lambda name: f'[{name!r}]')
     for key in keys[1:]:
       if layer is not None:
         if layer.params.key_renames or layer.params.fuse or layer.params.drop:
           raise _Skip(node, f'a read of {key} in a layer whose NNX parameters are laid out differently')
-        group.edits[node] = _expression(f'{code}.{key}[...]')
+        group.edits[node] = _expression(f'{code}{step(key)}[...]')
         return
       child = {c.linen_name: c for c in record.children}.get(key) if record else None
       if child is None:
         raise _Skip(node, f'a variables read of {key}, which the record of {group.record.nnx_name} does not name')
-      code += f'.{child.nnx_attribute}'
+      code += step(child.nnx_attribute)
       if child.linen_class in self._records:
         record = self._records[child.linen_class]
       elif child.linen_class is not None and find_layer(child.linen_class) is not None:
@@ -525,9 +542,11 @@ class ConvertInitApplyRule(MigrationRule):
       why = 'NNX state is a plain object' if FREEZERS.match(func) else 'nnx.pmap broadcasts the model to the devices'
       group.changes.append((call, f'{func}(...) dropped: {why}'))
       return self._use(group, call, kind)
-    if isinstance(call.func, cst.Call) and first and kind == _collection('params') \
+    if isinstance(call.func, cst.Call) and first and kind in (_collection('params'), KEPT_PARAMS) \
         and (cst.helpers.get_full_name_for_node(call.func.func) or '') in GRADS:
-      return self._grad(group, call)
+      return self._grad(group, call, kept=kind == KEPT_PARAMS)
+    if kind in KEPT and func in TREE_READERS:
+      return None  # the same leaves as in Linen
     if isinstance(call.func, cst.Attribute) and call.func.attr.value == 'init' and len(call.args) == 1 \
         and kind == _collection('params'):
       return self._optimizer_init(group, call)
@@ -546,6 +565,8 @@ class ConvertInitApplyRule(MigrationRule):
       return self._state_read(group, call, node, kind)
     if isinstance(call.func, cst.Name) and arg.keyword is None and not arg.star and kind != OPTAX_UPDATES:
       function = self._function_def(call.func)
+      if function is not None and kind in KEPT:
+        return self._kept_step_argument(group, call, function, call.args.index(arg), kind)
       if function is not None:
         return self._step_argument(group, call, function, call.args.index(arg), kind)
     raise _Skip(node, f'{self._code(node)} ({_describe(kind)}) is passed to {func or "a call"}, which is not '
@@ -562,6 +583,8 @@ class ConvertInitApplyRule(MigrationRule):
   def _apply(self, group: _Group, call: cst.Call) -> None:
     if call in group.applies:
       return
+    if group.kept_state:
+      return self._kept_apply(group, call)
     method, mode, mutable, drop = None, None, None, [call.args[0]]
     for arg in call.args[1:]:
       name = arg.keyword.value if arg.keyword is not None else None
@@ -668,15 +691,113 @@ class ConvertInitApplyRule(MigrationRule):
         or not _is_method(arguments['apply_fn'], group.model, 'apply'):
       raise _Skip(call, 'a TrainState other than TrainState.create(apply_fn=model.apply, params=params, tx=tx) '
                         'assigned to one name')
-    if group.optimizer is not None:
+    if group.optimizer is not None or group.kept_state:
       raise _Skip(call, f'a second optimizer for {group.model}')
     group.model_uses.add(arguments['apply_fn'].value)
+    if self.options.train_state == 'keep':
+      return self._keep_train_state(group, call, assign, arguments)
     self.remove_import_of(call.func)
     optimizer, tx = self._optimizer(group, call), self._code(arguments['tx'])
     self._replace_statement(group, assign, f'{optimizer} = nnx.Optimizer({group.model}, {tx}, wrt=nnx.Param)')
     group.changes.append((call, f'TrainState.create(...) -> {optimizer} = nnx.Optimizer({group.model}, {tx}, '
                                 f'wrt=nnx.Param); the TrainState\'s uses go to {group.model} and {optimizer}'))
     self._target(group, assign.targets[0].target, TRAIN_STATE)
+
+  def _keep_train_state(self, group: _Group, call: cst.Call, assign: cst.Assign,
+                        arguments: dict[str, cst.BaseExpression]) -> None:
+    """`--train-state keep`: the TrainState stays, around `nnx.split` state (the migration guide's variant).
+
+    `graphdef, params, other_variables = nnx.split(model, nnx.Param, ...)`, a TrainState subclass
+    with an `other_variables` field, and `TrainState.create(apply_fn=graphdef.apply, ...)`.
+    """
+    taken = [n for n in ('graphdef', 'other_variables', 'NNXTrainState') if n in self._names_in_module]
+    if taken:
+      raise _Skip(call, f'keeping the TrainState needs the names {", ".join(taken)}, which are taken')
+    if group.record.mode_arguments:
+      raise _Skip(call, f'a kept TrainState would drop the rng and batch-stat updates of {group.model} between '
+                        'steps (nnx.split state in other_variables); use --train-state nnx')
+    params = self._code(arguments['params']) if isinstance(arguments['params'], cst.Name) else 'params'
+    base, tx, state = self._code(call.func.value), self._code(arguments['tx']), assign.targets[0].target.value
+    lines = [f'class NNXTrainState({base}):\n  other_variables: nnx.State\n',
+             f'graphdef, {params}, other_variables = nnx.split({group.model}, nnx.Param, ...)\n',
+             f'{state} = NNXTrainState.create(apply_fn=graphdef.apply, params={params}, '
+             f'other_variables=other_variables, tx={tx})\n']
+    line = self._statement(assign)
+    blank = [cst.EmptyLine()] * (2 if isinstance(self._parent(line), cst.Module) else 1)
+    split, create = (cst.parse_statement(code) for code in lines[1:])
+    group.statements[line] = [cst.parse_statement(lines[0]).with_changes(leading_lines=line.leading_lines),
+                              split.with_changes(leading_lines=blank), create]
+    group.kept_state = True
+    group.changes.append((call, f'TrainState.create(...) kept around nnx.split({group.model}, nnx.Param, ...) '
+                                '(--train-state keep): NNXTrainState adds other_variables'))
+    self._target(group, assign.targets[0].target, KEPT_STATE)
+
+  def _kept_attribute(self, group: _Group, attribute: cst.Attribute, name: str, parent: cst.CSTNode | None) -> None:
+    """A kept TrainState is used as in Linen; `apply_fn` calls change form, `params` is followed."""
+    if name == 'apply_fn' and isinstance(parent, cst.Call) and parent.func is attribute:
+      return self._apply(group, parent)
+    if name == 'params':
+      return self._use(group, attribute, KEPT_PARAMS)
+    assign = self._parent(parent) if isinstance(parent, cst.Call) else None
+    if name == 'apply_gradients' and isinstance(assign, cst.Assign) and assign.value is parent \
+        and _single_name_target(assign):
+      return self._target(group, assign.targets[0].target, KEPT_STATE)
+    if name in ('apply_gradients', 'step', 'opt_state', 'tx', 'replace'):
+      return None
+    raise _Skip(attribute, f'{self._code(attribute)} of a kept TrainState is not converted yet')
+
+  def _kept_step_argument(self, group: _Group, call: cst.Call, function: cst.FunctionDef, position: int,
+                          kind: str) -> None:
+    """A kept TrainState (or its params) passed to a step: the step stays a jax step; its parameter is followed."""
+    params = function.params
+    if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.posonly_params or position >= len(params.params):
+      raise _Skip(call, f'{function.name.value}: state passed to a parameter that is not a plain positional one')
+    name = call.args[position].value
+    assign = self._parent(call)
+    if isinstance(assign, cst.Assign) and assign.value is call and isinstance(name, cst.Name):
+      targets = [assign.targets[0].target]
+      while targets and isinstance(targets[0], cst.Tuple):
+        targets = [e.value for e in targets.pop(0).elements] + targets
+      group.recognized.update(t for t in targets if isinstance(t, cst.Name) and t.value == name.value)
+    param = params.params[position]
+    group.recognized.add(param)
+    self._name(group, self.get_metadata(ScopeProvider, function.body), param.name.value, kind)
+
+  def _kept_apply(self, group: _Group, call: cst.Call) -> None:
+    """`state.apply_fn({'params': params}, x, ...)` -> `state.apply_fn(params, state.other_variables)(x)[0]`."""
+    first = call.args[0].value
+    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == 'apply_fn'
+            and isinstance(call.func.value, cst.Name) and isinstance(first, cst.Dict)
+            and _literal_keys(first) == ['params']):
+      raise _Skip(call, f'{self._code(call.func)} with a kept TrainState: only state.apply_fn({{"params": ...}}, ...) '
+                        'is converted')
+    kept, mode = [], None
+    for arg in call.args[1:]:
+      name = arg.keyword.value if arg.keyword is not None else None
+      if name in group.record.mode_arguments and isinstance(arg.value, cst.Name) and arg.value.value in ('True', 'False'):
+        mode = (arg.value.value == 'True') == EVAL_VALUE[name]
+      elif name == 'rngs':
+        group.changes.append((arg, f'{self._code(call.func)}(..., rngs=...) dropped: the model has no rng streams'))
+      elif arg.star or (name is not None and name not in group.record.call_arguments):
+        raise _Skip(arg, f'{self._code(call.func)} with {name or "*args"}= and a kept TrainState')
+      else:
+        kept.append(arg)
+    if mode is not None:
+      group.kept_modes.add(mode)
+      if len(group.kept_modes) > 1:
+        raise _Skip(call, 'a kept TrainState applied in train and eval mode (its graphdef holds one mode)')
+    group.applies[call] = None
+    state = call.func.value.value
+
+    def edit(updated: cst.Call) -> cst.BaseExpression:
+      inner = cst.Call(updated.func, _args_with_commas([cst.Arg(updated.args[0].value.elements[0].value),
+                                                        cst.Arg(cst.parse_expression(f'{state}.other_variables'))]))
+      args = [updated.args[call.args.index(a)].with_changes(
+          comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=cst.SimpleWhitespace('')) for a in kept]
+      return cst.Subscript(cst.Call(inner, _args_with_commas(args)), [cst.SubscriptElement(cst.Index(cst.Integer('0')))])
+    group.edits[call] = edit
+    group.changes.append((call, f'{self._code(call.func)}({{"params": params}}, ...) -> '
+                                f'{state}.apply_fn(params, {state}.other_variables)(...)[0]'))
 
   def _optax_update(self, group: _Group, call: cst.Call) -> None:
     """`updates, opt_state = tx.update(grads, opt_state, params)`: removed; `updates` followed."""
@@ -828,7 +949,7 @@ class ConvertInitApplyRule(MigrationRule):
     group.changes.append((decorator, f'@{self._code(decorator.decorator)} -> @{code} on {record.node.name.value}: '
                                      'the model and optimizer are broadcast to the devices'))
 
-  def _grad(self, group: _Group, call: cst.Call) -> None:
+  def _grad(self, group: _Group, call: cst.Call, kept: bool = False) -> None:
     """`jax.value_and_grad(loss_fn, has_aux=...)(params, ...)` -> `nnx.value_and_grad(loss_fn, ...)(model, ...)`."""
     if call in group.done:
       return
@@ -846,6 +967,10 @@ class ConvertInitApplyRule(MigrationRule):
     function = self._function_def(loss) if isinstance(loss, cst.Name) else loss if isinstance(loss, cst.Lambda) else None
     if function is None or function.params.star_arg is not cst.MaybeSentinel.DEFAULT or not function.params.params:
       raise _Skip(loss, f'{func} of something other than a function defined here with the params first')
+    if kept:  # jax.grad stays: the loss takes the nnx.State of the params
+      param = function.params.params[0]
+      group.recognized.add(param)
+      return self._name(group, self.get_metadata(ScopeProvider, function.body), param.name.value, KEPT_PARAMS)
     record = group.functions.setdefault(function, _Function(function, loss_of=call))
     if record.kinds:
       raise _Skip(loss, f'{self._code(loss)} is differentiated twice')
@@ -1092,6 +1217,8 @@ class ConvertInitApplyRule(MigrationRule):
 
   def _place_modes(self, group: _Group, statements: tp.Sequence[cst.BaseStatement]) -> None:
     """One `model.eval()` after the construction when every call agrees, else one before each statement."""
+    if len(group.kept_modes) == 1:  # before nnx.split: the graphdef keeps the mode
+      self._insert(group, group.init, after=f'{group.model}.{"eval" if group.kept_modes.pop() else "train"}()')
     modes = {owner: mode for owner, mode in group.modes.items() if not isinstance(owner, cst.FunctionDef)}
     values = set(modes.values())
     if not values or values == {None}:
@@ -1170,6 +1297,7 @@ def _describe(kind: str) -> str:
   if collection is not None:
     return f'the {collection!r} collection'
   return {VARIABLES: 'the variables', OPT_STATE: 'the optimizer state', TRAIN_STATE: 'the TrainState',
+          KEPT_STATE: 'the kept TrainState', KEPT_PARAMS: 'the params of the kept TrainState',
           UPDATES: 'the mutated collections', OPTAX_UPDATES: 'the optax updates'}[kind]
 
 
