@@ -90,11 +90,11 @@ IN_PLACE_COLLECTIONS_EXCLUDED = ('params', 'intermediates')
 
 VARIABLES, OPT_STATE, TRAIN_STATE, UPDATES, OPTAX_UPDATES = (
     'variables', 'opt_state', 'train_state', 'updates', 'optax_updates')
+"""Kinds of Linen state a name can hold; a collection's kind is 'collection:<name>'."""
+MODEL_STATE = (VARIABLES, OPT_STATE, TRAIN_STATE)
 KEPT_STATE, KEPT_PARAMS = 'kept_train_state', 'kept_params'
 """With `--train-state keep`: a TrainState kept around `nnx.split` state, and its `params` (an nnx.State)."""
 KEPT = (KEPT_STATE, KEPT_PARAMS)
-"""Kinds of Linen state a name can hold; a collection's kind is 'collection:<name>'."""
-MODEL_STATE = (VARIABLES, OPT_STATE, TRAIN_STATE)
 
 
 def _collection(name: str) -> str:
