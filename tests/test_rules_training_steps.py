@@ -106,3 +106,44 @@ def test_kept_train_state_refuses_a_model_with_train_eval_state():
   todos = [e.message for e in result.entries if e.code == 'L2N003' and e.kind == 'todo']
   assert len(todos) == 1 and 'use --train-state nnx' in todos[0]
   assert 'train_state.TrainState.create(' in result.source
+
+
+_MODEL = '''import jax
+import jax.numpy as jnp
+import optax
+import flax.linen as nn
+
+
+class M(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(2)(x)
+
+
+x = jnp.ones((4, 3))
+model = M()
+params = model.init(jax.random.key(0), x)['params']
+tx = optax.sgd(0.1)
+opt_state = tx.init(params)
+'''
+
+
+@pytest.mark.parametrize('code, reason', [
+    ('@jax.jit\ndef step(params, opt_state):\n  grads = jax.grad(lambda p: model.apply({"params": p}, x).sum())(params)\n'
+     '  updates, opt_state = tx.update(grads, opt_state)\n  params = optax.apply_updates(params, updates)\n'
+     '  return params, opt_state\n\n\nresult = step(params, opt_state)\n',
+     'unpacked in a different shape than it is returned'),
+    ('def loss(params, x):\n  return model.apply({"params": params}, x).sum()\n\n\n'
+     'grads = jax.grad(loss, argnums=1)(params, x)\n', 'argnums'),
+    ('def step(params):\n  return model.apply({"params": params}, x)\n\n\nfast = jax.jit(step)\ny = fast(params)\n',
+     'is passed to fast'),
+    ('@jax.jit\ndef step(params):\n  return model.apply({"params": params}, x)\n\n\n'
+     'y = step(params)\nz = step({"Dense_0": {}})\n', 'used other than called with the state of model'),
+    ('params = load_checkpoint()\ny = model.apply({"params": params}, x)\n', 'also assigned other values'),
+    ('y = model.apply({"params": params, "batch_stats": {}}, x)\n', 'that are not the state of model'),
+])
+def test_training_code_the_rule_cannot_follow_stays_linen_with_one_todo(code, reason):
+  result = transform_source(_MODEL + '\n\n' + code, registry.select_rules(['L2N003']))
+  todos = [e.message for e in result.entries if e.code == 'L2N003' and e.kind == 'todo']
+  assert len(todos) == 1 and reason in todos[0], todos
+  assert 'params = model.init(jax.random.key(0), x)[\'params\']' in result.source and 'tx.init(params)' in result.source
