@@ -78,6 +78,15 @@ def test_train_state_option_from_the_command_line_and_the_settings(tmp_path, mon
   assert "train-state must be one of nnx, keep, got 'tree'" in capsys.readouterr().err
 
 
+def test_train_state_option_reaches_the_worker_processes(tmp_path, monkeypatch, capsys):
+  guide = (ROOT / 'fixtures' / 'L2N003' / 'guide_train_state.in.py').read_text()
+  for name in ('a.py', 'b.py'):
+    (tmp_path / name).write_text(guide)
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(['migrate', '-j', '2', '--train-state', 'keep', 'a.py', 'b.py']) == 0
+  assert capsys.readouterr().out.count('NNXTrainState.create(apply_fn=graphdef.apply') == 2
+
+
 def test_pre_commit_hooks_run_the_cli():
   hooks = yaml.safe_load((ROOT / '.pre-commit-hooks.yaml').read_text())
   assert {hook['id'] for hook in hooks} == {'linen2nnx-check', 'linen2nnx-migrate'}
