@@ -291,7 +291,8 @@ class LayerSpec:
   ('features'), SAME_AS_INPUT, or None when not known statically; `output_shape` the whole
   output shape, when known (the codemod derives decode-cache shapes from it); `cache` the
   layer's decode cache, if it has one; `exact` says whether
-  converted weights reproduce Linen's outputs, `note` why not or what else to know.
+  converted weights reproduce Linen's outputs, `note` why not or what else to know, and
+  `inexact` (for an inexact row) what differs, in one sentence the codemod's TODO quotes.
   """
 
   linen: str
@@ -308,6 +309,7 @@ class LayerSpec:
   exact: bool = True
   note: str = ''
   example: Example | None = None
+  inexact: str = ''
 
 
 SAME_AS_INPUT = '<input>'
@@ -588,6 +590,11 @@ LAYERS: tuple[LayerSpec, ...] = (
             drop=(Drop(('hn', 'bias'), zeros_like=('in', 'bias')),),
         ),
         exact=False,
+        inexact=(
+            'NNX GRUCell has no b_hn (Linen\'s `hn` bias, applied inside r * (W_hn h + b_hn)), so'
+            ' the outputs differ unless it is zero (flax issue #5594); nnx_bridge.linen_to_nnx'
+            ' refuses a nonzero one unless allow_lossy=True'
+        ),
         note=(
             'NNX fuses r, z, n into `dense_i` (with bias) and `dense_h` (without); Linen\'s `hn`'
             ' bias b_hn, applied inside r * (W_hn h + b_hn), has no NNX counterpart and is dropped,'
@@ -598,6 +605,69 @@ LAYERS: tuple[LayerSpec, ...] = (
     ),
 )
 """One row per supported Linen layer class."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WrapperSpec:
+  """A Linen layer that runs a table layer it is given (a cell) and owns no variables itself.
+
+  The wrapped layer's variables are the cell row's: Linen keeps them at the cell's own path
+  (`LSTMCell_0` beside the wrapper in an `@nn.compact` method, `<wrapper>/cell` when the
+  wrapper is built in `setup`), NNX at `<wrapper>/<cell_attribute>`; the leaf mapping pairs the
+  cell layers and applies the cell's row (`derive_mapping`). `cell_kwarg` is the constructor
+  argument holding the cell, one of the Linen rows `cells`, built in the constructor call;
+  `cell_inputs` says which wrapper call input feeds each cell call input (so the cell's derived
+  sizes are read off the wrapper's inputs); the output's last axis is the cell's Linen kwarg
+  `output_size`, unless a constructor or call kwarg of `output_unless` is passed. `linen_only`
+  constructor kwargs and `linen_only_call` call kwargs have no NNX counterpart; the NNX
+  wrapper takes no `rngs` when `rngs` is False (its default carry stream).
+  """
+
+  linen: str
+  nnx: str
+  call_args: tuple[str, ...]
+  cell_kwarg: str
+  cells: tuple[str, ...]
+  cell_inputs: tuple[tuple[int, int], ...]
+  cell_attribute: str
+  output_size: str
+  output_unless: tuple[str, ...] = ()
+  linen_only: tuple[LinenOnlyKwarg, ...] = ()
+  linen_only_call: tuple[str, ...] = ()
+  rngs: bool = True
+  note: str = ''
+
+
+_RNN_LIFT = 'NNX RNN lifts the cell with nnx.scan; pass `state_axes` / `broadcast_rngs` instead'
+WRAPPERS: tuple[WrapperSpec, ...] = (
+    WrapperSpec(
+        'flax.linen.RNN',
+        'flax.nnx.RNN',
+        call_args=('inputs',),
+        cell_kwarg='cell',
+        cells=('flax.linen.LSTMCell', 'flax.linen.OptimizedLSTMCell', 'flax.linen.GRUCell'),
+        cell_inputs=((1, 0),),
+        cell_attribute='cell',
+        output_size='features',
+        output_unless=('return_carry',),
+        linen_only=(
+            LinenOnlyKwarg('variable_axes', {}, note=_RNN_LIFT),
+            LinenOnlyKwarg('variable_broadcast', 'params', note=_RNN_LIFT),
+            LinenOnlyKwarg('variable_carry', False, note=_RNN_LIFT),
+            LinenOnlyKwarg('split_rngs', {'params': False}, note=_RNN_LIFT),
+        ),
+        linen_only_call=('init_key',),
+        rngs=False,
+        note=(
+            'Sizes: the cell\'s `in_features` is the last axis of the RNN\'s `inputs`. Linen'
+            ' initialises the carry from a fixed key (`init_key` defaults to key 0); NNX RNN'
+            ' without `rngs` from its own fixed stream. Parameters: the cell row\'s; NNX keeps'
+            ' the cell at `<rnn>/cell`, Linen at the cell\'s own path (`LSTMCell_0` in an'
+            ' `@nn.compact` method, `<rnn>/cell` in `setup`).'
+        ),
+    ),
+)
+"""Linen layers that wrap a table row's layer (RNN around a cell)."""
 
 _DEFINED_IN = {
     'linear': ('Dense', 'DenseGeneral', 'Conv', 'ConvTranspose', 'Embed', 'Einsum'),
@@ -614,6 +684,15 @@ _BY_NAME |= {
     for module, names in _DEFINED_IN.items()
     for name in names
 }
+
+
+_WRAPPERS_BY_NAME = {spec.linen: spec for spec in WRAPPERS}
+_WRAPPERS_BY_NAME |= {f'flax.linen.recurrent.{spec.linen.rpartition(".")[2]}': spec for spec in WRAPPERS}
+
+
+def find_wrapper(linen_name: str) -> WrapperSpec | None:
+  """The wrapper row for a dotted Linen class name, 'flax.linen.RNN' or 'flax.linen.recurrent.RNN'."""
+  return _WRAPPERS_BY_NAME.get(linen_name)
 
 
 def find_layer(linen_name: str) -> LayerSpec | None:
@@ -678,6 +757,24 @@ def _describe_output(spec: LayerSpec) -> str:
   return f'`{spec.output_size}`' if spec.output_size else 'not derived'
 
 
+def _wrapper_row(spec: WrapperSpec) -> str:
+  cells = [
+      _code(spec.linen),
+      _code(spec.nnx),
+      f'{_code(spec.cell_kwarg)}: one of ' + ', '.join(_code(c) for c in spec.cells),
+      ', '.join(
+          f'cell {_code(_BY_NAME[spec.cells[0]].call_args[cell])} = {_code(spec.call_args[arg])}'
+          for cell, arg in spec.cell_inputs
+      ),
+      f'the cell\'s {_code(spec.output_size)}'
+      + (f' (unless {", ".join(_code(k) for k in spec.output_unless)})' if spec.output_unless else ''),
+      '; '.join([*(_describe_linen_only(k) for k in spec.linen_only),
+                 *(f'call {_code(k)}' for k in spec.linen_only_call)]) or '-',
+      spec.note or '-',
+  ]
+  return '| ' + ' | '.join(cell.replace('|', '\\|') for cell in cells) + ' |'
+
+
 def _row(spec: LayerSpec) -> str:
   cells = [
       _code(spec.linen),
@@ -704,4 +801,14 @@ def render_markdown() -> str:
       ' | Param transforms | Exact | Note |\n'
       '|---|---|---|---|---|---|---|---|---|\n'
   )
-  return header + '\n'.join(_row(spec) for spec in LAYERS) + '\n'
+  wrappers = (
+      '\n## Wrappers\n\n'
+      'Layers that run a cell from the table above and own no variables: the cell row converts'
+      ' the parameters.\n\n'
+      '| Linen | NNX | Cell | Cell inputs | Output last axis | Linen-only kwargs | Note |\n'
+      '|---|---|---|---|---|---|---|\n'
+  )
+  return (
+      header + '\n'.join(_row(spec) for spec in LAYERS) + '\n'
+      + wrappers + '\n'.join(_wrapper_row(spec) for spec in WRAPPERS) + '\n'
+  )

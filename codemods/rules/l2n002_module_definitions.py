@@ -29,12 +29,16 @@ reported with its source. `__call__` arguments named like a train/eval switch (`
 `deterministic`, ...) that only feed `deterministic=` / `use_running_average=` are dropped:
 NNX's `model.train()` / `model.eval()` set those. A class of the same file used as a child is
 converted with it; a field typed `nn.Module` becomes an `nnx.Module` parameter. `nn.relu` and
-the other functions NNX shares become `nnx.X`.
+the other functions NNX shares become `nnx.X`. A table wrapper (`nn.RNN`, the table's
+`WRAPPERS`) around a table cell built in its constructor call becomes `nnx.RNN(<NNX cell>, ...)`,
+the cell's sizes read off the wrapper's inputs. A layer whose row is not exact (GRUCell) is
+converted with a TODO quoting the row's `inexact` sentence.
 
 ## Left as a TODO (the class is not changed)
 `self.has_variable` outside the decode-cache pattern, or a cache whose shape (or an input of a
 child holding one) the code does not fix; `self.put_variable` and the other scope APIs; Linen names
-without a known NNX counterpart (`nn.scan`, `nn.remat`, unknown layers, module factories);
+without a known NNX counterpart (`nn.scan`, `nn.remat`, `nn.Bidirectional`, unknown layers, module
+factories, an `nn.RNN` cell built elsewhere or of a class of one's own);
 constructions in loops, conditionals, nested functions or not called at once; shapes that use
 a local other than an input's last axis; kwargs NNX does not take; train/eval switches used
 otherwise; other statements in the class or in `setup()`.
@@ -70,8 +74,11 @@ from nnx_bridge.layer_table import MODE_ARGUMENTS
 from nnx_bridge.layer_table import InputDim
 from nnx_bridge.layer_table import InputDimsAt
 from nnx_bridge.layer_table import SAME_AS_INPUT
+from nnx_bridge.layer_table import WRAPPERS
 from nnx_bridge.layer_table import LayerSpec
+from nnx_bridge.layer_table import WrapperSpec
 from nnx_bridge.layer_table import find_layer
+from nnx_bridge.layer_table import find_wrapper
 from nnx_bridge.layer_table import linen_fields
 from nnx_bridge.layer_table import nnx_arguments
 
@@ -139,6 +146,8 @@ class _Child:
   size_codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)  # ... -> code in __init__
   cache: bool = False  # a decode-cache variable: None in __init__, created by init_cache
   cache_text: str = ''  # its creation in init_cache
+  wrapper: WrapperSpec | None = None  # a table wrapper (nn.RNN) around `cell`
+  cell: _Child | None = None  # the table layer the wrapper runs, built in its constructor call
 
   @property
   def holds_cache(self) -> bool:
@@ -264,6 +273,12 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._report(node, plan)
     for where, message in self._pending:
       self.report_change(where, message)
+    for child in plan.children:
+      layer = child.cell or child
+      if layer.spec is not None and not layer.spec.exact:
+        at = f'self.{child.attr}.{child.wrapper.cell_attribute}' if child.cell else f'self.{child.attr}'
+        self.report_todo(layer.ctor, f'{at}: {layer.spec.nnx} does not compute what {layer.spec.linen} does with '
+                                     f'trained weights: {layer.spec.inexact or layer.spec.note}')
 
   def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:
     updated_node = super().on_leave(original_node, updated_node)
@@ -404,6 +419,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         raise _Unsupported(sub, f'the train/eval switch {sub.value} is used other than to set train/eval arguments')
     allowed = {node.bases[0].value} | {d.decorator for d in (method.decorators if method else ())}
     allowed |= {child.ctor.func for child in plan.children if child.api is None}
+    allowed |= {child.cell.ctor.func for child in plan.children if child.cell is not None}
     for field in fields:  # `encoder: nn.Module` holds a submodule the caller builds: an NNX one now
       annotation = field.body[0].annotation.annotation
       if self._has_name(annotation, MODULE_NAMES):
@@ -452,6 +468,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _plan_compact(self, plan: _Plan, method: cst.FunctionDef, counts: dict[str, int]) -> dict[cst.Call, cst.Call]:
     """Layers and variables built inline in the @nn.compact method; returns each layer's call."""
     ctors = [c for c in descendants(method) if isinstance(c, cst.Call) and self._constructed(c) is not None]
+    cells = {self._cell_arg(c) for c in ctors}  # built in a wrapper's constructor call: part of that child
+    ctors = [c for c in ctors if c not in cells]
     for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
       if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors:
         raise _Unsupported(call, f'{self.module.code_for_node(call.func.func)}(...)(...) builds a submodule from a '
@@ -482,7 +500,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           holders.add(assign.targets[0].target.value)
       elif node in ctors:
         if node not in outer:
-          raise _Unsupported(node, 'a submodule that is not called where it is constructed')
+          wrappers = [w.linen.rpartition('.')[2] for w in WRAPPERS if self._constructed(node)[0] in w.cells]
+          hint = f' (a cell: build it in the {wrappers[0]}(...) call to convert both)' if wrappers else ''
+          raise _Unsupported(node, f'a submodule that is not called where it is constructed{hint}')
         child = self._child(node, counts, None)
         child.hoisted = True
         plan.children.append(child)
@@ -582,11 +602,12 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _child(self, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> _Child:
     linen, spec, sibling = self._constructed(ctor)
+    wrapper = find_wrapper(linen) if spec is None and sibling is None else None
     short = linen.rpartition('.')[2]
     if any(a.star for a in ctor.args):
       raise _Unsupported(ctor, 'a constructor call with *args or **kwargs')
     positional = [a.value for a in ctor.args if a.keyword is None]
-    names = linen_fields(linen) if spec is not None else tuple(sibling.field_names)
+    names = linen_fields(linen) if sibling is None else tuple(sibling.field_names)
     if len(positional) > len(names):
       raise _Unsupported(ctor, f'too many positional arguments for {short}')
     kwargs = dict(zip(names, positional))
@@ -596,12 +617,14 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     name = kwargs.pop('name', None)
     if name is not None and not _literal_identifier(name):
       raise _Unsupported(ctor, 'name= is not a literal identifier')
+    cell = self._cell(ctor, wrapper, kwargs.pop(wrapper.cell_kwarg, None), counts) if wrapper is not None else None
     for value in kwargs.values():
       self._check_hoistable(value)
     explicit = name.evaluated_value if name is not None else attr
     if not explicit:
       counts[short] = counts.get(short, -1) + 1  # Linen numbers auto-named children per class
-    child = _Child(explicit or '', explicit or f'{short}_{counts[short]}', ctor, spec, sibling, kwargs)
+    child = _Child(explicit or '', explicit or f'{short}_{counts[short]}', ctor, spec, sibling, kwargs,
+                   wrapper=wrapper, cell=cell)
     self._ctor_modes(child)
     return child
 
@@ -785,7 +808,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       raise _Unsupported(children[0].ctor, 'duplicate names, or names shadowing a field or method')
     taken = taken | set(explicit)
     auto = [c for c in children if not c.attr]
-    bases = [_snake(c.spec.nnx.rpartition('.')[2]) if c.spec else _snake(c.sibling.name) for c in auto]
+    bases = [_snake((c.spec or c.wrapper).nnx.rpartition('.')[2]) if c.spec or c.wrapper else _snake(c.sibling.name)
+             for c in auto]
     for i, (child, base) in enumerate(zip(auto, bases)):
       attr = f'{base}{bases[:i].count(base) + 1}' if bases.count(base) > 1 else base
       while attr in taken:
@@ -868,6 +892,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
             where = None if argument is None else f"the input dimension of self.{child.attr}'s call argument {argument}"
             shared[key] = self._size_param(plan, child, nnx_arg, where, source, node)
           child.sizes[nnx_arg] = shared[key]
+      if child.wrapper is not None and any(a.keyword is not None and a.keyword.value in child.wrapper.output_unless
+                                           for a in node.args):
+        return None  # `return_carry=True` at call time: a (carry, outputs) pair
       return self._output(child, arg_dims)
 
     def resolve(child: _Child, env: dict[str, Dim], derive: bool) -> None:
@@ -1029,6 +1056,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       first = self._call_arg(node, child, 0)
       source = args[first] if first is not None else None
       if source is None:
+        return None
+      if child.wrapper is not None:
         return None
       return self._layer_shape(child, source) if child.spec is not None else self._sibling_shape(child, source)
 
@@ -1272,6 +1301,15 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if child.sibling is not None:
       return [(name, source[1] if source and source[0] == 'input' else -1, False)
               for name, source in child.sibling.size_params]
+    if child.wrapper is not None:  # the cell's sizes, read off the wrapper's inputs
+      feeds = dict(child.wrapper.cell_inputs)
+      sources = []
+      for nnx_arg, index, optional in self._size_sources(child.cell):
+        if index not in feeds:
+          raise _Unsupported(child.ctor, f'{nnx_arg} of {child.cell.spec.nnx} comes from a cell input '
+                                         f'{child.wrapper.linen} does not feed')
+        sources.append((nnx_arg, feeds[index], optional))
+      return sources
     sources = []
     for nnx_arg, source in child.spec.derived:
       if isinstance(source, InputDim) and source.axis == -1:
@@ -1288,7 +1326,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     """The position in `call.args` of the call argument `index`, by position or by name."""
     if index < 0:
       return None
-    names = child.spec.call_args if child.spec else child.sibling.call_params
+    names = (child.spec or child.wrapper).call_args if child.spec or child.wrapper else child.sibling.call_params
     for position, arg in enumerate(call.args):
       if arg.keyword is None and position == index:
         return position
@@ -1299,6 +1337,11 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _output(self, child: _Child, arg_dims: list[Dim]) -> Dim:
     """The last-axis size of a child's output, from the layer table or a converted sibling class."""
     first = arg_dims[0] if arg_dims else None
+    if child.wrapper is not None:  # the cell's features, unless it returns the carry too
+      size = child.cell.kwargs.get(child.wrapper.output_size)
+      if size is None or any(k in child.kwargs for k in child.wrapper.output_unless):
+        return None
+      return ('known', self._code(size))
     if child.spec is None:
       return self._sibling_output(child, arg_dims)
     size = child.spec.output_size
@@ -1380,6 +1423,14 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _call_modes(self, call: cst.Call, child: _Child) -> set[int]:
     """Checks a child call's train/eval arguments; returns the positions to drop."""
+    if child.wrapper is not None:
+      wrapper = child.wrapper
+      if len([a for a in call.args if a.keyword is None]) > len(wrapper.call_args):
+        raise _Unsupported(call, 'positional arguments beyond the layer inputs')
+      for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value in wrapper.linen_only_call:
+          raise _Unsupported(arg, f'{arg.keyword.value}= of a {wrapper.linen} call has no NNX counterpart')
+      return set()
     if child.spec is not None:
       if len([a for a in call.args if a.keyword is None]) > len(child.spec.call_args):
         raise _Unsupported(call, 'positional arguments beyond the layer inputs')
@@ -1404,6 +1455,17 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _ctor_text(self, child: _Child) -> str:
     """The NNX constructor call of `child`, as code valid in __init__."""
     code = self._code
+    if child.wrapper is not None:
+      wrapper = child.wrapper
+      child.cell.sizes = child.sizes
+      accepted, only = nnx_arguments(wrapper.nnx), {k.name for k in wrapper.linen_only}
+      args = [self._ctor_text(child.cell)]
+      for name, value in child.kwargs.items():
+        if name in only or name not in accepted:
+          raise _Unsupported(value, f'{name}= of {wrapper.linen} has no NNX counterpart to pass it to')
+        args.append(f'{name}={code(value)}')
+      args += ['rngs=rngs'] if wrapper.rngs else []
+      return f'nnx.{wrapper.nnx.rpartition(".")[2]}({", ".join(args)})'
     if child.sibling is not None:
       fields = child.sibling.field_names
       args = [code(v) if i < len(fields) and f == fields[i] else f'{f}={code(v)}'
@@ -1451,7 +1513,33 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       spec = find_layer(qualified.name)
       if spec is not None and spec.nnx is not None:
         return spec.linen, spec, None
+      wrapper = find_wrapper(qualified.name)
+      if wrapper is not None:
+        return wrapper.linen, None, None
     return None
+
+  def _cell_arg(self, ctor: cst.Call) -> cst.BaseExpression | None:
+    """The cell argument of a wrapper's constructor call (`nn.RNN(<cell>)`), if `ctor` builds a wrapper."""
+    built = self._constructed(ctor)
+    wrapper = find_wrapper(built[0]) if built is not None else None
+    if wrapper is None:
+      return None
+    position = linen_fields(wrapper.linen).index(wrapper.cell_kwarg)
+    positional = [a.value for a in ctor.args if a.keyword is None]
+    if position < len(positional):
+      return positional[position]
+    return next((a.value for a in ctor.args if a.keyword is not None and a.keyword.value == wrapper.cell_kwarg), None)
+
+  def _cell(self, ctor: cst.Call, wrapper: WrapperSpec, value: cst.BaseExpression | None,
+            counts: dict[str, int]) -> _Child:
+    """The table cell a wrapper is built around, built in the wrapper's constructor call."""
+    built = self._constructed(value) if isinstance(value, cst.Call) else None
+    if built is None or built[0] not in wrapper.cells:
+      short = wrapper.linen.rpartition('.')[2]
+      cells = ', '.join(c.rpartition('.')[2] for c in wrapper.cells)
+      raise _Unsupported(value or ctor, f'{short} over a cell other than a {cells} built in its constructor call '
+                                        '(a cell class of your own, or a cell built elsewhere)')
+    return self._child(value, counts, None)
 
   def _nnx_name_for(self, node: cst.CSTNode) -> str | None:
     """The NNX name for a Linen name (`nn.relu` -> `nnx.relu`); None for other code.
@@ -1499,7 +1587,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self.report_change(node, f'class {plan.name}(nn.Module) -> nnx.Module with __init__({signature})')
     hoisted = [c for c in plan.children if c.hoisted]
     if hoisted:
-      mapping = ', '.join(f'{c.linen_name} -> self.{c.attr}' for c in hoisted)
+      mapping = ', '.join(
+          f'{c.linen_name} -> self.{c.attr}' + (
+              f' (its cell {c.cell.linen_name} -> self.{c.attr}.{c.wrapper.cell_attribute})' if c.cell else '')
+          for c in hoisted)
       what = 'submodules and variables' if any(c.api for c in hoisted) else 'submodules'
       self.report_change(node, f'{plan.name}: @nn.compact {what} hoisted into __init__: {mapping}')
     for _, name, _ in plan.mode_params:
@@ -1554,8 +1645,8 @@ class _Replace(cst.CSTTransformer):
 
 def _linen_class(child: _Child) -> str | None:
   """'flax.linen.Dense' for a table layer, 'Block' for a class converted with it, None for a variable."""
-  if child.spec is not None:
-    return child.spec.linen
+  if child.spec is not None or child.wrapper is not None:
+    return (child.spec or child.wrapper).linen
   return child.sibling.name if child.sibling is not None else None
 
 
