@@ -34,10 +34,21 @@ the other functions NNX shares become `nnx.X`. A table wrapper (`nn.RNN`, the ta
 the cell's sizes read off the wrapper's inputs. A layer whose row is not exact (GRUCell) is
 converted with a TODO quoting the row's `inexact` sentence.
 
+Scanned cells: `nn.scan(Cell, variable_broadcast='params', split_rngs={'params': False},
+in_axes=<int>, out_axes=<int>)(...)` over a class `Cell` of the same file (its `__call__(carry, x)`
+returning `(carry, y)`), built in `setup()` or in the @nn.compact method (called where it is built,
+or bound once to a local then called once as `cell(carry, x)` and through its methods), becomes
+the converted `Cell` in `self.cell` (Linen's `ScanCell_0`), and its call `nnx.scan(lambda cell,
+carry, x: cell(carry, x), in_axes=(None, nnx.Carry, <in>), out_axes=(nnx.Carry, <out>))(self.cell,
+carry, x)`: the cell broadcast to every step, as its params are in Linen. The cell's carry has the
+size of the carry it returns (the first of the returned pair), so a `concatenate([carry, x])` of it
+and an input gets a size argument `<input>_features` for the input's last axis.
+
 ## Left as a TODO (the class is not changed)
 `self.has_variable` outside the decode-cache pattern, or a cache whose shape (or an input of a
 child holding one) the code does not fix; `self.put_variable` and the other scope APIs; Linen names
-without a known NNX counterpart (`nn.scan`, `nn.remat`, `nn.Bidirectional`, unknown layers, module
+without a known NNX counterpart (`nn.scan` other than the broadcast-params scan of a cell class of the
+file above, `nn.remat`, `nn.Bidirectional`, unknown layers, module
 factories, an `nn.RNN` cell built elsewhere or of a class of one's own);
 constructions in loops, conditionals, nested functions or not called at once; shapes that use
 a local other than an input's last axis; kwargs NNX does not take; train/eval switches used
@@ -95,6 +106,9 @@ CONVERTED_APIS = frozenset({'param', 'variable', 'make_rng', 'sow', 'is_initiali
 HAS_VARIABLE_HINT = (' (a decode cache or a lazily created variable: in NNX, create it in an explicit '
                      'cache-initialisation method)')
 CONCATENATE = frozenset({'jax.numpy.concatenate'})
+SCAN_NAMES = frozenset({'flax.linen.scan', 'flax.linen.transforms.scan'})
+SCAN_PATTERN = ("nn.scan(<a cell class of this file>, variable_broadcast='params', split_rngs={'params': False}, "
+                'in_axes=<int>, out_axes=<int>)')
 ELEMENTWISE = frozenset(
     f'{module}.{name}'
     for module in ('flax.linen', 'flax.nnx', 'jax.nn', 'jax.numpy')
@@ -148,6 +162,7 @@ class _Child:
   cache_text: str = ''  # its creation in init_cache
   wrapper: WrapperSpec | None = None  # a table wrapper (nn.RNN) around `cell`
   cell: _Child | None = None  # the table layer the wrapper runs, built in its constructor call
+  scan: tuple[int, int] | None = None  # (in_axes, out_axes) of an nn.scan over a cell class of the file
 
   @property
   def holds_cache(self) -> bool:
@@ -242,12 +257,22 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._branches: set[cst.If] = set()  # conditionals of plain code in @nn.compact bodies
     self._statements: dict[cst.CSTNode, str] = {}  # original statement -> the code replacing it
     self._cache_flags: dict[cst.Call, str] = {}  # `flag = self.has_variable('cache', ...)` -> flag
+    self._scans: dict[cst.Call, tuple[int, int]] = {}  # `nn.scan(Cell, ...)(...)` -> (in_axes, out_axes)
+    self._scan_calls: dict[cst.Call, _Child] = {}  # a call of a scanned cell -> the child, run by nnx.scan
+    self._scan_names: dict[cst.Name, _Child] = {}  # `rnn` in `rnn.initial_state(...)` -> the child
+    self._removed: set[cst.CSTNode] = set()  # statements that go (`rnn = nn.scan(...)(...)`, now in __init__)
+    self._scanned_cells: set[str] = set()  # classes of the file some nn.scan(<class>, ...) runs
 
   # --- traversal -------------------------------------------------------------------------------
 
   def visit_Module(self, node: cst.Module) -> None:
     self._linen_classes = {
         s.name.value for s in node.body if isinstance(s, cst.ClassDef) and self._is_linen_class(s)
+    }
+    self._scanned_cells = {
+        sub.args[0].value.value for sub in descendants(node)
+        if isinstance(sub, cst.Call) and sub.args and isinstance(sub.args[0].value, cst.Name)
+        and sub.args[0].value.value in self._linen_classes and self._has_name(sub.func, SCAN_NAMES)
     }
     scope = self.get_metadata(ScopeProvider, node, None)
     self._global_names = {a.name for a in scope.assignments} if scope is not None else set()
@@ -256,12 +281,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if node.name.value not in self._linen_classes or not isinstance(self._parent(node), cst.Module):
       return
     saved = (dict(self._calls), dict(self._exprs), dict(self._ifs), dict(self._methods), dict(self._variable_classes),
-             dict(self._statements))
+             dict(self._statements), dict(self._scan_calls), dict(self._scan_names), set(self._removed))
     self._pending = []
     try:
       plan = self._plan(node)
     except _Unsupported as error:
-      self._calls, self._exprs, self._ifs, self._methods, self._variable_classes, self._statements = saved
+      (self._calls, self._exprs, self._ifs, self._methods, self._variable_classes, self._statements,
+       self._scan_calls, self._scan_names, self._removed) = saved
       self.report_todo(error.node, f'class {node.name.value} left as Linen: {error.message}')
       return
     self._plans[node.name.value] = self._class_plans[node] = plan
@@ -282,6 +308,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:
     updated_node = super().on_leave(original_node, updated_node)
+    if original_node in self._removed:
+      return cst.RemoveFromParent()
+    if original_node in self._scan_names:
+      return cst.parse_expression(f'self.{self._scan_names[original_node].attr}')
     if original_node in self._exprs:
       return cst.parse_expression(self._exprs[original_node])
     if original_node in self._ifs:
@@ -291,6 +321,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     return updated_node
 
   def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+    if original_node in self._scan_calls:  # `cell(carry, x)` -> nnx.scan over the cell, broadcast to every step
+      child = self._scan_calls[original_node]
+      in_axis, out_axis = child.scan
+      args = ', '.join(cst.Module([]).code_for_node(a.value) for a in updated_node.args)
+      return cst.parse_expression(
+          f'nnx.scan(lambda cell, carry, x: cell(carry, x), in_axes=(None, nnx.Carry, {in_axis}), '
+          f'out_axes=(nnx.Carry, {out_axis}))(self.{child.attr}, {args})')
     if original_node not in self._calls:
       return updated_node
     attr, dropped = self._calls[original_node]
@@ -411,7 +448,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     plan.collections = [c.collection for c in plan.children if c.var_type == self._variable_classes.get(c.collection)]
     self._plan_scope_calls(node, plan, setup, taken | {c.attr for c in plan.children})
     calls = self._child_calls(plan, methods, setup, inline)
-    self._derive(plan, methods, call, calls)
+    marks = (len(plan.size_params), len(plan.size_arguments), len(self._pending))
+    carry = self._derive(plan, methods, call, calls)
+    if carry is not None and plan.size_params[marks[0]:]:  # a scanned cell: again, its carry's size known
+      del plan.size_params[marks[0]:], plan.size_arguments[marks[1]:], self._pending[marks[2]:]
+      for child in plan.children:
+        child.done, child.sizes, child.size_codes = False, {}, {}
+      self._derive(plan, methods, call, calls, carry)
     self._plan_init_cache(node, plan, call, calls, taken)
     keywords = {sub.keyword for sub in descendants(call.body) if isinstance(sub, cst.Arg)}
     for sub in descendants(call.body):
@@ -471,7 +514,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     cells = {self._cell_arg(c) for c in ctors}  # built in a wrapper's constructor call: part of that child
     ctors = [c for c in ctors if c not in cells]
     for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
-      if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors:
+      if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors \
+          and call not in self._scans:
         raise _Unsupported(call, f'{self.module.code_for_node(call.func.func)}(...)(...) builds a submodule from a '
                                  'ModuleDef, factory or layer NNX has no counterpart of')
     variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and _scope_api(c) in ('param', 'variable')]
@@ -488,6 +532,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
                                   'or conditional expression')
       if isinstance(sub, cst.Call) and sub.func in ctors:
         outer[sub.func] = sub
+    scan_names: dict[cst.Call, list[cst.Name]] = {}
+    for ctor in ctors:  # `rnn = nn.scan(Cell, ...)(...)`, then `rnn(carry, x)` once and `rnn.<method>(...)`
+      if ctor in self._scans and ctor not in outer:
+        outer[ctor], scan_names[ctor] = self._scan_local(method, ctor)
     holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
     for node in descendants(method.body):
       if node in variables:
@@ -506,6 +554,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         child = self._child(node, counts, None)
         child.hoisted = True
         plan.children.append(child)
+        self._scan_names.update((name, child) for name in scan_names.get(node, ()))
     for sub in descendants(method.body):
       if isinstance(sub, cst.Attribute) and isinstance(sub.value, cst.Name) and sub.value.value in holders \
           and sub.attr.value == 'value':
@@ -603,7 +652,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _child(self, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> _Child:
     linen, spec, sibling = self._constructed(ctor)
     wrapper = find_wrapper(linen) if spec is None and sibling is None else None
-    short = linen.rpartition('.')[2]
+    short = ('Scan' if ctor in self._scans else '') + linen.rpartition('.')[2]  # Linen names it ScanCell_0
     if any(a.star for a in ctor.args):
       raise _Unsupported(ctor, 'a constructor call with *args or **kwargs')
     positional = [a.value for a in ctor.args if a.keyword is None]
@@ -624,7 +673,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if not explicit:
       counts[short] = counts.get(short, -1) + 1  # Linen numbers auto-named children per class
     child = _Child(explicit or '', explicit or f'{short}_{counts[short]}', ctor, spec, sibling, kwargs,
-                   wrapper=wrapper, cell=cell)
+                   wrapper=wrapper, cell=cell, scan=self._scans.get(ctor))
     self._ctor_modes(child)
     return child
 
@@ -750,6 +799,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     calls = {call: by_ctor[ctor] for ctor, call in inline.items()}
     for child, call in zip([by_ctor[c] for c in inline], inline.values()):
       self._calls[call] = (child.attr, set())
+      if child.scan is not None:
+        self._scan_call(call, child)
     from_setup = {c.attr: c for c in plan.children if not c.hoisted}
     for method in methods.values():
       if method is setup:
@@ -766,9 +817,14 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           if isinstance(parent, cst.Attribute) and parent.value is sub and parent.attr.value == 'value':
             self._exprs[parent] = f'self.{child.attr}[...]'  # `.value` is deprecated in NNX
         elif child.api is None:
+          if child.scan is not None and isinstance(parent, cst.Attribute) and parent.value is sub \
+              and isinstance(self._parent(parent), cst.Call) and self._parent(parent).func is parent:
+            continue  # `self.rnn.initial_state(...)`: a method of the cell, called outside the scan
           if not (isinstance(parent, cst.Call) and parent.func is sub):
             raise _Unsupported(sub, f'self.{sub.attr.value} used other than by calling it')
           calls[parent] = child
+          if child.scan is not None:
+            self._scan_call(parent, child)
     return calls
 
   def _check_hoistable(self, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = ()) -> None:
@@ -808,8 +864,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       raise _Unsupported(children[0].ctor, 'duplicate names, or names shadowing a field or method')
     taken = taken | set(explicit)
     auto = [c for c in children if not c.attr]
-    bases = [_snake((c.spec or c.wrapper).nnx.rpartition('.')[2]) if c.spec or c.wrapper else _snake(c.sibling.name)
-             for c in auto]
+    bases = ['cell' if c.scan else _snake((c.spec or c.wrapper).nnx.rpartition('.')[2]) if c.spec or c.wrapper
+             else _snake(c.sibling.name) for c in auto]
     for i, (child, base) in enumerate(zip(auto, bases)):
       attr = f'{base}{bases[:i].count(base) + 1}' if bases.count(base) > 1 else base
       while attr in taken:
@@ -820,12 +876,17 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   # --- sizes and train/eval switches -----------------------------------------------------------
 
   def _derive(self, plan: _Plan, methods: dict[str, cst.FunctionDef], call: cst.FunctionDef,
-              calls: dict[cst.Call, _Child]) -> None:
+              calls: dict[cst.Call, _Child], carry: Dim = None) -> Dim:
     """Fills each child's NNX sizes, walking `__call__` in order and into the class's own methods.
 
     A size is followed through straight-line code only; elsewhere a child's sizes become
-    constructor arguments.
+    constructor arguments. For a cell the file scans with nn.scan, `carry` is the size of its
+    first call argument (the carry it returns has it); the size of the carry `__call__` returns
+    (the first of a returned pair) comes back, and a concatenate of known sizes and inputs gets
+    a size argument for each input's last axis.
     """
+    scanned = plan.name in self._scanned_cells
+    returned: list[Dim] = []
     shared: dict[tp.Any, str] = {}
     visited: set[cst.Call] = set()
     active: list[cst.FunctionDef] = []
@@ -863,10 +924,28 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           dim(sub, env, derive)
         return None
       parts = [dim(e.value, env, derive) for e in first.elements]
+      if scanned and carry is not None and parts and all(p is not None for p in parts) \
+          and any(p[0] == 'known' for p in parts):  # a cell's carry and input: the input's last axis
+        parts = [p if p[0] == 'known' else ('known', input_size(p[1], expr)) for p in parts]
       if not parts or any(isinstance(e, cst.StarredElement) for e in first.elements) \
           or any(p is None or p[0] != 'known' for p in parts):
         return None
       return ('known', ' + '.join(_paren(p[1]) for p in parts))
+
+    def input_size(index: int, node: cst.CSTNode) -> str:
+      """A size argument for the last axis of call argument `index`."""
+      key = ('input', index)
+      if key not in shared:
+        name = base = f'{plan.call_params[index]}_features'
+        while name in plan.field_names or name in {p for p, _ in plan.size_params} or name == 'rngs':
+          name += '_'
+        plan.size_params.append((name, key))
+        detail = f'the size of the last axis of {plan.call_params[index]}'
+        plan.size_arguments.append(ConstructorArgument(name, INPUT_DIMENSION, detail, None,
+                                                       input=plan.call_params[index]))
+        self._pending.append((node, f'new constructor argument {name}: {detail}'))
+        shared[key] = name
+      return shared[key]
 
     def visit(node: cst.Call, env: dict[str, Dim], derive: bool) -> Dim:
       visited.add(node)
@@ -948,6 +1027,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         parts = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
         for part in parts:
           if isinstance(part, cst.Return) and part.value is not None:
+            value = part.value
+            if scanned and active == [call] and isinstance(value, cst.Tuple) and len(value.elements) == 2 \
+                and not any(isinstance(e, cst.StarredElement) for e in value.elements):
+              returned[:] = [dim(value.elements[0].value, env, derive)]
+              dim(value.elements[1].value, env, derive)
+              output = None
+              continue
             output = dim(part.value, env, derive)
             continue
           if isinstance(part, cst.Assign) and len(part.targets) == 1 and isinstance(part.targets[0].target, cst.Name):
@@ -962,6 +1048,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return output
 
     inputs = {name: ('input', i) for i, name in enumerate(plan.call_params)}
+    if carry is not None and plan.call_params:
+      inputs[plan.call_params[0]] = carry
     active.append(call)
     plan.output = walk(call.body, inputs, self._is_straight(call.body))
     if self._returns_in_branches(call):
@@ -976,6 +1064,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         for nnx_arg, index, optional in self._size_sources(child):
           if not optional:
             child.sizes[nnx_arg] = self._size_param(plan, child, nnx_arg, None, None, child.ctor)
+    return returned[0] if returned and returned[0] is not None and returned[0][0] == 'known' else None
 
   def _returns_in_branches(self, method: cst.FunctionDef) -> bool:
     """A `return` in a conditional: what the last one returns is not all the method may return."""
@@ -1502,6 +1591,12 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   # --- helpers ---------------------------------------------------------------------------------
 
   def _constructed(self, call: cst.Call) -> tuple[str, LayerSpec | None, _Plan | None] | None:
+    scanned = self._scanned_class(call.func) if isinstance(call.func, cst.Call) else None
+    if scanned is not None:
+      sibling = self._plans.get(scanned)
+      if sibling is None:
+        raise _Unsupported(call, f'{scanned} is a Linen module that was not converted')
+      return scanned, None, sibling
     if isinstance(call.func, cst.Name) and call.func.value in self._linen_classes:
       sibling = self._plans.get(call.func.value)
       if sibling is None:
@@ -1517,6 +1612,72 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       if wrapper is not None:
         return wrapper.linen, None, None
     return None
+
+  def _scanned_class(self, scan: cst.Call) -> str | None:
+    """`Cell` for `nn.scan(Cell, variable_broadcast='params', split_rngs={'params': False}, in_axes=1, out_axes=1)`
+    over a Linen class of this file, recording its axes; None for any other call. Other options over such a class:
+    a TODO, since only the broadcast-params scan has the NNX form `nnx.scan` over the cell's call."""
+    if not self._has_name(scan.func, SCAN_NAMES):
+      return None
+    positional = [a.value for a in scan.args if a.keyword is None and not a.star]
+    if len(positional) != 1 or not isinstance(positional[0], cst.Name) \
+        or positional[0].value not in self._linen_classes:
+      return None
+    kwargs = {a.keyword.value: a.value for a in scan.args if a.keyword is not None}
+    code = lambda key: self.module.code_for_node(kwargs[key]) if key in kwargs else None
+    broadcast, split = kwargs.get('variable_broadcast'), kwargs.get('split_rngs')
+    axes = [kwargs.get('in_axes'), kwargs.get('out_axes')]
+    if any(a.star for a in scan.args) or set(kwargs) != {'variable_broadcast', 'split_rngs', 'in_axes', 'out_axes'} \
+        or not (isinstance(broadcast, cst.SimpleString) and broadcast.evaluated_value == 'params') \
+        or not (isinstance(split, cst.Dict) and len(split.elements) == 1
+                and isinstance(split.elements[0], cst.DictElement)
+                and isinstance(split.elements[0].key, cst.SimpleString)
+                and split.elements[0].key.evaluated_value == 'params'
+                and isinstance(split.elements[0].value, cst.Name) and split.elements[0].value.value == 'False') \
+        or not all(isinstance(a, cst.Integer) for a in axes):
+      given = ', '.join(f'{k}={code(k)}' for k in kwargs)
+      raise _Unsupported(scan, f'nn.scan({positional[0].value}, {given}) is converted only as {SCAN_PATTERN} '
+                               '(parameters shared by every step: nnx.scan over the cell)')
+    outer = self._parent(scan)
+    if isinstance(outer, cst.Call) and outer.func is scan:
+      self._scans[outer] = (int(axes[0].value), int(axes[1].value))
+    return positional[0].value
+
+  def _scan_local(self, method: cst.FunctionDef, ctor: cst.Call) -> tuple[cst.Call, list[cst.Name]]:
+    """`rnn = nn.scan(Cell, ...)(...)` in the @nn.compact method: the statement goes (the cell is built in
+    __init__), `rnn.<method>` reads the attribute; returns the one call `rnn(carry, x)`."""
+    assign = self._parent(ctor)
+    line = self._parent(assign) if isinstance(assign, cst.Assign) else None
+    if not (isinstance(assign, cst.Assign) and assign.value is ctor and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Name) and isinstance(line, cst.SimpleStatementLine)
+            and len(line.body) == 1 and line in method.body.body):
+      raise _Unsupported(ctor, 'an nn.scan cell neither called where it is built nor bound by `name = nn.scan(...)(...)`')
+    local, target = assign.targets[0].target.value, assign.targets[0].target
+    calls, names = [], []
+    for sub in descendants(method.body):
+      if not (isinstance(sub, cst.Name) and sub.value == local) or sub is target:
+        continue
+      parent = self._parent(sub)
+      if isinstance(parent, cst.Call) and parent.func is sub:
+        calls.append(parent)
+      elif isinstance(parent, cst.Attribute) and parent.value is sub:
+        names.append(sub)
+      else:
+        raise _Unsupported(sub, f'the scanned cell {local} used other than by calling it or one of its methods')
+    if len(calls) != 1:
+      raise _Unsupported(ctor, f'the scanned cell {local} is called {len(calls)} times (converted: once)')
+    self._removed.add(line)
+    return calls[0], names
+
+  def _scan_call(self, call: cst.Call, child: _Child) -> None:
+    """A call of a scanned cell: `(carry, x)` by position, nnx.scan runs it."""
+    if len(call.args) != 2 or any(a.keyword is not None or a.star for a in call.args):
+      raise _Unsupported(call, 'a scanned cell called other than as cell(carry, x)')
+    self._scan_calls[call] = child
+    in_axis, out_axis = child.scan
+    self._pending.append((call, f'the nn.scan call {self.module.code_for_node(call.func)}(...) -> nnx.scan over '
+                                f'self.{child.attr}, the cell broadcast to every step (its params are shared): '
+                                f'in_axes=(None, nnx.Carry, {in_axis}), out_axes=(nnx.Carry, {out_axis})'))
 
   def _cell_arg(self, ctor: cst.Call) -> cst.BaseExpression | None:
     """The cell argument of a wrapper's constructor call (`nn.RNN(<cell>)`), if `ctor` builds a wrapper."""
