@@ -62,6 +62,7 @@ from codemods.report import ConvertedClass
 from codemods.rule import KNOWN_CLASSES_KEY
 from codemods.rule import MigrationRule
 from codemods.rule import descendants
+from codemods.variable_types import flax_variable_type
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 from nnx_bridge.layer_table import InputDim
 from nnx_bridge.layer_table import LayerSpec
@@ -84,7 +85,6 @@ PMAP_OPTIONS = ('axis_name', 'in_axes', 'donate_argnums')
 TREE_READERS = ('jax.tree.leaves', 'jax.tree_util.tree_leaves', 'jax.tree_leaves', 'jax.tree.reduce',
                 'jax.tree_util.tree_reduce', 'optax.global_norm')
 """Functions of a whole tree that do not depend on its paths: given the state, they get `nnx.state(model, ...)`."""
-STATE_FILTERS = {'params': 'nnx.Param', 'batch_stats': 'nnx.BatchStat', 'cache': 'nnx.Cache'}
 IN_PLACE_COLLECTIONS_EXCLUDED = ('params', 'intermediates')
 """`mutable=` collections whose NNX counterpart is not an in-place update of the model."""
 
@@ -561,7 +561,7 @@ class ConvertInitApplyRule(MigrationRule):
       return self._apply_updates(group, call)
     if func in TREE_MAPS and kind == _collection('params') and not first:
       return self._tree_map_update(group, call, node)
-    if func in TREE_READERS and (kind == VARIABLES or _collection_of(kind) in STATE_FILTERS):
+    if func in TREE_READERS and (kind == VARIABLES or flax_variable_type(_collection_of(kind) or '')):
       return self._state_read(group, call, node, kind)
     if isinstance(call.func, cst.Name) and arg.keyword is None and not arg.star and kind != OPTAX_UPDATES:
       function = self._function_def(call.func)
@@ -860,7 +860,7 @@ class ConvertInitApplyRule(MigrationRule):
 
   def _state_read(self, group: _Group, call: cst.Call, node: cst.BaseExpression, kind: str) -> None:
     """`jax.tree.leaves(params)` -> `jax.tree.leaves(nnx.state(model, nnx.Param))`: the same leaves, other paths."""
-    group.state_reads.append((node, STATE_FILTERS.get(_collection_of(kind) or '', 'nnx.Not(nnx.RngState)')))
+    group.state_reads.append((node, flax_variable_type(_collection_of(kind) or '') or 'nnx.Not(nnx.RngState)'))
     group.changes.append((call, f'{self._code(node)} in {self._code(call.func)}(...) -> the NNX state of the model '
                                 '(the same leaves; its paths are the NNX attribute paths)'))
 
