@@ -44,11 +44,18 @@ carry, x)`: the cell broadcast to every step, as its params are in Linen. The ce
 size of the carry it returns (the first of the returned pair), so a `concatenate([carry, x])` of it
 and an input gets a size argument `<input>_features` for the input's last axis.
 
+Rematerialised submodules: `nn.remat(Block, ...)(...)` / `nn.checkpoint(Block, ...)(...)` over a
+class `Block` of the same file (options `prevent_cse=`, `policy=`, a literal `static_argnums=`),
+built in `setup()` or in the @nn.compact method (called where built, or bound once to a local
+then called once), becomes the converted `Block` in `self.block` (Linen's `CheckpointBlock_0`)
+and its call `nnx.remat(lambda module, x: module(x), <options>)(self.block, x)`. Linen's
+static_argnums count `self` as argument 0, as nnx.remat counts the module: the same numbers.
+
 ## Left as a TODO (the class is not changed)
 `self.has_variable` outside the decode-cache pattern, or a cache whose shape (or an input of a
 child holding one) the code does not fix; `self.put_variable` and the other scope APIs; Linen names
 without a known NNX counterpart (`nn.scan` other than the broadcast-params scan of a cell class of the
-file above, `nn.remat`, `nn.Bidirectional`, unknown layers, module
+file above, `nn.remat` other than above, `nn.Bidirectional`, unknown layers, module
 factories, an `nn.RNN` cell built elsewhere or of a class of one's own);
 constructions in loops, conditionals, nested functions or not called at once; shapes that use
 a local other than an input's last axis; kwargs NNX does not take; train/eval switches used
@@ -81,6 +88,7 @@ from codemods.rule import MigrationRule
 from codemods.rule import descendants
 from codemods.rules.l2n001_convert_initializers import NNX_INITIALIZERS
 from codemods.rules.l2n001_convert_initializers import nnx_initializer_target
+from codemods.variable_types import flax_variable_type
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 from nnx_bridge.layer_table import InputDim
 from nnx_bridge.layer_table import InputDimsAt
@@ -109,6 +117,9 @@ CONCATENATE = frozenset({'jax.numpy.concatenate'})
 SCAN_NAMES = frozenset({'flax.linen.scan', 'flax.linen.transforms.scan'})
 SCAN_PATTERN = ("nn.scan(<a cell class of this file>, variable_broadcast='params', split_rngs={'params': False}, "
                 'in_axes=<int>, out_axes=<int>)')
+REMAT_NAMES = frozenset({'flax.linen.remat', 'flax.linen.checkpoint', 'flax.linen.transforms.checkpoint',
+                         'flax.linen.transforms.remat'})
+REMAT_OPTIONS = ('prevent_cse', 'policy', 'static_argnums')  # nnx.remat takes these as they are
 ELEMENTWISE = frozenset(
     f'{module}.{name}'
     for module in ('flax.linen', 'flax.nnx', 'jax.nn', 'jax.numpy')
@@ -163,6 +174,7 @@ class _Child:
   wrapper: WrapperSpec | None = None  # a table wrapper (nn.RNN) around `cell`
   cell: _Child | None = None  # the table layer the wrapper runs, built in its constructor call
   scan: tuple[int, int] | None = None  # (in_axes, out_axes) of an nn.scan over a cell class of the file
+  remat: str | None = None  # the nnx.remat options (`prevent_cse=False`) of an nn.remat over a class of the file
 
   @property
   def holds_cache(self) -> bool:
@@ -206,16 +218,6 @@ def _nnx_twin(qualified: str) -> str | None:
   if value is None or isinstance(value, type) or getattr(nnx, name, None) is not value:
     return None
   return f'nnx.{name}'
-
-
-@functools.cache
-def _flax_variable_type(collection: str) -> str | None:
-  """'nnx.BatchStat' when flax maps `collection` to one of its own Variable types, else None."""
-  from flax import nnx
-  from flax.nnx import variablelib
-
-  typ = variablelib.VariableTypeCache.get(collection)
-  return f'nnx.{typ.__name__}' if typ is not None and getattr(nnx, typ.__name__, None) is typ else None
 
 
 def _nnx_counterpart(qualified: str) -> str | None:
@@ -262,6 +264,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._scan_names: dict[cst.Name, _Child] = {}  # `rnn` in `rnn.initial_state(...)` -> the child
     self._removed: set[cst.CSTNode] = set()  # statements that go (`rnn = nn.scan(...)(...)`, now in __init__)
     self._scanned_cells: set[str] = set()  # classes of the file some nn.scan(<class>, ...) runs
+    self._remats: dict[cst.Call, str] = {}  # `nn.remat(Block, ...)(...)` -> the nnx.remat options
+    self._remat_calls: dict[cst.Call, _Child] = {}  # a call of a rematted submodule -> the child, run by nnx.remat
 
   # --- traversal -------------------------------------------------------------------------------
 
@@ -281,13 +285,14 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if node.name.value not in self._linen_classes or not isinstance(self._parent(node), cst.Module):
       return
     saved = (dict(self._calls), dict(self._exprs), dict(self._ifs), dict(self._methods), dict(self._variable_classes),
-             dict(self._statements), dict(self._scan_calls), dict(self._scan_names), set(self._removed))
+             dict(self._statements), dict(self._scan_calls), dict(self._scan_names), set(self._removed),
+             dict(self._remat_calls))
     self._pending = []
     try:
       plan = self._plan(node)
     except _Unsupported as error:
       (self._calls, self._exprs, self._ifs, self._methods, self._variable_classes, self._statements,
-       self._scan_calls, self._scan_names, self._removed) = saved
+       self._scan_calls, self._scan_names, self._removed, self._remat_calls) = saved
       self.report_todo(error.node, f'class {node.name.value} left as Linen: {error.message}')
       return
     self._plans[node.name.value] = self._class_plans[node] = plan
@@ -328,6 +333,18 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return cst.parse_expression(
           f'nnx.scan(lambda cell, carry, x: cell(carry, x), in_axes=(None, nnx.Carry, {in_axis}), '
           f'out_axes=(nnx.Carry, {out_axis}))(self.{child.attr}, {args})')
+    if original_node in self._remat_calls:  # `block(x)` -> nnx.remat over a lambda calling the submodule
+      child = self._remat_calls[original_node]
+      values = [cst.Module([]).code_for_node(a.value) for a in updated_node.args]
+      names = [a.value.value if isinstance(a.value, cst.Name) and not keyword.iskeyword(a.value.value) else ''
+               for a in original_node.args]
+      if all(names) and len(set(names)) == len(names) and 'module' not in names:
+        params = call = ', '.join(names)
+      else:
+        params = call = 'x' if len(values) == 1 else ', '.join(f'x{i}' for i in range(1, len(values) + 1))
+      options = f', {child.remat}' if child.remat else ''
+      return cst.parse_expression(
+          f'nnx.remat(lambda module, {params}: module({call}){options})(self.{child.attr}, {", ".join(values)})')
     if original_node not in self._calls:
       return updated_node
     attr, dropped = self._calls[original_node]
@@ -515,7 +532,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     ctors = [c for c in ctors if c not in cells]
     for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
       if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors \
-          and call not in self._scans:
+          and call not in self._scans and call not in self._remats:
         raise _Unsupported(call, f'{self.module.code_for_node(call.func.func)}(...)(...) builds a submodule from a '
                                  'ModuleDef, factory or layer NNX has no counterpart of')
     variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and _scope_api(c) in ('param', 'variable')]
@@ -534,7 +551,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         outer[sub.func] = sub
     scan_names: dict[cst.Call, list[cst.Name]] = {}
     for ctor in ctors:  # `rnn = nn.scan(Cell, ...)(...)`, then `rnn(carry, x)` once and `rnn.<method>(...)`
-      if ctor in self._scans and ctor not in outer:
+      if (ctor in self._scans or ctor in self._remats) and ctor not in outer:
         outer[ctor], scan_names[ctor] = self._scan_local(method, ctor)
     holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
     for node in descendants(method.body):
@@ -652,7 +669,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _child(self, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> _Child:
     linen, spec, sibling = self._constructed(ctor)
     wrapper = find_wrapper(linen) if spec is None and sibling is None else None
-    short = ('Scan' if ctor in self._scans else '') + linen.rpartition('.')[2]  # Linen names it ScanCell_0
+    short = ('Scan' if ctor in self._scans else 'Checkpoint' if ctor in self._remats else '') \
+        + linen.rpartition('.')[2]  # Linen names it ScanCell_0, CheckpointBlock_0
     if any(a.star for a in ctor.args):
       raise _Unsupported(ctor, 'a constructor call with *args or **kwargs')
     positional = [a.value for a in ctor.args if a.keyword is None]
@@ -673,7 +691,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if not explicit:
       counts[short] = counts.get(short, -1) + 1  # Linen numbers auto-named children per class
     child = _Child(explicit or '', explicit or f'{short}_{counts[short]}', ctor, spec, sibling, kwargs,
-                   wrapper=wrapper, cell=cell, scan=self._scans.get(ctor))
+                   wrapper=wrapper, cell=cell, scan=self._scans.get(ctor), remat=self._remats.get(ctor))
     self._ctor_modes(child)
     return child
 
@@ -707,7 +725,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if api == 'param':
       var_type = 'nnx.Param'
     else:
-      var_type = _flax_variable_type(collection) or self._variable_class_name(collection)
+      var_type = flax_variable_type(collection) or self._variable_class_name(collection)
     return _Child(attr or name.evaluated_value, name.evaluated_value, call, None, None, {}, hoisted=hoisted,
                   api=api, collection=collection, var_type=var_type, shape_refs=refs, cache=cache)
 
@@ -773,7 +791,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       # NNX's sow outside nnx.capture stores the value as an attribute of that name.
       raise _Unsupported(call, 'self.sow with a name that is not a literal string or that names an attribute')
     collection = first.evaluated_value
-    var_type = _flax_variable_type(collection)
+    var_type = flax_variable_type(collection)
     if var_type is None:
       var_type = self._variable_class_name(collection)
       plan.collections += [collection] if collection not in plan.collections else []
@@ -801,6 +819,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       self._calls[call] = (child.attr, set())
       if child.scan is not None:
         self._scan_call(call, child)
+      if child.remat is not None:
+        self._remat_call(call, child)
     from_setup = {c.attr: c for c in plan.children if not c.hoisted}
     for method in methods.values():
       if method is setup:
@@ -817,7 +837,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           if isinstance(parent, cst.Attribute) and parent.value is sub and parent.attr.value == 'value':
             self._exprs[parent] = f'self.{child.attr}[...]'  # `.value` is deprecated in NNX
         elif child.api is None:
-          if child.scan is not None and isinstance(parent, cst.Attribute) and parent.value is sub \
+          if (child.scan is not None or child.remat is not None) and isinstance(parent, cst.Attribute) and parent.value is sub \
               and isinstance(self._parent(parent), cst.Call) and self._parent(parent).func is parent:
             continue  # `self.rnn.initial_state(...)`: a method of the cell, called outside the scan
           if not (isinstance(parent, cst.Call) and parent.func is sub):
@@ -825,6 +845,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           calls[parent] = child
           if child.scan is not None:
             self._scan_call(parent, child)
+          if child.remat is not None:
+            self._remat_call(parent, child)
     return calls
 
   def _check_hoistable(self, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = ()) -> None:
@@ -936,7 +958,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       """A size argument for the last axis of call argument `index`."""
       key = ('input', index)
       if key not in shared:
-        name = base = f'{plan.call_params[index]}_features'
+        name = f'{plan.call_params[index]}_features'
         while name in plan.field_names or name in {p for p, _ in plan.size_params} or name == 'rngs':
           name += '_'
         plan.size_params.append((name, key))
@@ -1597,6 +1619,12 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       if sibling is None:
         raise _Unsupported(call, f'{scanned} is a Linen module that was not converted')
       return scanned, None, sibling
+    rematted = self._rematted_class(call.func) if isinstance(call.func, cst.Call) else None
+    if rematted is not None:
+      sibling = self._plans.get(rematted)
+      if sibling is None:
+        raise _Unsupported(call, f'{rematted} is a Linen module that was not converted')
+      return rematted, None, sibling
     if isinstance(call.func, cst.Name) and call.func.value in self._linen_classes:
       sibling = self._plans.get(call.func.value)
       if sibling is None:
@@ -1643,6 +1671,42 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       self._scans[outer] = (int(axes[0].value), int(axes[1].value))
     return positional[0].value
 
+  def _rematted_class(self, remat: cst.Call) -> str | None:
+    """`Block` for `nn.remat(Block, prevent_cse=..., policy=..., static_argnums=<int or tuple of ints>)` (or
+    nn.checkpoint) over a Linen class of this file, recording the nnx.remat options; None for any other call.
+    Other options (`variables=`, `rngs=`, `concrete=`, `methods=`): a TODO."""
+    if not self._has_name(remat.func, REMAT_NAMES):
+      return None
+    positional = [a.value for a in remat.args if a.keyword is None and not a.star]
+    if len(positional) != 1 or not isinstance(positional[0], cst.Name) \
+        or positional[0].value not in self._linen_classes:
+      return None
+    kwargs = {a.keyword.value: a.value for a in remat.args if a.keyword is not None}
+    func = self.module.code_for_node(remat.func)
+    static = kwargs.get('static_argnums')
+    if any(a.star for a in remat.args) or set(kwargs) - set(REMAT_OPTIONS) or not (
+        static is None or isinstance(static, cst.Integer)
+        or (isinstance(static, cst.Tuple) and all(isinstance(e.value, cst.Integer) for e in static.elements))):
+      given = ', '.join(f'{k}={self.module.code_for_node(v)}' for k, v in kwargs.items())
+      raise _Unsupported(remat, f'{func}({positional[0].value}, {given}) is converted only with the options '
+                                f'{", ".join(REMAT_OPTIONS)} (static_argnums literal), which nnx.remat takes')
+    for value in kwargs.values():
+      self._check_hoistable(value)
+    outer = self._parent(remat)
+    if isinstance(outer, cst.Call) and outer.func is remat:
+      # Linen counts `self` as argument 0 of __call__, as nnx.remat counts the module given first: same numbers
+      self._remats[outer] = ', '.join(f'{k}={self._code(kwargs[k], {})}' for k in REMAT_OPTIONS if k in kwargs)
+    return positional[0].value
+
+  def _remat_call(self, call: cst.Call, child: _Child) -> None:
+    """A call of a rematted submodule: positional arguments only, nnx.remat runs it."""
+    if any(a.keyword is not None or a.star for a in call.args):
+      raise _Unsupported(call, 'a rematted submodule called with keyword or starred arguments (converted: positional)')
+    self._remat_calls[call] = child
+    options = f' ({child.remat})' if child.remat else ''
+    self._pending.append((call, f'the rematted submodule self.{child.attr} called through nnx.remat{options}: its '
+                                'activations recomputed in the backward pass, as in Linen'))
+
   def _scan_local(self, method: cst.FunctionDef, ctor: cst.Call) -> tuple[cst.Call, list[cst.Name]]:
     """`rnn = nn.scan(Cell, ...)(...)` in the @nn.compact method: the statement goes (the cell is built in
     __init__), `rnn.<method>` reads the attribute; returns the one call `rnn(carry, x)`."""
@@ -1651,8 +1715,12 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if not (isinstance(assign, cst.Assign) and assign.value is ctor and len(assign.targets) == 1
             and isinstance(assign.targets[0].target, cst.Name) and isinstance(line, cst.SimpleStatementLine)
             and len(line.body) == 1 and line in method.body.body):
+      if ctor in self._remats:
+        raise _Unsupported(ctor, 'an nn.remat submodule neither called where it is built nor bound by '
+                                 '`name = nn.remat(...)(...)`')
       raise _Unsupported(ctor, 'an nn.scan cell neither called where it is built nor bound by `name = nn.scan(...)(...)`')
     local, target = assign.targets[0].target.value, assign.targets[0].target
+    kind = 'rematted submodule' if ctor in self._remats else 'scanned cell'
     calls, names = [], []
     for sub in descendants(method.body):
       if not (isinstance(sub, cst.Name) and sub.value == local) or sub is target:
@@ -1663,9 +1731,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       elif isinstance(parent, cst.Attribute) and parent.value is sub:
         names.append(sub)
       else:
-        raise _Unsupported(sub, f'the scanned cell {local} used other than by calling it or one of its methods')
+        raise _Unsupported(sub, f'the {kind} {local} used other than by calling it or one of its methods')
     if len(calls) != 1:
-      raise _Unsupported(ctor, f'the scanned cell {local} is called {len(calls)} times (converted: once)')
+      raise _Unsupported(ctor, f'the {kind} {local} is called {len(calls)} times (converted: once)')
     self._removed.add(line)
     return calls[0], names
 
