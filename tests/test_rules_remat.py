@@ -28,9 +28,8 @@ BLOCK_LAYERS = (('LayerNorm_0', 'layer_norm'), ('Dense_0', 'linear1'), ('Dense_1
 
 
 def _layer_pairs(blocks: dict[str, str]) -> dict[tuple[str, ...], tuple[str, ...]]:
-  """The report's child names (`CheckpointBlock_0 -> self.block1`, `Dense_0 -> self.linear1`) as layer pairs:
-  derive_mapping records NNX calls by module identity, and nnx.remat calls a merged copy of the block, so
-  the call order alone leaves identical blocks ambiguous."""
+  """The report's child names (`CheckpointBlock_0 -> self.block1`, `Dense_0 -> self.linear1`) as layer pairs,
+  as `linen2nnx verify --migrate-report` gives them to derive_mapping."""
   return {(linen, l): (nnx_name, n) for linen, nnx_name in blocks.items() for l, n in BLOCK_LAYERS}
 
 
@@ -61,10 +60,11 @@ def test_transfer_by_derived_mapping_pairs_checkpoint_names():
   linen_module = _load('remat', 'in')['Stack'](8, 16)
   variables = linen_module.init(jax.random.key(0), X)
   model = _load('remat', 'out')['Stack'](8, 16, block1_layer_norm_num_features=8, rngs=nnx.Rngs(5))
-  with pytest.raises(nnx_bridge.MappingError, match='ambiguous'):  # identical blocks, calls inside nnx.remat unseen
-    nnx_bridge.derive_mapping(linen_module, model, X)
   blocks = {'CheckpointBlock_0': 'block1', 'CheckpointBlock_1': 'block2'}
-  mapping = nnx_bridge.derive_mapping(linen_module, model, X, layer_pairs=_layer_pairs(blocks))
+  by_pairs = nnx_bridge.derive_mapping(linen_module, model, X, layer_pairs=_layer_pairs(blocks))
+  # Without pairs too: the trace sees the calls inside nnx.remat (identical blocks, paired by call order).
+  mapping = nnx_bridge.derive_mapping(linen_module, model, X)
+  assert {r.nnx: r.linen for r in mapping.rules} == {r.nnx: r.linen for r in by_pairs.rules}
   pairs = {r.nnx: r.linen for r in mapping.rules}
   assert pairs[('block1', 'linear1', 'kernel')] == (('params', 'CheckpointBlock_0', 'Dense_0', 'kernel'),)
   assert pairs[('block2', 'layer_norm', 'scale')] == (('params', 'CheckpointBlock_1', 'LayerNorm_0', 'scale'),)
