@@ -1641,15 +1641,23 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         return wrapper.linen, None, None
     return None
 
+  def _lifted_class(self, call: cst.Call, names: tp.Collection[str]) -> list[cst.BaseExpression] | None:
+    """The positional arguments of `nn.scan(Cell, ...)` / `nn.remat(Block, ...)` (one of `names`) when they are
+    exactly one Linen class of this file; None for any other call."""
+    if not self._has_name(call.func, names):
+      return None
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    if len(positional) != 1 or not isinstance(positional[0], cst.Name) \
+        or positional[0].value not in self._linen_classes:
+      return None
+    return positional
+
   def _scanned_class(self, scan: cst.Call) -> str | None:
     """`Cell` for `nn.scan(Cell, variable_broadcast='params', split_rngs={'params': False}, in_axes=1, out_axes=1)`
     over a Linen class of this file, recording its axes; None for any other call. Other options over such a class:
     a TODO, since only the broadcast-params scan has the NNX form `nnx.scan` over the cell's call."""
-    if not self._has_name(scan.func, SCAN_NAMES):
-      return None
-    positional = [a.value for a in scan.args if a.keyword is None and not a.star]
-    if len(positional) != 1 or not isinstance(positional[0], cst.Name) \
-        or positional[0].value not in self._linen_classes:
+    positional = self._lifted_class(scan, SCAN_NAMES)
+    if positional is None:
       return None
     kwargs = {a.keyword.value: a.value for a in scan.args if a.keyword is not None}
     code = lambda key: self.module.code_for_node(kwargs[key]) if key in kwargs else None
@@ -1675,11 +1683,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     """`Block` for `nn.remat(Block, prevent_cse=..., policy=..., static_argnums=<int or tuple of ints>)` (or
     nn.checkpoint) over a Linen class of this file, recording the nnx.remat options; None for any other call.
     Other options (`variables=`, `rngs=`, `concrete=`, `methods=`): a TODO."""
-    if not self._has_name(remat.func, REMAT_NAMES):
-      return None
-    positional = [a.value for a in remat.args if a.keyword is None and not a.star]
-    if len(positional) != 1 or not isinstance(positional[0], cst.Name) \
-        or positional[0].value not in self._linen_classes:
+    positional = self._lifted_class(remat, REMAT_NAMES)
+    if positional is None:
       return None
     kwargs = {a.keyword.value: a.value for a in remat.args if a.keyword is not None}
     func = self.module.code_for_node(remat.func)

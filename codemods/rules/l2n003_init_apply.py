@@ -135,7 +135,6 @@ class _Group:
 
   model: str
   record: ConvertedClass
-  construction: cst.SimpleStatementLine
   init: cst.SimpleStatementLine
   scope: tp.Any  # the libcst scope of the init statement
   statements: dict[cst.BaseStatement, tp.Any] = dataclasses.field(default_factory=dict)
@@ -257,7 +256,7 @@ class ConvertInitApplyRule(MigrationRule):
     between = statements[statements.index(construction) + 1:index]
     if any(isinstance(n, cst.Name) and n.value == model for s in between for n in descendants(s)):
       raise _Skip(call, f'{model}.init: {model} is used between its construction and init')
-    group = _Group(model, record, construction, init, self.get_metadata(ScopeProvider, init), layer=layer)
+    group = _Group(model, record, init, self.get_metadata(ScopeProvider, init), layer=layer)
     if len(self._assignments(group.scope, model)) != 1:
       raise _Skip(call, f'{model}.init: {model} is assigned more than once')
     rngs, inputs = self._init_arguments(group, call)
