@@ -265,6 +265,9 @@ def _trace_linen(
 
 
 _UNSET = object()
+_TRACE_PATH = '_derive_trace_path'
+"""An attribute naming a module's path on the traced copy: static, so the copies NNX transforms (`nnx.scan`,
+`nnx.vmap`, `nnx.remat`) merge inside their bodies carry it, where the module's identity is new."""
 
 
 def _recorder(
@@ -272,8 +275,9 @@ def _recorder(
 ) -> tp.Callable[..., tp.Any]:
   @functools.wraps(call)
   def recorded(self, *args, **kwargs):
-    if id(self) in paths:
-      calls.append(paths[id(self)])
+    path = paths.get(id(self), getattr(self, _TRACE_PATH, None))
+    if path is not None:
+      calls.append(path)
     return call(self, *args, **kwargs)
 
   return recorded
@@ -343,7 +347,9 @@ def _trace_nnx(
 
   def forward(state, *xs):
     copy = nnx.merge(graphdef, state)
-    paths.update((id(module), normalize_path(path)) for path, module in nnx.iter_modules(copy))
+    for path, module in nnx.iter_modules(copy):
+      paths[id(module)] = normalize_path(path)
+      object.__setattr__(module, _TRACE_PATH, paths[id(module)])
     copy.eval()
     bound = getattr(copy, name)
     bound(*xs, **_nnx_call_kwargs(bound, call_kwargs))

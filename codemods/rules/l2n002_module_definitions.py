@@ -115,6 +115,8 @@ HAS_VARIABLE_HINT = (' (a decode cache or a lazily created variable: in NNX, cre
                      'cache-initialisation method)')
 CONCATENATE = frozenset({'jax.numpy.concatenate'})
 SCAN_NAMES = frozenset({'flax.linen.scan', 'flax.linen.transforms.scan'})
+LAYER_SCAN_OPTIONS = frozenset({'variable_axes', 'split_rngs', 'length', 'in_axes', 'out_axes', 'metadata_params'})
+BROADCAST_NAMES = frozenset({'flax.linen.broadcast', 'flax.core.broadcast', 'flax.core.axes_scan.broadcast'})
 SCAN_PATTERN = ("nn.scan(<a cell class of this file>, variable_broadcast='params', split_rngs={'params': False}, "
                 'in_axes=<int>, out_axes=<int>)')
 REMAT_NAMES = frozenset({'flax.linen.remat', 'flax.linen.checkpoint', 'flax.linen.transforms.checkpoint',
@@ -149,6 +151,18 @@ class _Unsupported(Exception):
     self.node, self.message = node, message
 
 
+@dataclasses.dataclass(frozen=True)
+class _LayerScan:
+  """An `nn.scan` over layers (`variable_axes={'params': 0}`): the class's variables stacked along axis 0."""
+
+  length: str  # the number of layers, as code valid in __init__
+  in_axes: tuple[str, ...]  # nnx.scan's in_axes of each call argument after the carry ('0', 'None': broadcast)
+  out_axes: str  # of the second returned value
+  remat: str | None  # the nnx.remat options of an nn.remat inside the scan ('' for none); None: no remat
+  metadata: str | None  # transform_metadata code (Linen's metadata_params)
+  split: tuple[str, ...]  # the rng streams Linen splits per layer (the others: the same key in every layer)
+
+
 @dataclasses.dataclass
 class _Child:
   """One submodule of the converted class."""
@@ -175,6 +189,7 @@ class _Child:
   cell: _Child | None = None  # the table layer the wrapper runs, built in its constructor call
   scan: tuple[int, int] | None = None  # (in_axes, out_axes) of an nn.scan over a cell class of the file
   remat: str | None = None  # the nnx.remat options (`prevent_cse=False`) of an nn.remat over a class of the file
+  layers: _LayerScan | None = None  # an nn.scan over layers of a class of the file
 
   @property
   def holds_cache(self) -> bool:
@@ -196,6 +211,8 @@ class _Plan:
   field_names: list[str]
   call_params: list[str]
   compact: bool
+  linen_fields: list[str] = dataclasses.field(default_factory=list)  # all Linen fields, mode fields included
+  mode_fields: dict[str, bool] = dataclasses.field(default_factory=dict)  # `training: bool` field -> inverted
   children: list[_Child] = dataclasses.field(default_factory=list)
   size_params: list[tuple[str, Dim]] = dataclasses.field(default_factory=list)
   output: Dim = None  # the last-axis size `__call__` returns, when the code determines it
@@ -254,6 +271,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._variable_classes: dict[str, str] = {}  # collection -> the Variable type generated for it
     self._pending: list[tuple[cst.CSTNode, str]] = []
     self._switches: dict[str, bool] = {}
+    self._field_switches: dict[str, bool] = {}  # the class's train/eval fields (`training: bool`) -> inverted
     self._mode_uses: set[cst.Name] = set()
     self._switch_defaults: dict[str, bool] = {}  # __call__ switches with a literal default
     self._branches: set[cst.If] = set()  # conditionals of plain code in @nn.compact bodies
@@ -266,6 +284,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._scanned_cells: set[str] = set()  # classes of the file some nn.scan(<class>, ...) runs
     self._remats: dict[cst.Call, str] = {}  # `nn.remat(Block, ...)(...)` -> the nnx.remat options
     self._remat_calls: dict[cst.Call, _Child] = {}  # a call of a rematted submodule -> the child, run by nnx.remat
+    self._layer_scans: dict[cst.Call, _LayerScan] = {}  # `nn.scan(Block, variable_axes=...)(...)` -> its options
+    self._layer_calls: dict[cst.Call, _Child] = {}  # a call of scanned layers -> the child, run by nnx.scan
+    self._lifted: set[cst.CSTNode] = set()  # `ScanBlock = nn.scan(...)` values: converted with their construction
 
   # --- traversal -------------------------------------------------------------------------------
 
@@ -274,9 +295,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         s.name.value for s in node.body if isinstance(s, cst.ClassDef) and self._is_linen_class(s)
     }
     self._scanned_cells = {
-        sub.args[0].value.value for sub in descendants(node)
-        if isinstance(sub, cst.Call) and sub.args and isinstance(sub.args[0].value, cst.Name)
-        and sub.args[0].value.value in self._linen_classes and self._has_name(sub.func, SCAN_NAMES)
+        target.value for sub in descendants(node)
+        if isinstance(sub, cst.Call) and sub.args and self._has_name(sub.func, SCAN_NAMES)
+        and isinstance(target := self._unremat(sub.args[0].value), cst.Name) and target.value in self._linen_classes
     }
     scope = self.get_metadata(ScopeProvider, node, None)
     self._global_names = {a.name for a in scope.assignments} if scope is not None else set()
@@ -286,13 +307,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return
     saved = (dict(self._calls), dict(self._exprs), dict(self._ifs), dict(self._methods), dict(self._variable_classes),
              dict(self._statements), dict(self._scan_calls), dict(self._scan_names), set(self._removed),
-             dict(self._remat_calls))
+             dict(self._remat_calls), dict(self._layer_calls))
     self._pending = []
     try:
       plan = self._plan(node)
     except _Unsupported as error:
       (self._calls, self._exprs, self._ifs, self._methods, self._variable_classes, self._statements,
-       self._scan_calls, self._scan_names, self._removed, self._remat_calls) = saved
+       self._scan_calls, self._scan_names, self._removed, self._remat_calls, self._layer_calls) = saved
       self.report_todo(error.node, f'class {node.name.value} left as Linen: {error.message}')
       return
     self._plans[node.name.value] = self._class_plans[node] = plan
@@ -333,11 +354,26 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return cst.parse_expression(
           f'nnx.scan(lambda cell, carry, x: cell(carry, x), in_axes=(None, nnx.Carry, {in_axis}), '
           f'out_axes=(nnx.Carry, {out_axis}))(self.{child.attr}, {args})')
+    dropped = self._calls.get(original_node, (None, set()))[1]
+    if original_node in self._layer_calls:  # `blocks(x, None)` -> nnx.scan over the stacked layers
+      child = self._layer_calls[original_node]
+      scan = child.layers
+      values = [cst.Module([]).code_for_node(a.value) for i, a in enumerate(updated_node.args) if i not in dropped]
+      xs = ['x'] if len(values) == 2 else [f'x{i}' for i in range(1, len(values))]
+      params = ', '.join(['carry', *xs])
+      body = f'lambda layer, {params}: layer({params})'
+      if scan.remat is not None:
+        body = f'nnx.remat({body}{", " if scan.remat else ""}{scan.remat})'
+      metadata = f', transform_metadata={scan.metadata}' if scan.metadata else ''
+      return cst.parse_expression(
+          f'nnx.scan({body}, in_axes=({", ".join(["0", "nnx.Carry", *scan.in_axes])}), '
+          f'out_axes=(nnx.Carry, {scan.out_axes}){metadata})(self.{child.attr}, {", ".join(values)})')
     if original_node in self._remat_calls:  # `block(x)` -> nnx.remat over a lambda calling the submodule
       child = self._remat_calls[original_node]
-      values = [cst.Module([]).code_for_node(a.value) for a in updated_node.args]
+      kept = [a for i, a in enumerate(original_node.args) if i not in dropped]
+      values = [cst.Module([]).code_for_node(a.value) for i, a in enumerate(updated_node.args) if i not in dropped]
       names = [a.value.value if isinstance(a.value, cst.Name) and not keyword.iskeyword(a.value.value) else ''
-               for a in original_node.args]
+               for a in kept]
       if all(names) and len(set(names)) == len(names) and 'module' not in names:
         params = call = ', '.join(names)
       else:
@@ -361,6 +397,11 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     params = [p for p in updated_node.params.params if p.name.value not in dropped]
     if params:
       params[-1] = params[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    body = updated_node.body
+    if body.body and isinstance(body, cst.IndentedBlock) and body.body[0].leading_lines \
+        and all(line.comment is None for line in body.body[0].leading_lines):  # the statement above it went
+      first = body.body[0].with_changes(leading_lines=[])
+      updated_node = updated_node.with_changes(body=body.with_changes(body=[first, *body.body[1:]]))
     decorators = [
         new for old, new in zip(original_node.decorators, updated_node.decorators)
         if not self._has_name(old.decorator, COMPACT_NAMES)
@@ -436,6 +477,12 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       value = field.body[0].value
       if name in ('name', 'parent', 'rngs') or (value is not None and _has_call(value)):
         raise _Unsupported(field, f'field {name} (a reserved name or a computed default)')
+    mode_fields = {name: MODE_PARAMS[name] for field, name in zip(fields, field_names)
+                   if name in MODE_PARAMS and field.body[0].value is None
+                   and self.module.code_for_node(field.body[0].annotation.annotation) == 'bool'}
+    linen_field_names = field_names
+    fields = [f for f, name in zip(fields, field_names) if name not in mode_fields]
+    field_names = [name for name in field_names if name not in mode_fields]
     for sub in descendants(node):  # self.has_variable: a decode-cache pattern of the @nn.compact method, or a TODO
       if isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in SCOPE_APIS - CONVERTED_APIS - {'has_variable'}:
         raise _Unsupported(sub, f'self.{sub.attr.value} has no automatic NNX conversion')
@@ -453,8 +500,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       raise _Unsupported(method, 'train/eval arguments of an @nn.compact method other than __call__')
     params = [self.module.code_for_node(f.body[0]).strip() for f in fields]
     call_params = [p.name.value for p in call.params.params[1:]]
-    plan = _Plan(node.name.value, params, field_names, call_params, method is not None)
+    plan = _Plan(node.name.value, params, field_names, call_params, method is not None, linen_field_names, mode_fields)
     self._switches = {name: MODE_PARAMS[name] for name in mode.values()}
+    self._field_switches = mode_fields
     self._mode_uses = set()
     taken = set(field_names) | set(methods) | {'rngs'}
     counts: dict[str, int] = {}
@@ -477,8 +525,12 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     for sub in descendants(call.body):
       if isinstance(sub, cst.Name) and sub.value in self._switches and sub not in self._mode_uses | keywords:
         raise _Unsupported(sub, f'the train/eval switch {sub.value} is used other than to set train/eval arguments')
+    for sub in descendants(node):
+      if isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in mode_fields \
+          and sub not in self._mode_uses:
+        raise _Unsupported(sub, f'the train/eval field {sub.attr.value} is used other than to set train/eval arguments')
     allowed = {node.bases[0].value} | {d.decorator for d in (method.decorators if method else ())}
-    allowed |= {child.ctor.func for child in plan.children if child.api is None}
+    allowed |= {child.ctor.func for child in plan.children if child.api is None} | self._lifted
     allowed |= {child.cell.ctor.func for child in plan.children if child.cell is not None}
     for field in fields:  # `encoder: nn.Module` holds a submodule the caller builds: an NNX one now
       annotation = field.body[0].annotation.annotation
@@ -532,7 +584,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     ctors = [c for c in ctors if c not in cells]
     for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
       if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors \
-          and call not in self._scans and call not in self._remats:
+          and call not in self._scans and call not in self._remats and call not in self._layer_scans:
         raise _Unsupported(call, f'{self.module.code_for_node(call.func.func)}(...)(...) builds a submodule from a '
                                  'ModuleDef, factory or layer NNX has no counterpart of')
     variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and _scope_api(c) in ('param', 'variable')]
@@ -551,7 +603,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         outer[sub.func] = sub
     scan_names: dict[cst.Call, list[cst.Name]] = {}
     for ctor in ctors:  # `rnn = nn.scan(Cell, ...)(...)`, then `rnn(carry, x)` once and `rnn.<method>(...)`
-      if (ctor in self._scans or ctor in self._remats) and ctor not in outer:
+      if (ctor in self._scans or ctor in self._remats or ctor in self._layer_scans) and ctor not in outer:
         outer[ctor], scan_names[ctor] = self._scan_local(method, ctor)
     holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
     for node in descendants(method.body):
@@ -669,12 +721,14 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _child(self, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> _Child:
     linen, spec, sibling = self._constructed(ctor)
     wrapper = find_wrapper(linen) if spec is None and sibling is None else None
-    short = ('Scan' if ctor in self._scans else 'Checkpoint' if ctor in self._remats else '') \
-        + linen.rpartition('.')[2]  # Linen names it ScanCell_0, CheckpointBlock_0
+    layers = self._layer_scans.get(ctor)
+    short = ('Scan' if ctor in self._scans or layers else 'Checkpoint' if ctor in self._remats else '') \
+        + ('Checkpoint' if layers and layers.remat is not None else '') \
+        + linen.rpartition('.')[2]  # Linen names it ScanCell_0, CheckpointBlock_0, ScanCheckpointBlock_0
     if any(a.star for a in ctor.args):
       raise _Unsupported(ctor, 'a constructor call with *args or **kwargs')
     positional = [a.value for a in ctor.args if a.keyword is None]
-    names = linen_fields(linen) if sibling is None else tuple(sibling.field_names)
+    names = linen_fields(linen) if sibling is None else tuple(sibling.linen_fields)
     if len(positional) > len(names):
       raise _Unsupported(ctor, f'too many positional arguments for {short}')
     kwargs = dict(zip(names, positional))
@@ -691,7 +745,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if not explicit:
       counts[short] = counts.get(short, -1) + 1  # Linen numbers auto-named children per class
     child = _Child(explicit or '', explicit or f'{short}_{counts[short]}', ctor, spec, sibling, kwargs,
-                   wrapper=wrapper, cell=cell, scan=self._scans.get(ctor), remat=self._remats.get(ctor))
+                   wrapper=wrapper, cell=cell, scan=self._scans.get(ctor), remat=self._remats.get(ctor), layers=layers)
     self._ctor_modes(child)
     return child
 
@@ -821,6 +875,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         self._scan_call(call, child)
       if child.remat is not None:
         self._remat_call(call, child)
+      if child.layers is not None:
+        self._layers_call(call, child)
     from_setup = {c.attr: c for c in plan.children if not c.hoisted}
     for method in methods.values():
       if method is setup:
@@ -837,7 +893,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           if isinstance(parent, cst.Attribute) and parent.value is sub and parent.attr.value == 'value':
             self._exprs[parent] = f'self.{child.attr}[...]'  # `.value` is deprecated in NNX
         elif child.api is None:
-          if (child.scan is not None or child.remat is not None) and isinstance(parent, cst.Attribute) and parent.value is sub \
+          if (child.scan is not None or child.remat is not None or child.layers is not None) \
+              and isinstance(parent, cst.Attribute) and parent.value is sub \
               and isinstance(self._parent(parent), cst.Call) and self._parent(parent).func is parent:
             continue  # `self.rnn.initial_state(...)`: a method of the cell, called outside the scan
           if not (isinstance(parent, cst.Call) and parent.func is sub):
@@ -847,6 +904,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
             self._scan_call(parent, child)
           if child.remat is not None:
             self._remat_call(parent, child)
+          if child.layers is not None:
+            self._layers_call(parent, child)
     return calls
 
   def _check_hoistable(self, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = ()) -> None:
@@ -886,7 +945,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       raise _Unsupported(children[0].ctor, 'duplicate names, or names shadowing a field or method')
     taken = taken | set(explicit)
     auto = [c for c in children if not c.attr]
-    bases = ['cell' if c.scan else _snake((c.spec or c.wrapper).nnx.rpartition('.')[2]) if c.spec or c.wrapper
+    bases = ['cell' if c.scan else f'{_snake(c.sibling.name)}s' if c.layers else _snake((c.spec or c.wrapper).nnx.rpartition('.')[2]) if c.spec or c.wrapper
              else _snake(c.sibling.name) for c in auto]
     for i, (child, base) in enumerate(zip(auto, bases)):
       attr = f'{base}{bases[:i].count(base) + 1}' if bases.count(base) > 1 else base
@@ -1516,16 +1575,26 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     """
     negated = isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Not)
     name = value.expression if negated else value
+    if isinstance(name, cst.Attribute) and _is_self_attr(name) and name.attr.value in self._field_switches \
+        and negated ^ inverted == self._field_switches[name.attr.value]:
+      self._mode_uses.add(name)  # `deterministic=not self.training`, a train/eval field
+      return None
     if not (isinstance(name, cst.Name) and name.value in self._switches and negated ^ inverted == self._switches[name.value]):
-      raise _Unsupported(value, 'a train/eval argument that is not a matching __call__ switch')
+      raise _Unsupported(value, 'a train/eval argument that is not a matching __call__ switch or train/eval field')
     self._mode_uses.add(name)
     default = self._switch_defaults.get(name.value)
     return None if default is None else default ^ negated
 
   def _ctor_modes(self, child: _Child) -> None:
-    """Drops the constructor's train/eval kwargs, which NNX's train()/eval() set."""
+    """Drops the constructor's train/eval kwargs (a layer's, a train/eval field of a class of the file), which
+    NNX's train()/eval() set."""
     for key in [k for k in child.kwargs if child.spec is not None and k in LAYER_MODE_KWARGS]:
       self._mode_default(child, key, self._switch(child.kwargs.pop(key), False))
+    if child.sibling is not None:
+      for name, inverted in child.sibling.mode_fields.items():
+        if name not in child.kwargs:
+          raise _Unsupported(child.ctor, f'the train/eval field {name} of {child.sibling.name} is not given')
+        self._switch(child.kwargs.pop(name), inverted)
 
   def _mode_default(self, child: _Child, attribute: str, value: bool | None) -> None:
     """A layer fed by a switch with a default starts in that mode, as the Linen call without it did."""
@@ -1582,7 +1651,11 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       args = [code(v) if i < len(fields) and f == fields[i] else f'{f}={code(v)}'
               for i, (f, v) in enumerate(child.kwargs.items())]
       args += [f'{k}={v}' for k, v in child.sizes.items()]
-      return f'{child.sibling.name}({", ".join([*args, "rngs=rngs"])})'
+      built = f'{child.sibling.name}({", ".join([*args, "rngs=rngs"])})'
+      if child.layers is not None:  # one layer per split key, variables stacked on axis 0
+        metadata = f', transform_metadata={child.layers.metadata}' if child.layers.metadata else ''
+        return f'nnx.vmap(lambda rngs: {built}{metadata})(rngs.split({child.layers.length}))'
+      return built
     spec = child.spec
     renames, accepted = dict(spec.arg_renames), nnx_arguments(spec.nnx)
     only = {k.name for k in spec.linen_only}
@@ -1613,7 +1686,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   # --- helpers ---------------------------------------------------------------------------------
 
   def _constructed(self, call: cst.Call) -> tuple[str, LayerSpec | None, _Plan | None] | None:
-    scanned = self._scanned_class(call.func) if isinstance(call.func, cst.Call) else None
+    lifted = self._lifted_alias(call.func) if isinstance(call.func, cst.Name) else call.func
+    scanned = self._scanned_class(lifted, call) if isinstance(lifted, cst.Call) else None
     if scanned is not None:
       sibling = self._plans.get(scanned)
       if sibling is None:
@@ -1652,14 +1726,48 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return None
     return positional
 
-  def _scanned_class(self, scan: cst.Call) -> str | None:
+  def _lifted_alias(self, name: cst.Name) -> cst.Call | None:
+    """The `nn.scan(...)` call bound to `name` by the one statement `ScanBlock = nn.scan(...)` of the method, which
+    goes (its construction holds the conversion); None for other names."""
+    if name.value in self._linen_classes:
+      return None
+    scope = self.get_metadata(ScopeProvider, name, None)
+    if scope is None or isinstance(scope, (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)):
+      return None
+    assignments = list(scope[name.value])
+    if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
+      return None
+    target = self._parent(assignments[0].node)
+    assign = self._parent(target) if isinstance(target, cst.AssignTarget) else None
+    line = self._parent(assign) if isinstance(assign, cst.Assign) else None
+    if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and len(assign.targets) == 1
+            and isinstance(assign.value, cst.Call) and isinstance(assign.value.func, (cst.Name, cst.Attribute))
+            and self._has_name(assign.value.func, SCAN_NAMES)):
+      return None
+    uses = [r.node for r in assignments[0].references]
+    if uses != [name]:
+      raise _Unsupported(assign, f'{name.value} = nn.scan(...) used other than to build one submodule')
+    self._removed.add(line)
+    self._lifted.add(assign.value)
+    return assign.value
+
+  def _unremat(self, node: cst.CSTNode) -> cst.CSTNode:
+    """`Block` for `nn.remat(Block, ...)`; `node` itself otherwise."""
+    if isinstance(node, cst.Call) and self._has_name(node.func, REMAT_NAMES) and node.args:
+      return node.args[0].value
+    return node
+
+  def _scanned_class(self, scan: cst.Call, ctor: cst.Call) -> str | None:
     """`Cell` for `nn.scan(Cell, variable_broadcast='params', split_rngs={'params': False}, in_axes=1, out_axes=1)`
-    over a Linen class of this file, recording its axes; None for any other call. Other options over such a class:
-    a TODO, since only the broadcast-params scan has the NNX form `nnx.scan` over the cell's call."""
+    over a Linen class of this file, recording its axes, and `Block` for a scan over layers (`variable_axes`, see
+    _layer_scan); None for any other call. Other options over such a class: a TODO, since only these two have a
+    direct NNX form."""
+    kwargs = {a.keyword.value: a.value for a in scan.args if a.keyword is not None}
+    if 'variable_axes' in kwargs and self._has_name(scan.func, SCAN_NAMES):
+      return self._layer_scan(scan, ctor, kwargs)
     positional = self._lifted_class(scan, SCAN_NAMES)
     if positional is None:
       return None
-    kwargs = {a.keyword.value: a.value for a in scan.args if a.keyword is not None}
     code = lambda key: self.module.code_for_node(kwargs[key]) if key in kwargs else None
     broadcast, split = kwargs.get('variable_broadcast'), kwargs.get('split_rngs')
     axes = [kwargs.get('in_axes'), kwargs.get('out_axes')]
@@ -1673,11 +1781,69 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         or not all(isinstance(a, cst.Integer) for a in axes):
       given = ', '.join(f'{k}={code(k)}' for k in kwargs)
       raise _Unsupported(scan, f'nn.scan({positional[0].value}, {given}) is converted only as {SCAN_PATTERN} '
-                               '(parameters shared by every step: nnx.scan over the cell)')
-    outer = self._parent(scan)
-    if isinstance(outer, cst.Call) and outer.func is scan:
-      self._scans[outer] = (int(axes[0].value), int(axes[1].value))
+                               '(parameters shared by every step: nnx.scan over the cell), or over layers')
+    self._scans[ctor] = (int(axes[0].value), int(axes[1].value))
     return positional[0].value
+
+  def _layer_scan(self, scan: cst.Call, ctor: cst.Call, kwargs: dict[str, cst.BaseExpression]) -> str:
+    """`Block` for `nn.scan(Block or nn.remat(Block, ...), variable_axes={'params': 0, ...}, split_rngs={'params':
+    True, ...}, length=n, in_axes=..., out_axes=..., metadata_params=...)`: built by nnx.vmap over split rngs in
+    __init__ (the same stacked layout) and run by nnx.scan; records the options."""
+    given = ', '.join(f'{k}={self.module.code_for_node(v)}' for k, v in kwargs.items())
+    positional = [a.value for a in scan.args if a.keyword is None]
+    target = self._unremat(positional[0]) if len(positional) == 1 else None
+    if not (isinstance(target, cst.Name) and target.value in self._linen_classes):
+      raise _Unsupported(scan, 'nn.scan over layers of something other than a Linen class of this file '
+                               '(or nn.remat of one)')
+    sibling = self._plans.get(target.value)
+    if sibling is None:
+      raise _Unsupported(ctor, f'{target.value} is a Linen module that was not converted')
+    stop = f'nn.scan({target.value}, {given}) is converted only '
+    if any(a.star for a in scan.args) or set(kwargs) - LAYER_SCAN_OPTIONS:
+      raise _Unsupported(scan, stop + f'with the options {", ".join(sorted(LAYER_SCAN_OPTIONS))}')
+    axes = self._literal_dict(kwargs['variable_axes'])
+    if axes is None or 'params' not in axes or not all(isinstance(v, cst.Integer) and v.value == '0' for v in axes.values()):
+      raise _Unsupported(scan, stop + "with variable_axes of literal collections stacked on axis 0, 'params' among them")
+    split = self._literal_dict(kwargs.get('split_rngs', cst.Dict([])))
+    if split is None or not all(isinstance(v, cst.Name) and v.value in ('True', 'False') for v in split.values()) \
+        or not (isinstance(split.get('params'), cst.Name) and split['params'].value == 'True'):
+      raise _Unsupported(scan, stop + "with split_rngs={'params': True, ...} (each layer initialised from its own key)")
+    if 'length' not in kwargs:
+      raise _Unsupported(scan, stop + 'with length= (nnx.vmap creates that many layers in __init__)')
+    self._check_hoistable(kwargs['length'])
+    mode_positions = {i + 1 for i, _, _ in sibling.mode_params}  # a call's positions after the carry (1, 2, ...)
+    count = len(sibling.call_params) - 1
+    in_axes = kwargs.get('in_axes', cst.Integer('0'))
+    entries = [e.value for e in in_axes.elements] if isinstance(in_axes, cst.Tuple) else [in_axes] * count
+    if len(entries) != count or not all(isinstance(e, cst.Integer) or self._has_name(e, BROADCAST_NAMES) for e in entries):
+      raise _Unsupported(scan, stop + f'with in_axes of an int or nn.broadcast for each of the {count} inputs after '
+                                      'the carry')
+    out_axes = kwargs.get('out_axes', cst.Integer('0'))
+    if not isinstance(out_axes, cst.Integer):
+      raise _Unsupported(scan, stop + 'with an int out_axes')
+    metadata = None
+    if 'metadata_params' in kwargs:
+      keys = [e.key for e in getattr(kwargs['metadata_params'], 'elements', ()) if isinstance(e, cst.DictElement)]
+      names = {key: self._nnx_name_for(key) for key in keys if self._nnx_name_for(key) is not None}
+      self._check_hoistable(kwargs['metadata_params'])
+      metadata = self._code(kwargs['metadata_params'], names)
+    remat = None
+    if positional[0] is not target:
+      remat = self._remat_options(positional[0], sibling, offset=1)
+    self._layer_scans[ctor] = _LayerScan(
+        self._code(kwargs['length']),
+        tuple('None' if not isinstance(e, cst.Integer) else e.value
+              for i, e in enumerate(entries, start=2) if i not in mode_positions),
+        out_axes.value, remat, metadata,
+        tuple(sorted(s for s, v in split.items() if v.value == 'True')))
+    return target.value
+
+  def _literal_dict(self, node: cst.BaseExpression) -> dict[str, cst.BaseExpression] | None:
+    """`{'params': 0}` as a dict of its string keys; None for anything else."""
+    if not isinstance(node, cst.Dict) or not all(
+        isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString) for e in node.elements):
+      return None
+    return {e.key.evaluated_value: e.value for e in node.elements}
 
   def _rematted_class(self, remat: cst.Call) -> str | None:
     """`Block` for `nn.remat(Block, prevent_cse=..., policy=..., static_argnums=<int or tuple of ints>)` (or
@@ -1686,22 +1852,40 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     positional = self._lifted_class(remat, REMAT_NAMES)
     if positional is None:
       return None
+    sibling = self._plans.get(positional[0].value)
+    options = self._remat_options(remat, sibling) if sibling is not None else ''
+    outer = self._parent(remat)
+    if isinstance(outer, cst.Call) and outer.func is remat:
+      self._remats[outer] = options
+    return positional[0].value
+
+  def _remat_options(self, remat: cst.Call, sibling: _Plan, offset: int = 0) -> str:
+    """The nnx.remat options of `nn.remat(Block, ...)`, static_argnums renumbered for the train/eval arguments
+    the NNX call drops. Linen counts `self` as argument 0 of __call__, as nnx.remat counts the module given first:
+    otherwise the same numbers. `offset` static arguments are allowed no further (under nnx.scan: traced)."""
     kwargs = {a.keyword.value: a.value for a in remat.args if a.keyword is not None}
-    func = self.module.code_for_node(remat.func)
+    func, name = self.module.code_for_node(remat.func), sibling.name
     static = kwargs.get('static_argnums')
+    given = ', '.join(f'{k}={self.module.code_for_node(v)}' for k, v in kwargs.items())
     if any(a.star for a in remat.args) or set(kwargs) - set(REMAT_OPTIONS) or not (
         static is None or isinstance(static, cst.Integer)
         or (isinstance(static, cst.Tuple) and all(isinstance(e.value, cst.Integer) for e in static.elements))):
-      given = ', '.join(f'{k}={self.module.code_for_node(v)}' for k, v in kwargs.items())
-      raise _Unsupported(remat, f'{func}({positional[0].value}, {given}) is converted only with the options '
+      raise _Unsupported(remat, f'{func}({name}, {given}) is converted only with the options '
                                 f'{", ".join(REMAT_OPTIONS)} (static_argnums literal), which nnx.remat takes')
     for value in kwargs.values():
       self._check_hoistable(value)
-    outer = self._parent(remat)
-    if isinstance(outer, cst.Call) and outer.func is remat:
-      # Linen counts `self` as argument 0 of __call__, as nnx.remat counts the module given first: same numbers
-      self._remats[outer] = ', '.join(f'{k}={self._code(kwargs[k], {})}' for k in REMAT_OPTIONS if k in kwargs)
-    return positional[0].value
+    codes = {k: self._code(kwargs[k], {}) for k in REMAT_OPTIONS if k in kwargs}
+    if static is not None:
+      numbers = [int(e.value.value) for e in static.elements] if isinstance(static, cst.Tuple) else [int(static.value)]
+      modes = {i + 1 for i, _, _ in sibling.mode_params}
+      kept = [n - sum(m < n for m in modes) for n in numbers if n not in modes]
+      if offset and kept:
+        raise _Unsupported(remat, f'{func}({name}, {given}) under nn.scan: static arguments other than train/eval '
+                                  'switches (traced inside nnx.scan)')
+      del codes['static_argnums']
+      if kept:
+        codes['static_argnums'] = f'({", ".join(map(str, kept))},)'
+    return ', '.join(f'{k}={v}' for k, v in codes.items())
 
   def _remat_call(self, call: cst.Call, child: _Child) -> None:
     """A call of a rematted submodule: positional arguments only, nnx.remat runs it."""
@@ -1741,6 +1925,22 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       raise _Unsupported(ctor, f'the {kind} {local} is called {len(calls)} times (converted: once)')
     self._removed.add(line)
     return calls[0], names
+
+  def _layers_call(self, call: cst.Call, child: _Child) -> None:
+    """A call of scanned layers: `(carry, *xs)` by position, nnx.scan runs the stacked layers in turn."""
+    if any(a.keyword is not None or a.star for a in call.args) or len(call.args) != len(child.sibling.call_params):
+      raise _Unsupported(call, f'scanned layers called other than with all of {child.sibling.name}\'s arguments by '
+                               'position')
+    self._layer_calls[call] = child
+    scan = child.layers
+    remat = '' if scan.remat is None else f', each rematerialised (nnx.remat{f"({scan.remat})" if scan.remat else ""})'
+    unsplit = '' if 'dropout' in scan.split else (
+        f'; split_rngs names only {", ".join(scan.split)}: no other rng stream reached the Linen layers (a dropout '
+        'in train mode failed there), NNX splits every stream per layer')
+    self._pending.append((call, f'the nn.scan over {child.sibling.name} layers ({child.linen_name}) -> '
+                                f'self.{child.attr}, {scan.length} layers created by nnx.vmap over '
+                                f'rngs.split({scan.length}) (variables stacked on axis 0, as Linen\'s), run by nnx.scan'
+                                f'{remat}{unsplit}'))
 
   def _scan_call(self, call: cst.Call, child: _Child) -> None:
     """A call of a scanned cell: `(carry, x)` by position, nnx.scan runs it."""
@@ -1827,6 +2027,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           for c in hoisted)
       what = 'submodules and variables' if any(c.api for c in hoisted) else 'submodules'
       self.report_change(node, f'{plan.name}: @nn.compact {what} hoisted into __init__: {mapping}')
+    for name in plan.mode_fields:
+      self.report_change(node, f'{plan.name}: train/eval field {name} dropped; use model.train() / model.eval()')
     for _, name, _ in plan.mode_params:
       default = self._switch_defaults.get(name)
       start = '' if default is None else f' (the layers it fed start in the mode of its default, {name}={default})'
