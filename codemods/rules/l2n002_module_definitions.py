@@ -115,13 +115,23 @@ HAS_VARIABLE_HINT = (' (a decode cache or a lazily created variable: in NNX, cre
                      'cache-initialisation method)')
 CONCATENATE = frozenset({'jax.numpy.concatenate'})
 SCAN_NAMES = frozenset({'flax.linen.scan', 'flax.linen.transforms.scan'})
-LAYER_SCAN_OPTIONS = frozenset({'variable_axes', 'split_rngs', 'length', 'in_axes', 'out_axes', 'metadata_params'})
+STACK_OPTIONS = {  # the options of a stacking nn.scan / nn.vmap that are converted, the size option first
+    'scan': ('length', 'variable_axes', 'split_rngs', 'in_axes', 'out_axes', 'metadata_params'),
+    'vmap': ('axis_size', 'variable_axes', 'split_rngs', 'in_axes', 'out_axes', 'metadata_params', 'axis_name'),
+}
 BROADCAST_NAMES = frozenset({'flax.linen.broadcast', 'flax.core.broadcast', 'flax.core.axes_scan.broadcast'})
 SCAN_PATTERN = ("nn.scan(<a cell class of this file>, variable_broadcast='params', split_rngs={'params': False}, "
                 'in_axes=<int>, out_axes=<int>)')
 REMAT_NAMES = frozenset({'flax.linen.remat', 'flax.linen.checkpoint', 'flax.linen.transforms.checkpoint',
                          'flax.linen.transforms.remat'})
 REMAT_OPTIONS = ('prevent_cse', 'policy', 'static_argnums')  # nnx.remat takes these as they are
+JIT_NAMES = frozenset({'flax.linen.jit', 'flax.linen.transforms.jit'})
+WRAPPING = {  # a Linen transform of a class -> (its names, the NNX transform of the call, the options it takes as
+    #           they are, Linen's child-name prefix)
+    'remat': (REMAT_NAMES, 'nnx.remat', REMAT_OPTIONS, 'Checkpoint'),
+    'jit': (JIT_NAMES, 'nnx.jit', ('static_argnums', 'donate_argnums'), 'Jit'),
+}
+VMAP_NAMES = frozenset({'flax.linen.vmap', 'flax.linen.transforms.vmap'})
 ELEMENTWISE = frozenset(
     f'{module}.{name}'
     for module in ('flax.linen', 'flax.nnx', 'jax.nn', 'jax.numpy')
@@ -152,14 +162,17 @@ class _Unsupported(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class _LayerScan:
-  """An `nn.scan` over layers (`variable_axes={'params': 0}`): the class's variables stacked along axis 0."""
+class _Stacked:
+  """An `nn.scan` over layers or an `nn.vmap` ensemble (`variable_axes={'params': 0}`): copies of a class whose
+  variables are stacked along axis 0, created by nnx.vmap and run by nnx.scan / nnx.vmap."""
 
-  length: str  # the number of layers, as code valid in __init__
-  in_axes: tuple[str, ...]  # nnx.scan's in_axes of each call argument after the carry ('0', 'None': broadcast)
-  out_axes: str  # of the second returned value
-  remat: str | None  # the nnx.remat options of an nn.remat inside the scan ('' for none); None: no remat
+  transform: str  # 'scan' or 'vmap'
+  length: str  # the number of copies, as code valid in __init__
+  in_axes: tuple[str, ...]  # of each call argument (for scan: after the carry): '0', or 'None' (broadcast)
+  out_axes: str  # of the output (for scan: of the second returned value)
+  remat: str | None  # the nnx.remat options of an nn.remat inside ('' for none); None: no remat
   metadata: str | None  # transform_metadata code (Linen's metadata_params)
+  axis_name: str | None  # nn.vmap's axis_name, as code
   split: tuple[str, ...]  # the rng streams Linen splits per layer (the others: the same key in every layer)
 
 
@@ -188,8 +201,8 @@ class _Child:
   wrapper: WrapperSpec | None = None  # a table wrapper (nn.RNN) around `cell`
   cell: _Child | None = None  # the table layer the wrapper runs, built in its constructor call
   scan: tuple[int, int] | None = None  # (in_axes, out_axes) of an nn.scan over a cell class of the file
-  remat: str | None = None  # the nnx.remat options (`prevent_cse=False`) of an nn.remat over a class of the file
-  layers: _LayerScan | None = None  # an nn.scan over layers of a class of the file
+  remat: tuple[str, str] | None = None  # (`nnx.remat` / `nnx.jit`, its options) of nn.remat / nn.jit over a class
+  stacked: _Stacked | None = None  # an nn.scan over layers / nn.vmap ensemble of a class of the file
 
   @property
   def holds_cache(self) -> bool:
@@ -245,6 +258,14 @@ def _nnx_counterpart(qualified: str) -> str | None:
   return _nnx_twin(qualified)
 
 
+def _draws_rngs(plan: _Plan) -> bool:
+  """Whether a converted class draws random numbers in its call: a Dropout, a dropout_rate, make_rng, or a child
+  that does."""
+  return bool(plan.streams) or any(
+      c.spec is not None and (c.spec.linen == 'flax.linen.Dropout' or 'dropout_rate' in c.kwargs)
+      or c.sibling is not None and _draws_rngs(c.sibling) for c in plan.children)
+
+
 def _snake(name: str) -> str:
   return re.sub(r'(?<=[a-z0-9])(?=[A-Z])', '_', name).lower()
 
@@ -282,10 +303,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._scan_names: dict[cst.Name, _Child] = {}  # `rnn` in `rnn.initial_state(...)` -> the child
     self._removed: set[cst.CSTNode] = set()  # statements that go (`rnn = nn.scan(...)(...)`, now in __init__)
     self._scanned_cells: set[str] = set()  # classes of the file some nn.scan(<class>, ...) runs
-    self._remats: dict[cst.Call, str] = {}  # `nn.remat(Block, ...)(...)` -> the nnx.remat options
+    self._remats: dict[cst.Call, tuple[str, str]] = {}  # `nn.remat(Block, ...)(...)` -> (`nnx.remat`, its options)
     self._remat_calls: dict[cst.Call, _Child] = {}  # a call of a rematted submodule -> the child, run by nnx.remat
-    self._layer_scans: dict[cst.Call, _LayerScan] = {}  # `nn.scan(Block, variable_axes=...)(...)` -> its options
-    self._layer_calls: dict[cst.Call, _Child] = {}  # a call of scanned layers -> the child, run by nnx.scan
+    self._stacks: dict[cst.Call, _Stacked] = {}  # `nn.scan(Block, variable_axes=...)(...)` / nn.vmap -> its options
+    self._stack_calls: dict[cst.Call, _Child] = {}  # a call of stacked copies -> the child, run by nnx.scan / nnx.vmap
     self._lifted: set[cst.CSTNode] = set()  # `ScanBlock = nn.scan(...)` values: converted with their construction
 
   # --- traversal -------------------------------------------------------------------------------
@@ -307,13 +328,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return
     saved = (dict(self._calls), dict(self._exprs), dict(self._ifs), dict(self._methods), dict(self._variable_classes),
              dict(self._statements), dict(self._scan_calls), dict(self._scan_names), set(self._removed),
-             dict(self._remat_calls), dict(self._layer_calls))
+             dict(self._remat_calls), dict(self._stack_calls))
     self._pending = []
     try:
       plan = self._plan(node)
     except _Unsupported as error:
       (self._calls, self._exprs, self._ifs, self._methods, self._variable_classes, self._statements,
-       self._scan_calls, self._scan_names, self._removed, self._remat_calls, self._layer_calls) = saved
+       self._scan_calls, self._scan_names, self._removed, self._remat_calls, self._stack_calls) = saved
       self.report_todo(error.node, f'class {node.name.value} left as Linen: {error.message}')
       return
     self._plans[node.name.value] = self._class_plans[node] = plan
@@ -355,19 +376,23 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           f'nnx.scan(lambda cell, carry, x: cell(carry, x), in_axes=(None, nnx.Carry, {in_axis}), '
           f'out_axes=(nnx.Carry, {out_axis}))(self.{child.attr}, {args})')
     dropped = self._calls.get(original_node, (None, set()))[1]
-    if original_node in self._layer_calls:  # `blocks(x, None)` -> nnx.scan over the stacked layers
-      child = self._layer_calls[original_node]
-      scan = child.layers
+    if original_node in self._stack_calls:  # `blocks(x, None)` -> nnx.scan / nnx.vmap over the stacked copies
+      child = self._stack_calls[original_node]
+      stacked = child.stacked
       values = [cst.Module([]).code_for_node(a.value) for i, a in enumerate(updated_node.args) if i not in dropped]
-      xs = ['x'] if len(values) == 2 else [f'x{i}' for i in range(1, len(values))]
-      params = ', '.join(['carry', *xs])
+      scan = stacked.transform == 'scan'
+      count = len(values) - scan
+      xs = ['x'] if count == 1 else [f'x{i}' for i in range(1, count + 1)]
+      params = ', '.join(['carry', *xs] if scan else xs)
       body = f'lambda layer, {params}: layer({params})'
-      if scan.remat is not None:
-        body = f'nnx.remat({body}{", " if scan.remat else ""}{scan.remat})'
-      metadata = f', transform_metadata={scan.metadata}' if scan.metadata else ''
+      if stacked.remat is not None:
+        body = f'nnx.remat({body}{", " if stacked.remat else ""}{stacked.remat})'
+      options = [f'in_axes=({", ".join(["0", *(["nnx.Carry"] if scan else []), *stacked.in_axes])})',
+                 f'out_axes=(nnx.Carry, {stacked.out_axes})' if scan else f'out_axes={stacked.out_axes}',
+                 *([f'transform_metadata={stacked.metadata}'] if stacked.metadata else []),
+                 *([f'axis_name={stacked.axis_name}'] if stacked.axis_name else [])]
       return cst.parse_expression(
-          f'nnx.scan({body}, in_axes=({", ".join(["0", "nnx.Carry", *scan.in_axes])}), '
-          f'out_axes=(nnx.Carry, {scan.out_axes}){metadata})(self.{child.attr}, {", ".join(values)})')
+          f'nnx.{stacked.transform}({body}, {", ".join(options)})(self.{child.attr}, {", ".join(values)})')
     if original_node in self._remat_calls:  # `block(x)` -> nnx.remat over a lambda calling the submodule
       child = self._remat_calls[original_node]
       kept = [a for i, a in enumerate(original_node.args) if i not in dropped]
@@ -378,9 +403,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         params = call = ', '.join(names)
       else:
         params = call = 'x' if len(values) == 1 else ', '.join(f'x{i}' for i in range(1, len(values) + 1))
-      options = f', {child.remat}' if child.remat else ''
+      transform, options = child.remat[0], f', {child.remat[1]}' if child.remat[1] else ''
       return cst.parse_expression(
-          f'nnx.remat(lambda module, {params}: module({call}){options})(self.{child.attr}, {", ".join(values)})')
+          f"{transform}(lambda module, {params}: module({call}){options})(self.{child.attr}, {', '.join(values)})")
     if original_node not in self._calls:
       return updated_node
     attr, dropped = self._calls[original_node]
@@ -584,7 +609,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     ctors = [c for c in ctors if c not in cells]
     for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
       if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors \
-          and call not in self._scans and call not in self._remats and call not in self._layer_scans:
+          and call not in self._scans and call not in self._remats and call not in self._stacks:
         raise _Unsupported(call, f'{self.module.code_for_node(call.func.func)}(...)(...) builds a submodule from a '
                                  'ModuleDef, factory or layer NNX has no counterpart of')
     variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and _scope_api(c) in ('param', 'variable')]
@@ -603,7 +628,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         outer[sub.func] = sub
     scan_names: dict[cst.Call, list[cst.Name]] = {}
     for ctor in ctors:  # `rnn = nn.scan(Cell, ...)(...)`, then `rnn(carry, x)` once and `rnn.<method>(...)`
-      if (ctor in self._scans or ctor in self._remats or ctor in self._layer_scans) and ctor not in outer:
+      if (ctor in self._scans or ctor in self._remats or ctor in self._stacks) and ctor not in outer:
         outer[ctor], scan_names[ctor] = self._scan_local(method, ctor)
     holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
     for node in descendants(method.body):
@@ -721,10 +746,11 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _child(self, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> _Child:
     linen, spec, sibling = self._constructed(ctor)
     wrapper = find_wrapper(linen) if spec is None and sibling is None else None
-    layers = self._layer_scans.get(ctor)
-    short = ('Scan' if ctor in self._scans or layers else 'Checkpoint' if ctor in self._remats else '') \
-        + ('Checkpoint' if layers and layers.remat is not None else '') \
-        + linen.rpartition('.')[2]  # Linen names it ScanCell_0, CheckpointBlock_0, ScanCheckpointBlock_0
+    stacked, wrapped = self._stacks.get(ctor), self._remats.get(ctor)
+    short = ('Scan' if ctor in self._scans else stacked.transform.capitalize() if stacked else '') \
+        + ('Checkpoint' if stacked and stacked.remat is not None else
+           next(w[3] for w in WRAPPING.values() if w[1] == wrapped[0]) if wrapped else '') \
+        + linen.rpartition('.')[2]  # Linen names it ScanCell_0, CheckpointBlock_0, ScanCheckpointBlock_0, VmapBlock_0
     if any(a.star for a in ctor.args):
       raise _Unsupported(ctor, 'a constructor call with *args or **kwargs')
     positional = [a.value for a in ctor.args if a.keyword is None]
@@ -745,7 +771,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if not explicit:
       counts[short] = counts.get(short, -1) + 1  # Linen numbers auto-named children per class
     child = _Child(explicit or '', explicit or f'{short}_{counts[short]}', ctor, spec, sibling, kwargs,
-                   wrapper=wrapper, cell=cell, scan=self._scans.get(ctor), remat=self._remats.get(ctor), layers=layers)
+                   wrapper=wrapper, cell=cell, scan=self._scans.get(ctor), remat=self._remats.get(ctor), stacked=stacked)
     self._ctor_modes(child)
     return child
 
@@ -875,8 +901,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         self._scan_call(call, child)
       if child.remat is not None:
         self._remat_call(call, child)
-      if child.layers is not None:
-        self._layers_call(call, child)
+      if child.stacked is not None:
+        self._stack_call(call, child)
     from_setup = {c.attr: c for c in plan.children if not c.hoisted}
     for method in methods.values():
       if method is setup:
@@ -893,7 +919,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           if isinstance(parent, cst.Attribute) and parent.value is sub and parent.attr.value == 'value':
             self._exprs[parent] = f'self.{child.attr}[...]'  # `.value` is deprecated in NNX
         elif child.api is None:
-          if (child.scan is not None or child.remat is not None or child.layers is not None) \
+          if (child.scan is not None or child.remat is not None or child.stacked is not None) \
               and isinstance(parent, cst.Attribute) and parent.value is sub \
               and isinstance(self._parent(parent), cst.Call) and self._parent(parent).func is parent:
             continue  # `self.rnn.initial_state(...)`: a method of the cell, called outside the scan
@@ -904,8 +930,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
             self._scan_call(parent, child)
           if child.remat is not None:
             self._remat_call(parent, child)
-          if child.layers is not None:
-            self._layers_call(parent, child)
+          if child.stacked is not None:
+            self._stack_call(parent, child)
     return calls
 
   def _check_hoistable(self, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = ()) -> None:
@@ -945,7 +971,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       raise _Unsupported(children[0].ctor, 'duplicate names, or names shadowing a field or method')
     taken = taken | set(explicit)
     auto = [c for c in children if not c.attr]
-    bases = ['cell' if c.scan else f'{_snake(c.sibling.name)}s' if c.layers else _snake((c.spec or c.wrapper).nnx.rpartition('.')[2]) if c.spec or c.wrapper
+    bases = ['cell' if c.scan else f'{_snake(c.sibling.name)}s' if c.stacked
+             else _snake((c.spec or c.wrapper).nnx.rpartition('.')[2]) if c.spec or c.wrapper
              else _snake(c.sibling.name) for c in auto]
     for i, (child, base) in enumerate(zip(auto, bases)):
       attr = f'{base}{bases[:i].count(base) + 1}' if bases.count(base) > 1 else base
@@ -1652,9 +1679,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
               for i, (f, v) in enumerate(child.kwargs.items())]
       args += [f'{k}={v}' for k, v in child.sizes.items()]
       built = f'{child.sibling.name}({", ".join([*args, "rngs=rngs"])})'
-      if child.layers is not None:  # one layer per split key, variables stacked on axis 0
-        metadata = f', transform_metadata={child.layers.metadata}' if child.layers.metadata else ''
-        return f'nnx.vmap(lambda rngs: {built}{metadata})(rngs.split({child.layers.length}))'
+      if child.stacked is not None:  # one layer per split key, variables stacked on axis 0
+        metadata = f', transform_metadata={child.stacked.metadata}' if child.stacked.metadata else ''
+        return f'nnx.vmap(lambda rngs: {built}{metadata})(rngs.split({child.stacked.length}))'
       return built
     spec = child.spec
     renames, accepted = dict(spec.arg_renames), nnx_arguments(spec.nnx)
@@ -1742,7 +1769,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     line = self._parent(assign) if isinstance(assign, cst.Assign) else None
     if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and len(assign.targets) == 1
             and isinstance(assign.value, cst.Call) and isinstance(assign.value.func, (cst.Name, cst.Attribute))
-            and self._has_name(assign.value.func, SCAN_NAMES)):
+            and self._has_name(assign.value.func, SCAN_NAMES | VMAP_NAMES)):
       return None
     uses = [r.node for r in assignments[0].references]
     if uses != [name]:
@@ -1760,11 +1787,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _scanned_class(self, scan: cst.Call, ctor: cst.Call) -> str | None:
     """`Cell` for `nn.scan(Cell, variable_broadcast='params', split_rngs={'params': False}, in_axes=1, out_axes=1)`
     over a Linen class of this file, recording its axes, and `Block` for a scan over layers (`variable_axes`, see
-    _layer_scan); None for any other call. Other options over such a class: a TODO, since only these two have a
+    _stacked_class), and `Block` for an nn.vmap ensemble; None for any other call. Other options over such a class: a TODO, since only these two have a
     direct NNX form."""
     kwargs = {a.keyword.value: a.value for a in scan.args if a.keyword is not None}
     if 'variable_axes' in kwargs and self._has_name(scan.func, SCAN_NAMES):
-      return self._layer_scan(scan, ctor, kwargs)
+      return self._stacked_class(scan, ctor, kwargs, 'scan')
+    if self._has_name(scan.func, VMAP_NAMES) and isinstance(scan.func, (cst.Name, cst.Attribute)):
+      return self._stacked_class(scan, ctor, kwargs, 'vmap')
     positional = self._lifted_class(scan, SCAN_NAMES)
     if positional is None:
       return None
@@ -1785,56 +1814,63 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._scans[ctor] = (int(axes[0].value), int(axes[1].value))
     return positional[0].value
 
-  def _layer_scan(self, scan: cst.Call, ctor: cst.Call, kwargs: dict[str, cst.BaseExpression]) -> str:
+  def _stacked_class(self, lifted: cst.Call, ctor: cst.Call, kwargs: dict[str, cst.BaseExpression],
+                     transform: str) -> str:
     """`Block` for `nn.scan(Block or nn.remat(Block, ...), variable_axes={'params': 0, ...}, split_rngs={'params':
-    True, ...}, length=n, in_axes=..., out_axes=..., metadata_params=...)`: built by nnx.vmap over split rngs in
-    __init__ (the same stacked layout) and run by nnx.scan; records the options."""
+    True, ...}, length=n, in_axes=..., out_axes=..., metadata_params=...)` (scan over layers) or the same nn.vmap
+    with axis_size=n (an ensemble): copies created by nnx.vmap over split rngs in __init__ (the same stacked
+    layout), run by nnx.scan / nnx.vmap; records the options."""
     given = ', '.join(f'{k}={self.module.code_for_node(v)}' for k, v in kwargs.items())
-    positional = [a.value for a in scan.args if a.keyword is None]
+    positional = [a.value for a in lifted.args if a.keyword is None]
     target = self._unremat(positional[0]) if len(positional) == 1 else None
     if not (isinstance(target, cst.Name) and target.value in self._linen_classes):
-      raise _Unsupported(scan, 'nn.scan over layers of something other than a Linen class of this file '
-                               '(or nn.remat of one)')
+      raise _Unsupported(lifted, f'nn.{transform} of something other than a Linen class of this file (or nn.remat of '
+                                 'one)')
     sibling = self._plans.get(target.value)
     if sibling is None:
       raise _Unsupported(ctor, f'{target.value} is a Linen module that was not converted')
-    stop = f'nn.scan({target.value}, {given}) is converted only '
-    if any(a.star for a in scan.args) or set(kwargs) - LAYER_SCAN_OPTIONS:
-      raise _Unsupported(scan, stop + f'with the options {", ".join(sorted(LAYER_SCAN_OPTIONS))}')
-    axes = self._literal_dict(kwargs['variable_axes'])
+    options = STACK_OPTIONS[transform]
+    stop = f'nn.{transform}({target.value}, {given}) is converted only '
+    if any(a.star for a in lifted.args) or set(kwargs) - set(options):
+      raise _Unsupported(lifted, stop + f'with the options {", ".join(options)}')
+    axes = self._literal_dict(kwargs.get('variable_axes', cst.Dict([])))
     if axes is None or 'params' not in axes or not all(isinstance(v, cst.Integer) and v.value == '0' for v in axes.values()):
-      raise _Unsupported(scan, stop + "with variable_axes of literal collections stacked on axis 0, 'params' among them")
+      raise _Unsupported(lifted, stop + "with variable_axes of literal collections stacked on axis 0, 'params' among "
+                                        'them')
     split = self._literal_dict(kwargs.get('split_rngs', cst.Dict([])))
     if split is None or not all(isinstance(v, cst.Name) and v.value in ('True', 'False') for v in split.values()) \
         or not (isinstance(split.get('params'), cst.Name) and split['params'].value == 'True'):
-      raise _Unsupported(scan, stop + "with split_rngs={'params': True, ...} (each layer initialised from its own key)")
-    if 'length' not in kwargs:
-      raise _Unsupported(scan, stop + 'with length= (nnx.vmap creates that many layers in __init__)')
-    self._check_hoistable(kwargs['length'])
-    mode_positions = {i + 1 for i, _, _ in sibling.mode_params}  # a call's positions after the carry (1, 2, ...)
-    count = len(sibling.call_params) - 1
+      raise _Unsupported(lifted, stop + "with split_rngs={'params': True, ...} (each copy initialised from its own key)")
+    if options[0] not in kwargs:
+      raise _Unsupported(lifted, stop + f'with {options[0]}= (nnx.vmap creates that many copies in __init__)')
+    for key in (options[0], 'metadata_params', 'axis_name'):  # moved into __init__ / the NNX call
+      if key in kwargs:
+        self._check_hoistable(kwargs[key])
+    scan = transform == 'scan'
+    mode_positions = {i + 1 for i, _, _ in sibling.mode_params}  # Linen's numbering: self is 0
+    count = len(sibling.call_params) - scan
     in_axes = kwargs.get('in_axes', cst.Integer('0'))
     entries = [e.value for e in in_axes.elements] if isinstance(in_axes, cst.Tuple) else [in_axes] * count
-    if len(entries) != count or not all(isinstance(e, cst.Integer) or self._has_name(e, BROADCAST_NAMES) for e in entries):
-      raise _Unsupported(scan, stop + f'with in_axes of an int or nn.broadcast for each of the {count} inputs after '
-                                      'the carry')
+    if len(entries) != count or not all(
+        isinstance(e, cst.Integer) and e.value == '0' or self._has_name(e, BROADCAST_NAMES)
+        or isinstance(e, cst.Name) and e.value == 'None' for e in entries):
+      raise _Unsupported(lifted, stop + f'with in_axes of 0 or {"nn.broadcast" if scan else "None"} for each of the '
+                                        f'{count} inputs{" after the carry" if scan else ""}')
     out_axes = kwargs.get('out_axes', cst.Integer('0'))
     if not isinstance(out_axes, cst.Integer):
-      raise _Unsupported(scan, stop + 'with an int out_axes')
+      raise _Unsupported(lifted, stop + 'with an int out_axes')
     metadata = None
     if 'metadata_params' in kwargs:
       keys = [e.key for e in getattr(kwargs['metadata_params'], 'elements', ()) if isinstance(e, cst.DictElement)]
-      names = {key: self._nnx_name_for(key) for key in keys if self._nnx_name_for(key) is not None}
-      self._check_hoistable(kwargs['metadata_params'])
-      metadata = self._code(kwargs['metadata_params'], names)
-    remat = None
-    if positional[0] is not target:
-      remat = self._remat_options(positional[0], sibling, offset=1)
-    self._layer_scans[ctor] = _LayerScan(
-        self._code(kwargs['length']),
-        tuple('None' if not isinstance(e, cst.Integer) else e.value
-              for i, e in enumerate(entries, start=2) if i not in mode_positions),
-        out_axes.value, remat, metadata,
+      metadata = self._code(kwargs['metadata_params'], {key: self._nnx_name_for(key) for key in keys
+                                                        if self._nnx_name_for(key) is not None})
+    remat = None if positional[0] is target else self._wrapping_options(positional[0], sibling, 'remat', under=transform)
+    self._stacks[ctor] = _Stacked(
+        transform, self._code(kwargs[options[0]]),
+        tuple('0' if isinstance(e, cst.Integer) else 'None'
+              for i, e in enumerate(entries, start=1 + scan) if i not in mode_positions),
+        out_axes.value, remat[1] if remat else None, metadata,
+        self._code(kwargs['axis_name']) if 'axis_name' in kwargs else None,
         tuple(sorted(s for s, v in split.items() if v.value == 'True')))
     return target.value
 
@@ -1845,56 +1881,68 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return None
     return {e.key.evaluated_value: e.value for e in node.elements}
 
-  def _rematted_class(self, remat: cst.Call) -> str | None:
+  def _rematted_class(self, lifted: cst.Call) -> str | None:
     """`Block` for `nn.remat(Block, prevent_cse=..., policy=..., static_argnums=<int or tuple of ints>)` (or
-    nn.checkpoint) over a Linen class of this file, recording the nnx.remat options; None for any other call.
-    Other options (`variables=`, `rngs=`, `concrete=`, `methods=`): a TODO."""
-    positional = self._lifted_class(remat, REMAT_NAMES)
-    if positional is None:
-      return None
-    sibling = self._plans.get(positional[0].value)
-    options = self._remat_options(remat, sibling) if sibling is not None else ''
-    outer = self._parent(remat)
-    if isinstance(outer, cst.Call) and outer.func is remat:
-      self._remats[outer] = options
-    return positional[0].value
+    nn.checkpoint), or `nn.jit(Block, static_argnums=..., donate_argnums=...)`, over a Linen class of this file,
+    recording the NNX transform and its options; None for any other call. Other options (`variables=`, `rngs=`,
+    `concrete=`, `methods=`, ...): a TODO."""
+    for kind, (names, transform, _, _) in WRAPPING.items():
+      positional = self._lifted_class(lifted, names)
+      if positional is None:
+        continue
+      sibling = self._plans.get(positional[0].value)
+      options = self._wrapping_options(lifted, sibling, kind) if sibling is not None else None
+      outer = self._parent(lifted)
+      if options is not None and isinstance(outer, cst.Call) and outer.func is lifted:
+        self._remats[outer] = options
+      return positional[0].value
+    return None
 
-  def _remat_options(self, remat: cst.Call, sibling: _Plan, offset: int = 0) -> str:
-    """The nnx.remat options of `nn.remat(Block, ...)`, static_argnums renumbered for the train/eval arguments
-    the NNX call drops. Linen counts `self` as argument 0 of __call__, as nnx.remat counts the module given first:
-    otherwise the same numbers. `offset` static arguments are allowed no further (under nnx.scan: traced)."""
-    kwargs = {a.keyword.value: a.value for a in remat.args if a.keyword is not None}
-    func, name = self.module.code_for_node(remat.func), sibling.name
-    static = kwargs.get('static_argnums')
+  def _wrapping_options(self, lifted: cst.Call, sibling: _Plan, kind: str, under: str = '') -> tuple[str, str]:
+    """The NNX transform (`nnx.remat`) and its options for `nn.remat(Block, ...)` / `nn.jit(Block, ...)`,
+    static_argnums renumbered for the train/eval arguments the NNX call drops. Linen counts `self` as argument 0
+    of __call__, as the NNX transform counts the module given first: otherwise the same numbers. `under` an
+    nnx.scan / nnx.vmap, no static argument may remain (traced there)."""
+    _, transform, accepted, _ = WRAPPING[kind]
+    kwargs = {a.keyword.value: a.value for a in lifted.args if a.keyword is not None}
+    func, name = self.module.code_for_node(lifted.func), sibling.name
     given = ', '.join(f'{k}={self.module.code_for_node(v)}' for k, v in kwargs.items())
-    if any(a.star for a in remat.args) or set(kwargs) - set(REMAT_OPTIONS) or not (
-        static is None or isinstance(static, cst.Integer)
-        or (isinstance(static, cst.Tuple) and all(isinstance(e.value, cst.Integer) for e in static.elements))):
-      raise _Unsupported(remat, f'{func}({name}, {given}) is converted only with the options '
-                                f'{", ".join(REMAT_OPTIONS)} (static_argnums literal), which nnx.remat takes')
+    numbers = {k: self._literal_ints(v) for k, v in kwargs.items() if k.endswith('argnums')}
+    if any(a.star for a in lifted.args) or set(kwargs) - set(accepted) or None in numbers.values():
+      raise _Unsupported(lifted, f'{func}({name}, {given}) is converted only with the options '
+                                 f'{", ".join(accepted)} (argnums literal), which {transform} takes')
     for value in kwargs.values():
       self._check_hoistable(value)
-    codes = {k: self._code(kwargs[k], {}) for k in REMAT_OPTIONS if k in kwargs}
-    if static is not None:
-      numbers = [int(e.value.value) for e in static.elements] if isinstance(static, cst.Tuple) else [int(static.value)]
-      modes = {i + 1 for i, _, _ in sibling.mode_params}
-      kept = [n - sum(m < n for m in modes) for n in numbers if n not in modes]
-      if offset and kept:
-        raise _Unsupported(remat, f'{func}({name}, {given}) under nn.scan: static arguments other than train/eval '
-                                  'switches (traced inside nnx.scan)')
-      del codes['static_argnums']
+    codes = {k: self._code(kwargs[k], {}) for k in accepted if k in kwargs}
+    modes = {i + 1 for i, _, _ in sibling.mode_params}
+    for key, given_numbers in numbers.items():
+      kept = [n - sum(m < n for m in modes) for n in given_numbers if n not in modes]
+      if under and kept and key == 'static_argnums':
+        raise _Unsupported(lifted, f'{func}({name}, {given}) under nn.{under}: static arguments other than '
+                                   f'train/eval switches (traced inside nnx.{under})')
+      del codes[key]
       if kept:
-        codes['static_argnums'] = f'({", ".join(map(str, kept))},)'
-    return ', '.join(f'{k}={v}' for k, v in codes.items())
+        codes[key] = f'({", ".join(map(str, kept))},)'
+    return transform, ', '.join(f'{k}={v}' for k, v in codes.items())
+
+  def _literal_ints(self, node: cst.BaseExpression) -> list[int] | None:
+    """`2` or `(1, 2)` as a list of ints; None for anything else."""
+    if isinstance(node, cst.Integer):
+      return [int(node.value)]
+    if isinstance(node, cst.Tuple) and all(isinstance(e.value, cst.Integer) for e in node.elements):
+      return [int(e.value.value) for e in node.elements]
+    return None
 
   def _remat_call(self, call: cst.Call, child: _Child) -> None:
     """A call of a rematted submodule: positional arguments only, nnx.remat runs it."""
     if any(a.keyword is not None or a.star for a in call.args):
-      raise _Unsupported(call, 'a rematted submodule called with keyword or starred arguments (converted: positional)')
+      raise _Unsupported(call, f'a {child.remat[0]}-wrapped submodule called with keyword or starred arguments '
+                               '(converted: positional)')
     self._remat_calls[call] = child
-    options = f' ({child.remat})' if child.remat else ''
-    self._pending.append((call, f'the rematted submodule self.{child.attr} called through nnx.remat{options}: its '
-                                'activations recomputed in the backward pass, as in Linen'))
+    transform, options = child.remat[0], f' ({child.remat[1]})' if child.remat[1] else ''
+    effect = 'its activations recomputed in the backward pass' if transform == 'nnx.remat' else 'compiled on its own'
+    self._pending.append((call, f'the {transform.partition(".")[2]}-wrapped submodule self.{child.attr} called through '
+                                f'{transform}{options}: {effect}, as in Linen'))
 
   def _scan_local(self, method: cst.FunctionDef, ctor: cst.Call) -> tuple[cst.Call, list[cst.Name]]:
     """`rnn = nn.scan(Cell, ...)(...)` in the @nn.compact method: the statement goes (the cell is built in
@@ -1926,21 +1974,24 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._removed.add(line)
     return calls[0], names
 
-  def _layers_call(self, call: cst.Call, child: _Child) -> None:
-    """A call of scanned layers: `(carry, *xs)` by position, nnx.scan runs the stacked layers in turn."""
+  def _stack_call(self, call: cst.Call, child: _Child) -> None:
+    """A call of stacked copies: every argument by position (for scan, `(carry, *xs)`); nnx.scan runs the layers
+    in turn, nnx.vmap the ensemble's members side by side."""
+    stacked = child.stacked
     if any(a.keyword is not None or a.star for a in call.args) or len(call.args) != len(child.sibling.call_params):
-      raise _Unsupported(call, f'scanned layers called other than with all of {child.sibling.name}\'s arguments by '
-                               'position')
-    self._layer_calls[call] = child
-    scan = child.layers
-    remat = '' if scan.remat is None else f', each rematerialised (nnx.remat{f"({scan.remat})" if scan.remat else ""})'
-    unsplit = '' if 'dropout' in scan.split else (
-        f'; split_rngs names only {", ".join(scan.split)}: no other rng stream reached the Linen layers (a dropout '
-        'in train mode failed there), NNX splits every stream per layer')
-    self._pending.append((call, f'the nn.scan over {child.sibling.name} layers ({child.linen_name}) -> '
-                                f'self.{child.attr}, {scan.length} layers created by nnx.vmap over '
-                                f'rngs.split({scan.length}) (variables stacked on axis 0, as Linen\'s), run by nnx.scan'
-                                f'{remat}{unsplit}'))
+      raise _Unsupported(call, f'nn.{stacked.transform} copies called other than with all of {child.sibling.name}\'s '
+                               'arguments by position')
+    self._stack_calls[call] = child
+    remat = '' if stacked.remat is None else (
+        f', each rematerialised (nnx.remat{f"({stacked.remat})" if stacked.remat else ""})')
+    unsplit = '' if 'dropout' in stacked.split or not _draws_rngs(child.sibling) else (
+        f'; split_rngs names only {", ".join(stacked.split)}: no other rng stream reached the Linen copies (a dropout '
+        'in train mode failed there), NNX splits every stream per copy')
+    run = 'nnx.scan, one layer after the other' if stacked.transform == 'scan' else 'nnx.vmap, side by side'
+    self._pending.append((call, f'the nn.{stacked.transform} of {child.sibling.name} ({child.linen_name}) -> '
+                                f'self.{child.attr}, {stacked.length} copies created by nnx.vmap over '
+                                f'rngs.split({stacked.length}) (variables stacked on axis 0, as Linen\'s), run by '
+                                f'{run}{remat}{unsplit}'))
 
   def _scan_call(self, call: cst.Call, child: _Child) -> None:
     """A call of a scanned cell: `(carry, x)` by position, nnx.scan runs it."""

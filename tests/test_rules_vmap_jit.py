@@ -1,0 +1,140 @@
+"""L2N002 on nn.vmap ensembles, nn.jit submodules and scans with metadata_params: the converted code holds
+Linen's stacked params with the same shapes, and outputs and gradients match; train/eval arguments a
+lifted call drops leave static_argnums renumbered; other options stay Linen with a TODO naming them."""
+
+import pathlib
+import runpy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import nnx_bridge
+from codemods import rules as registry
+from codemods.transform import transform_source
+
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / 'fixtures' / 'L2N002'
+RULES = registry.select_rules(['L2N002'])
+X = jax.random.normal(jax.random.key(1), (2, 6))
+CASES = {  # class -> (Linen fields, the NNX size arguments for X, Linen's child holding the params)
+    'Ensemble': ((3, 8, 4), {'heads_linear1_in_features': 6}, 'VmapHead_0'),
+    'Jitted': ((8,), {'head_linear1_in_features': 6}, 'JitHead_0'),
+    'Stack': ((6, 3), {}, 'ScanBlock_0'),
+}
+
+
+def _load(suffix: str) -> dict:
+  return runpy.run_path(str(FIXTURES / f'vmap_jit_stack.{suffix}.py'))
+
+
+@pytest.mark.parametrize('name', CASES)
+def test_lifted_children_match_linen_outputs_and_gradients(name):
+  fields, sizes, child = CASES[name]
+  linen_module = _load('in')[name](*fields)
+  variables = linen_module.init(jax.random.key(0), X)
+  model = _load('out')[name](*fields, **sizes, rngs=nnx.Rngs(3))
+  mapping = nnx_bridge.derive_mapping(linen_module, model, X)
+  assert {rule.linen[0][1] for rule in mapping.rules} == {child}
+  flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  for rule in mapping.rules:  # the stacked layout transfers as it is
+    linen_leaf = variables['params']
+    for key in rule.linen[0][1:]:
+      linen_leaf = linen_leaf[key]
+    assert flat[rule.nnx][...].shape == linen_leaf.shape, rule
+  report = nnx_bridge.compare(linen_module, variables, model, X, mapping=mapping)
+  assert report.ok, report.to_text()
+  assert len([d for d in report.differences if d.check == 'gradient']) == len(mapping.rules)
+
+
+def test_ensemble_members_differ_and_a_swapped_member_is_caught():
+  """Each member has its own params (split_rngs params), and the parity check sees a reordered ensemble only
+  through the mean: swapping two members' first kernels changes the output."""
+  fields, sizes, _ = CASES['Ensemble']
+  linen_module = _load('in')['Ensemble'](*fields)
+  variables = linen_module.init(jax.random.key(0), X)
+  kernel = variables['params']['VmapHead_0']['Dense_0']['kernel']
+  assert not np.allclose(kernel[0], kernel[1])
+  model = _load('out')['Ensemble'](*fields, **sizes, rngs=nnx.Rngs(3))
+  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, X))
+  np.testing.assert_allclose(model(X), linen_module.apply(variables, X), atol=1e-5)
+  swapped = model.heads.linear1.kernel[...]
+  model.heads.linear1.kernel[...] = swapped[jnp.array([1, 0, 2])]
+  assert not np.allclose(model(X), linen_module.apply(variables, X), atol=1e-3)
+
+
+def test_metadata_params_become_transform_metadata():
+  source = (FIXTURES / 'vmap_jit_stack.out.py').read_text()
+  assert source.count("transform_metadata={nnx.PARTITION_NAME: 'layers'}") == 2  # vmap creation and scan call
+
+
+MODES = '''import flax.linen as nn
+
+
+class Block(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x, deterministic, scale):
+    y = nn.Dropout(0.5)(nn.Dense(self.features)(x), deterministic=deterministic)
+    return y * scale if scale > 1 else y
+
+
+class M(nn.Module):
+  @nn.compact
+  def __call__(self, x, train: bool):
+    return nn.remat(Block, static_argnums=(2, 3))(4)(x, not train, 2.0)
+'''
+
+
+def test_static_argnums_skip_the_dropped_train_eval_argument():
+  """Linen's `(2, 3)` names `deterministic` (dropped: model.train() / eval() set it) and `scale`, now argument 2."""
+  result = transform_source(MODES, RULES)
+  assert 'nnx.remat(lambda module, x1, x2: module(x1, x2), static_argnums=(2,))(self.block, x, 2.0)' in result.source, \
+      result.source
+  linen, converted = {}, {}
+  exec(compile(MODES, 'linen', 'exec'), linen)
+  exec(compile(result.source, 'nnx', 'exec'), converted)
+  x = jnp.ones((2, 3))
+  linen_module = linen['M']()
+  variables = linen_module.init(jax.random.key(0), x, train=False)
+  model = converted['M'](block_linear_in_features=3, rngs=nnx.Rngs(0))
+  report = nnx_bridge.compare(linen_module, variables, model, x)
+  assert report.ok, report.to_text()
+
+
+LIFTED = '''import flax.linen as nn
+
+
+class Block(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    return nn.Dense(3)(x), None
+
+
+class M(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return {lifted}()(x, None)
+'''
+
+
+@pytest.mark.parametrize('lifted, reason', [
+    ("nn.vmap(Block, variable_axes={'params': 0}, split_rngs={'params': True})", 'with axis_size='),
+    ("nn.scan(Block, variable_axes={'params': 1}, split_rngs={'params': True}, length=2)", 'stacked on axis 0'),
+    ("nn.scan(Block, variable_axes={'params': 0}, split_rngs={'params': False}, length=2)",
+     "split_rngs={'params': True, ...}"),
+    ("nn.vmap(Block, variable_axes={'params': 0}, split_rngs={'params': True}, in_axes=1, axis_size=2)",
+     'in_axes of 0 or None'),
+    ("nn.scan(Block, variable_axes={'params': 0}, split_rngs={'params': True}, length=2, unroll=2)",
+     'with the options length, variable_axes'),
+    ("nn.jit(Block, backend='cpu')", 'with the options static_argnums, donate_argnums'),
+    ("nn.scan(nn.remat(Block, static_argnums=(2,)), variable_axes={'params': 0}, split_rngs={'params': True}, "
+     "length=2)", 'static arguments other than train/eval switches'),
+])
+def test_other_lifted_options_stay_linen_with_a_todo(lifted, reason):
+  result = transform_source(LIFTED.format(lifted=lifted), RULES)
+  assert 'class Block(nnx.Module)' in result.source and 'class M(nn.Module)' in result.source
+  (todo,) = [e for e in result.entries if e.kind == 'todo']
+  assert todo.message.startswith('class M left as Linen: ') and reason in todo.message, todo.message
