@@ -314,25 +314,6 @@ def _nnx_call_kwargs(method: tp.Callable[..., tp.Any], call_kwargs: dict[str, tp
   return {k: v for k, v in call_kwargs.items() if k in parameters or k not in modes}
 
 
-@contextlib.contextmanager
-def _transparent_remat() -> tp.Iterator[None]:
-  """`nnx.remat(f, ...)` returns `f` while tracing: the same forward pass, on the model's own modules.
-
-  nnx.remat runs a merged copy of the modules it is given, whose calls the recorder (by module
-  identity) would not see; rematerialisation changes no value, only what the backward pass keeps.
-  """
-  original = nnx.remat
-
-  def remat(f: tp.Any = None, **options: tp.Any) -> tp.Any:
-    return f if f is not None else (lambda g: g)
-
-  nnx.remat = remat
-  try:
-    yield
-  finally:
-    nnx.remat = original
-
-
 def _trace_nnx(
     model: nnx.Module, inputs: tuple[tp.Any, ...], method: Method, call_kwargs: dict[str, tp.Any]
 ) -> tuple[list[Path], Exception | None]:
@@ -354,7 +335,7 @@ def _trace_nnx(
     bound = getattr(copy, name)
     bound(*xs, **_nnx_call_kwargs(bound, call_kwargs))
 
-  with _recording_calls({type(m) for _, m in nnx.iter_modules(model)}, paths, calls), _transparent_remat():
+  with _recording_calls({type(m) for _, m in nnx.iter_modules(model)}, paths, calls):
     try:
       jax.eval_shape(forward, state, *inputs)
     except Exception as error:  # reported in the MappingError, never swallowed

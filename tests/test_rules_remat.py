@@ -127,7 +127,7 @@ def test_static_argnums_keep_their_numbers():
     ("nn.remat(Block, concrete=True)", 'is converted only with the options prevent_cse, policy, static_argnums'),
     ("nn.remat(Block, variables=True)", 'variables=True'),
     ("nn.checkpoint(Block, methods=['__call__'])", "methods=['__call__']"),
-    ("nn.remat(Block, static_argnums=n)", 'static_argnums literal'),
+    ("nn.remat(Block, static_argnums=n)", 'static_argnums (argnums literal)'),
     ("nn.scan(nn.remat(Block), variable_broadcast='params', split_rngs={'params': False}, in_axes=1, out_axes=1)",
      'builds a submodule from a ModuleDef'),
 ])
