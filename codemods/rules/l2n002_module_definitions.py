@@ -131,6 +131,12 @@ WRAPPING = {  # a Linen transform of a class -> (its names, the NNX transform of
     'remat': (REMAT_NAMES, 'nnx.remat', REMAT_OPTIONS, 'Checkpoint'),
     'jit': (JIT_NAMES, 'nnx.jit', ('static_argnums', 'donate_argnums'), 'Jit'),
 }
+CONTROL_FLOW = {  # a Linen lifted control-flow function -> (its NNX counterpart, the position of the module argument)
+    'flax.linen.cond': ('nnx.cond', 3),
+    'flax.linen.switch': ('nnx.switch', 2),
+    'flax.linen.while_loop': ('nnx.while_loop', 2),
+}
+WHILE_OPTIONS = ('carry_variables', 'broadcast_variables', 'split_rngs')  # NNX carries every Variable itself
 VMAP_NAMES = frozenset({'flax.linen.vmap', 'flax.linen.transforms.vmap'})
 ELEMENTWISE = frozenset(
     f'{module}.{name}'
@@ -307,6 +313,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._remat_calls: dict[cst.Call, _Child] = {}  # a call of a rematted submodule -> the child, run by nnx.remat
     self._stacks: dict[cst.Call, _Stacked] = {}  # `nn.scan(Block, variable_axes=...)(...)` / nn.vmap -> its options
     self._stack_calls: dict[cst.Call, _Child] = {}  # a call of stacked copies -> the child, run by nnx.scan / nnx.vmap
+    self._while_loops: set[cst.Call] = set()  # `nn.while_loop(...)` calls, rewritten around (self, init)
     self._lifted: set[cst.CSTNode] = set()  # `ScanBlock = nn.scan(...)` values: converted with their construction
 
   # --- traversal -------------------------------------------------------------------------------
@@ -406,6 +413,11 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       transform, options = child.remat[0], f', {child.remat[1]}' if child.remat[1] else ''
       return cst.parse_expression(
           f"{transform}(lambda module, {params}: module({call}){options})(self.{child.attr}, {', '.join(values)})")
+    if original_node in self._while_loops:  # the module travels in the loop state, beside the carry
+      cond, body, _, init = (cst.Module([]).code_for_node(a.value) for a in updated_node.args if a.keyword is None)
+      cond, body = (f if isinstance(a.value, cst.Name) else f'({f})' for f, a in zip((cond, body), updated_node.args))
+      return cst.parse_expression(
+          f'nnx.while_loop(lambda state: {cond}(*state), lambda state: (state[0], {body}(*state)), (self, {init}))[1]')
     if original_node not in self._calls:
       return updated_node
     attr, dropped = self._calls[original_node]
@@ -557,6 +569,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     allowed = {node.bases[0].value} | {d.decorator for d in (method.decorators if method else ())}
     allowed |= {child.ctor.func for child in plan.children if child.api is None} | self._lifted
     allowed |= {child.cell.ctor.func for child in plan.children if child.cell is not None}
+    allowed |= self._plan_control_flow(node)
     for field in fields:  # `encoder: nn.Module` holds a submodule the caller builds: an NNX one now
       annotation = field.body[0].annotation.annotation
       if self._has_name(annotation, MODULE_NAMES):
@@ -1873,6 +1886,85 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         self._code(kwargs['axis_name']) if 'axis_name' in kwargs else None,
         tuple(sorted(s for s, v in split.items() if v.value == 'True')))
     return target.value
+
+  def _plan_control_flow(self, node: cst.ClassDef) -> set[cst.CSTNode]:
+    """`nn.cond(pred, f, g, self, *xs)` / `nn.switch(i, branches, self, *xs)` -> nnx.cond / nnx.switch with the
+    same arguments (each branch gets the module, as in Linen); `nn.while_loop(cond_fn, body_fn, self, init)` ->
+    nnx.while_loop over `(self, init)`. Returns the Linen names converted."""
+    converted = set()
+    for call in descendants(node):
+      if not (isinstance(call, cst.Call) and isinstance(call.func, (cst.Name, cst.Attribute))):
+        continue
+      names = {q.name for q in self.get_metadata(QualifiedNameProvider, call.func, set())}
+      kind = next((CONTROL_FLOW[n] for n in names if n in CONTROL_FLOW), None)
+      if kind is None:
+        continue
+      target, at = kind
+      func = self.module.code_for_node(call.func)
+      positional = [a.value for a in call.args if a.keyword is None and not a.star]
+      options = {a.keyword.value for a in call.args if a.keyword is not None}
+      loop = target == 'nnx.while_loop'
+      if any(a.star for a in call.args) or options - set(WHILE_OPTIONS if loop else ()) \
+          or len(positional) <= at or (loop and len(positional) != 4) \
+          or not (isinstance(positional[at], cst.Name) and positional[at].value == 'self'):
+        accepted = f' (and {", ".join(WHILE_OPTIONS)}, which NNX does not need)' if loop else ''
+        raise _Unsupported(call, f'{func}(...) is converted with its arguments by position, self as the module'
+                                 f'{accepted}')
+      for branch in positional[1:at]:
+        self._check_branch(branch, func)
+      if loop:
+        self._while_loops.add(call)
+        dropped = f'; {", ".join(sorted(options))} dropped (NNX carries every Variable)' if options else ''
+        self._pending.append((call, f'{func}(cond_fn, body_fn, self, init) -> nnx.while_loop over (self, init), '
+                                    f'the functions still given the module{dropped}'))
+      else:
+        self._exprs[call.func] = target
+        self._pending.append((call, f'{func}(...) -> {target}(...): the same arguments, each branch given the module'))
+      converted.add(call.func)
+    return converted
+
+  def _check_branch(self, branch: cst.BaseExpression, func: str) -> None:
+    """A branch of lifted control flow: a lambda or function (or a list of them) that uses its module argument
+    only through attributes other than Linen's scope APIs, and no Linen name outside this class."""
+    if isinstance(branch, (cst.List, cst.Tuple)):
+      for element in branch.elements:
+        self._check_branch(element.value, func)
+      return
+    function = branch
+    if isinstance(branch, cst.Name):
+      scope = self.get_metadata(ScopeProvider, branch, None)
+      assignments = list(scope[branch.value]) if scope is not None else []
+      if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
+        raise _Unsupported(branch, f'a {func} branch bound more than once, or not in this file')
+      function = assignments[0].node
+      target = self._parent(function)
+      assign = self._parent(target) if isinstance(target, cst.AssignTarget) else None
+      if isinstance(assign, cst.Assign) and len(assign.targets) == 1:
+        return self._check_branch(assign.value, func)
+      if not isinstance(function, cst.FunctionDef):
+        raise _Unsupported(branch, f'a {func} branch that is not a function of this file')
+      if isinstance(self._parent(function), cst.Module) and any(
+          self._nnx_name_for_or_none(sub) is None and self._is_linen_name(sub) for sub in descendants(function)):
+        raise _Unsupported(branch, f'the {func} branch {branch.value} (outside the class) uses Linen names')
+    if not isinstance(function, (cst.Lambda, cst.FunctionDef)) or not function.params.params:
+      raise _Unsupported(branch, f'a {func} branch other than a lambda or function taking the module first')
+    module = function.params.params[0].name.value
+    for sub in descendants(function.body):
+      if isinstance(sub, cst.Attribute) and isinstance(sub.value, cst.Name) and sub.value.value == module \
+          and sub.attr.value in SCOPE_APIS:
+        raise _Unsupported(sub, f'{module}.{sub.attr.value} in a {func} branch (variables created or read through '
+                                'Linen scope APIs)')
+
+  def _is_linen_name(self, node: cst.CSTNode) -> bool:
+    return isinstance(node, (cst.Name, cst.Attribute)) and any(
+        q.name == 'flax.linen' or q.name.startswith('flax.linen.')
+        for q in self.get_metadata(QualifiedNameProvider, node, set()))
+
+  def _nnx_name_for_or_none(self, node: cst.CSTNode) -> str | None:
+    try:
+      return self._nnx_name_for(node)
+    except _Unsupported:
+      return None
 
   def _literal_dict(self, node: cst.BaseExpression) -> dict[str, cst.BaseExpression] | None:
     """`{'params': 0}` as a dict of its string keys; None for anything else."""
