@@ -9,6 +9,7 @@ import typing as tp
 SCHEMA_VERSION = 1
 CHANGED, UNCHANGED, SKIPPED, FAILED = 'changed', 'unchanged', 'skipped', 'failed'
 FIELD, INPUT_DIMENSION, UNDETERMINED, RNGS = 'field', 'input_dimension', 'undetermined', 'rngs'
+EXAMPLE_INPUTS = 'example_inputs'  # a tuple of example inputs for a Linen child wrapped by nnx_bridge.from_linen
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +32,7 @@ class ConstructorArgument:
   """One argument of a converted class's NNX `__init__` and where its value comes from."""
 
   name: str
-  origin: str  # FIELD | INPUT_DIMENSION | UNDETERMINED | RNGS
+  origin: str  # FIELD | INPUT_DIMENSION | UNDETERMINED | RNGS | EXAMPLE_INPUTS
   detail: str = ''  # the field's declaration, or which size of which child it is and why
   child: str | None = None  # for sizes: the NNX attribute of the child (or variable) that takes it
   child_argument: str | None = None  # for a child's size: the argument of the child's NNX constructor it feeds

@@ -465,6 +465,45 @@ def _match(
   return TreeMapping(tuple(sorted(rules, key=lambda rule: rule.nnx)), tuple(dropped)), []
 
 
+def _wrapped_linen(
+    variables: tp.Mapping[str, tp.Any], classes: tp.Mapping[Path, type], model: nnx.Module,
+    linen_calls: list[Path], nnx_calls: list[Path],
+) -> tuple[list[LeafRule], set[Path], set[Path]]:
+  """Rules for the NNX model's `nnx_bridge.from_linen` wrappers: each holds a Linen module's variables under its
+  own Linen paths, so it pairs with the Linen module whose subtree has exactly those leaves (several alike: in call
+  order). Returns the rules and the Linen and NNX module paths they cover."""
+  from nnx_bridge.linen_in_nnx import LinenModule  # the bridge builds on this module's tracing, not the reverse
+
+  wrappers = [normalize_path(path) for path, module in nnx.iter_modules(model) if isinstance(module, LinenModule)]
+  if not wrappers:
+    return [], set(), set()
+  linen = _linen_leaves(variables)
+  nnx_leaves = _nnx_leaves(nnx.state(model))
+
+  def subtree(prefix: Path) -> dict[tuple[str, Path], _Leaf]:
+    return {(c, path[len(prefix):]): leaf for (c, path), leaf in linen.items() if path[:len(prefix)] == prefix}
+
+  def fits(wrapper: Path, prefix: Path) -> bool:
+    inner = subtree(prefix)
+    held = {path[len(wrapper):]: leaf for path, leaf in nnx_leaves.items() if path[:len(wrapper)] == wrapper}
+    targets = linen_state.nnx_paths(inner)
+    return bool(inner) and {targets[key]: leaf for key, leaf in inner.items()} == held
+
+  order = lambda calls, path: calls.index(path) if path in calls else len(calls)
+  rules: list[LeafRule] = []
+  covered_linen: set[Path] = set()
+  for wrapper in sorted(wrappers, key=lambda path: order(nnx_calls, path)):
+    candidates = sorted((p for p in classes if p not in covered_linen and fits(wrapper, p)),
+                        key=lambda path: order(linen_calls, path))
+    if not candidates:
+      continue
+    prefix = candidates[0]
+    covered_linen.add(prefix)
+    targets = linen_state.nnx_paths(subtree(prefix))
+    rules += [LeafRule((*wrapper, *target), ((c, *prefix, *rel),)) for (c, rel), target in targets.items()]
+  return rules, covered_linen, set(wrappers)
+
+
 def _refusal(reason: str, problems: list[str]) -> MappingError:
   lines = ''.join(f'\n  {problem}' for problem in problems)
   return MappingError(f'Cannot map the Linen variables onto the NNX state: {reason}{lines}\n{_EXPLICIT}')
@@ -532,9 +571,16 @@ def derive_mapping(
     except MappingError:
       pass  # the layouts differ: derive the pairing below
   nnx_calls, failure = _trace_nnx(nnx_model, inputs, method, call_kwargs)
+  wrapped, linen_done, nnx_done = _wrapped_linen(variables, classes, nnx_model, linen_calls, nnx_calls)
+  inside = lambda path, done: any(path[:len(prefix)] == prefix for prefix in done)
   mapping, problems = _match(
-      _linen_layers(variables, classes), _nnx_layers(nnx_model), linen_calls, nnx_calls, layer_pairs or {}
+      {p: layer for p, layer in _linen_layers(variables, classes).items() if not inside(p, linen_done)},
+      {p: layer for p, layer in _nnx_layers(nnx_model).items() if not inside(p, nnx_done)},
+      [p for p in linen_calls if not inside(p, linen_done)], [p for p in nnx_calls if not inside(p, nnx_done)],
+      layer_pairs or {},
   )
+  if mapping is not None and wrapped:
+    mapping = TreeMapping(tuple(sorted([*mapping.rules, *wrapped], key=lambda rule: rule.nnx)), mapping.dropped)
   if failure is not None:
     first_line = next(iter(str(failure).strip().splitlines()), '')
     raise _refusal(

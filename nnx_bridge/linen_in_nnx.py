@@ -98,12 +98,13 @@ class LinenModule(nnx.Module):
       rngs: nnx.Rngs | None,
       method: str | tp.Callable[..., tp.Any] | None = None,
       mode_arguments: tp.Sequence[str | layer_table.ModeArgument] | None = None,
+      eval_mode: bool = False,
       **call_kwargs: tp.Any,
   ):
     self.linen_module = module
     self.rngs = rngs.fork() if rngs is not None else None
-    self.deterministic = False
-    self.use_running_average = False
+    self.deterministic = eval_mode
+    self.use_running_average = eval_mode
     self.linen_mode_arguments = modes.mode_arguments_of(module, method, mode_arguments)
     self.linen_rng_names: tuple[str, ...] = ()
     example = _ExampleCall.of(example_inputs, call_kwargs)
@@ -273,6 +274,7 @@ def from_linen(
     rngs: nnx.Rngs | None,
     method: str | tp.Callable[..., tp.Any] | None = None,
     mode_arguments: tp.Sequence[str | layer_table.ModeArgument] | None = None,
+    eval_mode: bool = False,
     **call_kwargs: tp.Any,
 ) -> LinenModule:
   """Wraps a Linen module as an NNX module, initialized now from example inputs.
@@ -286,11 +288,14 @@ def from_linen(
     mode_arguments: Linen arguments driven by `model.train()` / `model.eval()`; by default
       every argument of the layer table's `MODE_ARGUMENTS` the module takes (as a call
       argument, or as a field when it is not a call argument). Pass `()` to disable.
+    eval_mode: start in eval mode (as after `.eval()`) instead of train mode, as NNX layers
+      built with `deterministic=True` do.
     **call_kwargs: other keyword arguments of the example call.
 
   Returns:
     A `LinenModule` holding the Linen variables as NNX Variables.
   """
   return LinenModule(
-      module, *example_inputs, rngs=rngs, method=method, mode_arguments=mode_arguments, **call_kwargs
+      module, *example_inputs, rngs=rngs, method=method, mode_arguments=mode_arguments, eval_mode=eval_mode,
+      **call_kwargs
   )

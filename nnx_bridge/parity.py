@@ -283,7 +283,8 @@ def compare(
       )
     model.train()
     model.set_attributes(nnx.Dropout, deterministic=True, raise_if_not_found=False)
-    nnx_train_out = model(*inputs, **call_kwargs)
+    with nn.intercept_methods(_identity_dropout):  # Linen Dropouts inside nnx_bridge.from_linen wrappers too
+      nnx_train_out = model(*inputs, **call_kwargs)
     want, got = _flat_outputs(linen_train_out), _flat_outputs(nnx_train_out)
     for name in sorted(want.keys() & got.keys()):
       differences.append(_difference('train output', name, 'output', got[name], want[name], atol, rtol))

@@ -77,6 +77,7 @@ from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import QualifiedNameSource
 from libcst.metadata import ScopeProvider
 
+from codemods.report import EXAMPLE_INPUTS
 from codemods.report import FIELD
 from codemods.report import INPUT_DIMENSION
 from codemods.report import RNGS
@@ -209,6 +210,7 @@ class _Child:
   scan: tuple[int, int] | None = None  # (in_axes, out_axes) of an nn.scan over a cell class of the file
   remat: tuple[str, str] | None = None  # (`nnx.remat` / `nnx.jit`, its options) of nn.remat / nn.jit over a class
   stacked: _Stacked | None = None  # an nn.scan over layers / nn.vmap ensemble of a class of the file
+  bridged: str = ''  # why a Linen construction stays Linen, wrapped by nnx_bridge.from_linen; '' when converted
 
   @property
   def holds_cache(self) -> bool:
@@ -243,6 +245,7 @@ class _Plan:
   output_shape: Shape = None  # the whole shape `__call__` returns, in terms of its first input's (`input_shape`)
   cache_lines: list[str] = dataclasses.field(default_factory=list)  # the body of init_cache; empty: none
   cache_input: str | None = None  # the `__call__` argument whose shape init_cache takes
+  example_params: list[str] = dataclasses.field(default_factory=list)  # example inputs of bridged Linen children
 
 
 @functools.cache
@@ -314,7 +317,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._stacks: dict[cst.Call, _Stacked] = {}  # `nn.scan(Block, variable_axes=...)(...)` / nn.vmap -> its options
     self._stack_calls: dict[cst.Call, _Child] = {}  # a call of stacked copies -> the child, run by nnx.scan / nnx.vmap
     self._while_loops: set[cst.Call] = set()  # `nn.while_loop(...)` calls, rewritten around (self, init)
-    self._lifted: set[cst.CSTNode] = set()  # `ScanBlock = nn.scan(...)` values: converted with their construction
+    self._lifted: set[cst.CSTNode] = set()
+    self._kept_linen: dict[str, str] = {}  # classes that stay Linen because Linen-only code uses them -> why
+    self._class_defs: dict[str, cst.ClassDef] = {}  # `ScanBlock = nn.scan(...)` values: converted with their construction
 
   # --- traversal -------------------------------------------------------------------------------
 
@@ -329,9 +334,37 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     }
     scope = self.get_metadata(ScopeProvider, node, None)
     self._global_names = {a.name for a in scope.assignments} if scope is not None else set()
+    self._class_defs = {s.name.value: s for s in node.body if isinstance(s, cst.ClassDef)}
+    self._kept_linen = self._linen_only_uses(node)
+
+  def _linen_only_uses(self, node: cst.Module) -> dict[str, str]:
+    """Classes of the file that Linen-only code uses (`nn.map_variables(Block, ...)`, a Linen function NNX has no
+    counterpart of, given the class itself), and the classes those use: they stay Linen, so that code keeps
+    running on Linen modules; a converted class building one wraps it with nnx_bridge.from_linen."""
+    converted = SCAN_NAMES | REMAT_NAMES | JIT_NAMES | VMAP_NAMES | set(CONTROL_FLOW)
+    kept: dict[str, str] = {}
+    for call in descendants(node):
+      if not (isinstance(call, cst.Call) and isinstance(call.func, (cst.Name, cst.Attribute))) \
+          or not self._is_linen_name(call.func) or self._has_name(call.func, converted):
+        continue
+      for arg in call.args:
+        if arg.keyword is None and isinstance(arg.value, cst.Name) and arg.value.value in self._linen_classes:
+          kept.setdefault(arg.value.value, f'{self.module.code_for_node(call.func)} has no NNX counterpart')
+    pending = list(kept)
+    while pending:  # what a kept class builds stays Linen with it
+      user = pending.pop()
+      for sub in descendants(self._class_defs[user]):
+        if isinstance(sub, cst.Name) and sub.value in self._linen_classes and sub.value not in kept:
+          kept[sub.value] = f'the Linen class {user}, kept as Linen, uses it'
+          pending.append(sub.value)
+    return kept
 
   def visit_ClassDef(self, node: cst.ClassDef) -> None:
     if node.name.value not in self._linen_classes or not isinstance(self._parent(node), cst.Module):
+      return
+    if node.name.value in self._kept_linen:
+      self.report_todo(node, f'class {node.name.value} kept as Linen: {self._kept_linen[node.name.value]}; a converted '
+                             'class building it wraps it with nnx_bridge.from_linen')
       return
     saved = (dict(self._calls), dict(self._exprs), dict(self._ifs), dict(self._methods), dict(self._variable_classes),
              dict(self._statements), dict(self._scan_calls), dict(self._scan_names), set(self._removed),
@@ -348,12 +381,18 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self.add_needed_import('flax', 'nnx')
     if plan.cache_lines and not self._jnp_bound(node):
       self.add_needed_import('jax.numpy', asname='jnp')
+    if plan.example_params:
+      self.add_needed_import('nnx_bridge')
     for used in plan.linen_nodes:
       self.remove_import_of(used)
     self._report(node, plan)
     for where, message in self._pending:
       self.report_change(where, message)
     for child in plan.children:
+      if child.bridged:
+        self.report_todo(child.ctor, f'self.{child.attr}: {_linen_class(child)} stays Linen ({child.bridged}), wrapped '
+                                     f'with nnx_bridge.from_linen; pass {child.attr}_example_inputs, a tuple of example '
+                                     'inputs of its call (arrays or jax.ShapeDtypeStruct)')
       layer = child.cell or child
       if layer.spec is not None and not layer.spec.exact:
         at = f'self.{child.attr}.{child.wrapper.cell_attribute}' if child.cell else f'self.{child.attr}'
@@ -567,7 +606,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           and sub not in self._mode_uses:
         raise _Unsupported(sub, f'the train/eval field {sub.attr.value} is used other than to set train/eval arguments')
     allowed = {node.bases[0].value} | {d.decorator for d in (method.decorators if method else ())}
-    allowed |= {child.ctor.func for child in plan.children if child.api is None} | self._lifted
+    allowed |= {child.ctor.func for child in plan.children if child.api is None and not child.bridged} | self._lifted
     allowed |= {child.cell.ctor.func for child in plan.children if child.cell is not None}
     allowed |= self._plan_control_flow(node)
     for field in fields:  # `encoder: nn.Module` holds a submodule the caller builds: an NNX one now
@@ -575,7 +614,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       if self._has_name(annotation, MODULE_NAMES):
         self._exprs[annotation] = 'nnx.Module'
         allowed.add(annotation)
-    plan.linen_nodes = [*allowed, *self._convert_linen_refs(node, allowed)]
+    bridged = {child.ctor for child in plan.children if child.bridged}  # stays Linen code
+    plan.linen_nodes = [*allowed, *self._convert_linen_refs(node, allowed | bridged)]
+    plan.example_params = [f'{child.attr}_example_inputs' for child in plan.children if child.bridged]
     plan.params = [self._code(f.body[0]).strip() for f in fields]
     for child in plan.children:
       child.text = 'nnx.data(None)' if child.cache else self._variable_text(child) if child.api else self._ctor_text(child)
@@ -622,7 +663,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     ctors = [c for c in ctors if c not in cells]
     for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
       if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors \
-          and call not in self._scans and call not in self._remats and call not in self._stacks:
+          and call not in ctors:
         raise _Unsupported(call, f'{self.module.code_for_node(call.func.func)}(...)(...) builds a submodule from a '
                                  'ModuleDef, factory or layer NNX has no counterpart of')
     variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and _scope_api(c) in ('param', 'variable')]
@@ -758,6 +799,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _child(self, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> _Child:
     linen, spec, sibling = self._constructed(ctor)
+    if spec is None and sibling is None and linen in self._linen_classes:
+      return self._bridged_child(ctor, linen, counts, attr)
     wrapper = find_wrapper(linen) if spec is None and sibling is None else None
     stacked, wrapped = self._stacks.get(ctor), self._remats.get(ctor)
     short = ('Scan' if ctor in self._scans else stacked.transform.capitalize() if stacked else '') \
@@ -787,6 +830,23 @@ class ConvertModuleDefinitionsRule(MigrationRule):
                    wrapper=wrapper, cell=cell, scan=self._scans.get(ctor), remat=self._remats.get(ctor), stacked=stacked)
     self._ctor_modes(child)
     return child
+
+  def _bridged_child(self, ctor: cst.Call, linen: str, counts: dict[str, int], attr: str | None) -> _Child:
+    """A Linen class of the file that stays Linen, built by `ctor`: wrapped with nnx_bridge.from_linen, initialised
+    from example inputs the converted class takes as a constructor argument."""
+    self._check_hoistable(ctor, linen=True)
+    name = next((a.value for a in ctor.args if a.keyword is not None and a.keyword.value == 'name'), None)
+    if name is not None and not _literal_identifier(name):
+      raise _Unsupported(ctor, 'name= is not a literal identifier')
+    explicit = name.evaluated_value if name is not None else attr
+    if isinstance(ctor.func, cst.Call):  # Linen names nn.map_variables(Block) Map_variablesBlock_0
+      short = self.module.code_for_node(ctor.func.func).rpartition('.')[2].capitalize() + linen
+    else:
+      short = linen
+    if not explicit:
+      counts[short] = counts.get(short, -1) + 1
+    why = self._kept_linen.get(linen, 'it was not converted (see its TODO)')
+    return _Child(explicit or '', explicit or f'{short}_{counts[short]}', ctor, None, None, {}, bridged=why)
 
   def _variable(self, call: cst.Call, attr: str | None, hoisted: bool, cache: bool = False) -> _Child:
     """A `self.param(name, init, *args)` / `self.variable(collection, name, init, *args)` call.
@@ -947,9 +1007,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
             self._stack_call(parent, child)
     return calls
 
-  def _check_hoistable(self, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = ()) -> None:
-    """Code moved into __init__ must mean the same there: no locals (but `skip`), Linen names NNX shares."""
-    if value in skip or self._nnx_name_for(value) is not None:
+  def _check_hoistable(self, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = (), linen: bool = False) -> None:
+    """Code moved into __init__ must mean the same there: no locals (but `skip`), Linen names NNX shares (any
+    Linen name, with `linen`: code that stays Linen)."""
+    if value in skip or (self._is_linen_name(value) if linen else self._nnx_name_for(value) is not None):
       return
     if isinstance(value, cst.Name) and value.value != 'self' and value.value not in self._switches:
       scope = self.get_metadata(ScopeProvider, value, None)
@@ -961,7 +1022,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           raise _Unsupported(value, f'a constructor argument uses the local {value.value}')
         self._aliases[value] = alias
     for child in value.children:
-      self._check_hoistable(child, skip)
+      self._check_hoistable(child, skip, linen)
 
   def _self_alias(self, assignments: list[cst.metadata.BaseAssignment]) -> str | None:
     """`self.config` when the local is bound once, by `name = self.config` (or a longer chain)."""
@@ -984,7 +1045,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       raise _Unsupported(children[0].ctor, 'duplicate names, or names shadowing a field or method')
     taken = taken | set(explicit)
     auto = [c for c in children if not c.attr]
-    bases = ['cell' if c.scan else f'{_snake(c.sibling.name)}s' if c.stacked
+    bases = ['cell' if c.scan else _snake(c.linen_name.rpartition('_')[0]) if c.bridged
+             else f'{_snake(c.sibling.name)}s' if c.stacked
              else _snake((c.spec or c.wrapper).nnx.rpartition('.')[2]) if c.spec or c.wrapper
              else _snake(c.sibling.name) for c in auto]
     for i, (child, base) in enumerate(zip(auto, bases)):
@@ -1263,11 +1325,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         wanted = child.spec.cache.shape_args if child.spec is not None else (0,)
         position = next((p for p in (self._call_arg(node, child, i) for i in wanted) if p is not None), None)
         inputs.setdefault(child.attr, []).append(args[position] if position is not None else None)
-      first = self._call_arg(node, child, 0)
+      first = self._call_arg(node, child, 0) if not child.bridged else None
       source = args[first] if first is not None else None
-      if source is None:
-        return None
-      if child.wrapper is not None:
+      if source is None or child.wrapper is not None:
         return None
       return self._layer_shape(child, source) if child.spec is not None else self._sibling_shape(child, source)
 
@@ -1508,6 +1568,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _size_sources(self, child: _Child) -> list[tuple[str, int, bool]]:
     """(NNX argument, call-argument index or -1, optional) for each size NNX needs up front."""
+    if child.bridged:  # initialised from example inputs instead
+      return []
     if child.sibling is not None:
       return [(name, source[1] if source and source[0] == 'input' else -1, False)
               for name, source in child.sibling.size_params]
@@ -1625,6 +1687,20 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     default = self._switch_defaults.get(name.value)
     return None if default is None else default ^ negated
 
+  def _is_switch(self, value: cst.BaseExpression, inverted: bool) -> bool:
+    """Whether `value` is a matching train/eval switch (see _switch), without raising."""
+    try:
+      self._switch(value, inverted)
+    except _Unsupported:
+      return False
+    return True
+
+  def _linen_call_params(self, name: str) -> list[cst.Param]:
+    """The `__call__` parameters (after self) of the Linen class `name` of this file."""
+    body = self._class_defs[name].body.body
+    call = next((s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == '__call__'), None)
+    return list(call.params.params[1:]) if call is not None else []
+
   def _ctor_modes(self, child: _Child) -> None:
     """Drops the constructor's train/eval kwargs (a layer's, a train/eval field of a class of the file), which
     NNX's train()/eval() set."""
@@ -1643,6 +1719,18 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _call_modes(self, call: cst.Call, child: _Child) -> set[int]:
     """Checks a child call's train/eval arguments; returns the positions to drop."""
+    if child.bridged:  # a switch given to a Linen train/eval argument: the wrapper's train()/eval() set it
+      target = self._kept_target(child.ctor.func) or child.ctor.func.value
+      names = [p.name.value for p in self._linen_call_params(target)]
+      dropped = set()
+      for position, arg in enumerate(call.args):
+        name = arg.keyword.value if arg.keyword is not None else names[position] if position < len(names) else None
+        if name in MODE_PARAMS and self._is_switch(arg.value, MODE_PARAMS[name]):
+          dropped.add(position)
+          default = self._switch(arg.value, MODE_PARAMS[name])
+          if default is not None:  # the wrapper starts in the mode the switch's default gave
+            child.mode_defaults['eval_mode'] = default ^ MODE_PARAMS[name]
+      return dropped
     if child.wrapper is not None:
       wrapper = child.wrapper
       if len([a for a in call.args if a.keyword is None]) > len(wrapper.call_args):
@@ -1675,6 +1763,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _ctor_text(self, child: _Child) -> str:
     """The NNX constructor call of `child`, as code valid in __init__."""
     code = self._code
+    if child.bridged:
+      mode = ', eval_mode=True' if child.mode_defaults.get('eval_mode') else ''
+      return f'nnx_bridge.from_linen({code(child.ctor)}, *{child.attr}_example_inputs, rngs=rngs{mode})'
     if child.wrapper is not None:
       wrapper = child.wrapper
       child.cell.sizes = child.sizes
@@ -1740,10 +1831,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         raise _Unsupported(call, f'{rematted} is a Linen module that was not converted')
       return rematted, None, sibling
     if isinstance(call.func, cst.Name) and call.func.value in self._linen_classes:
-      sibling = self._plans.get(call.func.value)
-      if sibling is None:
-        raise _Unsupported(call, f'{call.func.value} is a Linen module that was not converted')
-      return call.func.value, None, sibling
+      return call.func.value, None, self._plans.get(call.func.value)  # no plan: a Linen class, bridged
+    kept = self._kept_target(call.func)
+    if kept is not None:
+      return kept, None, None
     if not isinstance(call.func, (cst.Name, cst.Attribute)):
       return None
     for qualified in self.get_metadata(QualifiedNameProvider, call.func, set()):
@@ -1765,6 +1856,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         or positional[0].value not in self._linen_classes:
       return None
     return positional
+
+  def _kept_target(self, func: cst.CSTNode) -> str | None:
+    """`Block` for `nn.map_variables(Block, ...)`: a Linen function over a class kept as Linen."""
+    if isinstance(func, cst.Call) and isinstance(func.func, (cst.Name, cst.Attribute)) and self._is_linen_name(func.func):
+      return next((a.value.value for a in func.args if a.keyword is None and isinstance(a.value, cst.Name)
+                   and a.value.value in self._kept_linen), None)
+    return None
 
   def _lifted_alias(self, name: cst.Name) -> cst.Call | None:
     """The `nn.scan(...)` call bound to `name` by the one statement `ScanBlock = nn.scan(...)` of the method, which
@@ -2160,7 +2258,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     return self.get_metadata(cst.metadata.ParentNodeProvider, node, None)
 
   def _report(self, node: cst.ClassDef, plan: _Plan) -> None:
-    signature = ', '.join([*plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params), 'rngs: nnx.Rngs'])
+    signature = ', '.join([*plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params),
+                           *(f'{p}: tuple' for p in plan.example_params), 'rngs: nnx.Rngs'])
     self.report_change(node, f'class {plan.name}(nn.Module) -> nnx.Module with __init__({signature})')
     hoisted = [c for c in plan.children if c.hoisted]
     if hoisted:
@@ -2189,7 +2288,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
                                f'{plan.cache_input} at full length (what Linen\'s init saw): it {" and ".join(what)}; '
                                'call it before decoding')
     fields = [ConstructorArgument(name, FIELD, param) for name, param in zip(plan.field_names, plan.params)]
-    arguments = [*fields, *plan.size_arguments, ConstructorArgument('rngs', RNGS, 'nnx.Rngs')]
+    examples = [ConstructorArgument(f'{c.attr}_example_inputs', EXAMPLE_INPUTS,
+                                    f'example inputs of self.{c.attr}, the Linen {_linen_class(c)} wrapped by '
+                                    'nnx_bridge.from_linen', c.attr) for c in plan.children if c.bridged]
+    arguments = [*fields, *plan.size_arguments, *examples, ConstructorArgument('rngs', RNGS, 'nnx.Rngs')]
     children = [ChildName(c.linen_name, c.attr, _linen_class(c)) for c in plan.children]
     self.report_class(node, plan.name, arguments, children, call_arguments=plan.call_params,
                       mode_arguments=[name for _, name, _ in plan.mode_params])
@@ -2198,7 +2300,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       records[-1] = dataclasses.replace(records[-1], cache_input=plan.cache_input)
 
   def _init(self, plan: _Plan, setup_body: list[cst.BaseStatement]) -> cst.FunctionDef:
-    params = ', '.join(['self', *plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params), 'rngs: nnx.Rngs'])
+    params = ', '.join(['self', *plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params),
+                        *(f'{p}: tuple' for p in plan.example_params), 'rngs: nnx.Rngs'])
     fields = [f'self.{name} = {name}' for name in plan.field_names]
     later = [f'self.{c.attr} = {c.text}' for c in plan.children if c.hoisted]
     later += [f'self.{attr} = rngs{_stream(stream)}.fork()' for stream, attr in plan.streams.items()]
@@ -2226,6 +2329,8 @@ def _linen_class(child: _Child) -> str | None:
   """'flax.linen.Dense' for a table layer, 'Block' for a class converted with it, None for a variable."""
   if child.spec is not None or child.wrapper is not None:
     return (child.spec or child.wrapper).linen
+  if child.bridged:
+    return child.ctor.func.value if isinstance(child.ctor.func, cst.Name) else cst.Module([]).code_for_node(child.ctor.func)
   return child.sibling.name if child.sibling is not None else None
 
 

@@ -55,6 +55,7 @@ import libcst as cst
 from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import ScopeProvider
 
+from codemods.report import EXAMPLE_INPUTS
 from codemods.report import INPUT_DIMENSION
 from codemods.report import UNDETERMINED
 from codemods.report import ConstructorArgument
@@ -369,6 +370,8 @@ class ConvertInitApplyRule(MigrationRule):
     """`name=<last axis of an example input>` for each size argument of the record."""
     sizes = []
     for argument in group.record.arguments:
+      if argument.origin == EXAMPLE_INPUTS:
+        raise _Skip(call, f'{group.model}.init: {argument.name} ({argument.detail}) is not derived from its inputs')
       if argument.origin not in (INPUT_DIMENSION, UNDETERMINED):
         continue
       example = inputs.get(argument.input) if argument.input else None
