@@ -88,7 +88,7 @@ class M(nn.Module):
 @pytest.mark.parametrize('scan, reason', [
     ("nn.scan(Cell, variable_axes={'params': 0}, split_rngs={'params': True}, in_axes=1, out_axes=1)",
      "nn.scan(Cell, variable_axes={'params': 0}, split_rngs={'params': True}, in_axes=1, out_axes=1) is converted "
-     "only with length= (nnx.vmap creates that many layers in __init__)"),
+     "only with length= (nnx.vmap creates that many copies in __init__)"),
     ("nn.scan(Cell, variable_broadcast='params', split_rngs={'params': True}, in_axes=1, out_axes=1)",
      "split_rngs={'params': True}"),
     ("nn.scan(Cell, variable_broadcast='params', split_rngs={'params': False}, in_axes=(1,), out_axes=1)",

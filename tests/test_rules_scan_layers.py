@@ -10,10 +10,12 @@ import runpy
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
 import nnx_bridge
+from nnx_bridge import checkpoint
 from nnx_bridge.transfer import flat_linen, flat_nnx_variables
 from tests import training_parity as parity
 
@@ -208,3 +210,23 @@ def test_encoder_gradient_rematerialises():
   jaxpr = _gradient_jaxpr(model, IMAGES)
   assert 'scan' in jaxpr
   assert jaxpr.count('remat') + jaxpr.count('checkpoint') >= 1, jaxpr
+
+
+def test_encoder_orbax_checkpoint_converts_to_the_stacked_layout(tmp_path):
+  """The Linen checkpoint on disk becomes an NNX one (nnx_bridge.checkpoint, orbax) that restores, the flax
+  guide's way, into the converted ViT's params: the stacked leaves keep their shapes, and outputs match."""
+  linen_module, variables, _, mapping = _vit(dropout=0.1)
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(tmp_path / 'linen', variables)
+  checkpointer.wait_until_finished()
+  abstract = nnx.eval_shape(lambda: _vit_nnx(0.1))
+  graphdef, abstract_params, _ = nnx.split(abstract, nnx.Param, ...)
+  checkpoint.linen_to_nnx_checkpoint(tmp_path / 'linen', tmp_path / 'nnx', mapping, nnx_abstract_state=abstract_params)
+  params = ocp.StandardCheckpointer().restore(tmp_path / 'nnx', abstract_params)
+  stacked = params['Transformer']['encoderblock']['mlp_block']['linear1']['kernel'][...]
+  assert stacked.shape == variables['params']['Transformer']['encoderblock']['MlpBlock_0']['Dense_0']['kernel'].shape
+  assert stacked.shape[0] == VIT['depth']
+  model = _vit_nnx(0.1, seed=9)
+  nnx.update(model, params)
+  model.eval()
+  np.testing.assert_allclose(model(IMAGES), linen_module.apply(variables, IMAGES), atol=1e-5)

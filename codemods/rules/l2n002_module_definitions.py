@@ -49,14 +49,32 @@ class `Block` of the same file (options `prevent_cse=`, `policy=`, a literal `st
 built in `setup()` or in the @nn.compact method (called where built, or bound once to a local
 then called once), becomes the converted `Block` in `self.block` (Linen's `CheckpointBlock_0`)
 and its call `nnx.remat(lambda module, x: module(x), <options>)(self.block, x)`. Linen's
-static_argnums count `self` as argument 0, as nnx.remat counts the module: the same numbers.
+static_argnums count `self` as argument 0, as nnx.remat counts the module: the same numbers, less
+the train/eval switches the call drops. `nn.jit(Block, static_argnums=, donate_argnums=)` likewise
+becomes an `nnx.jit` around the call.
+
+Stacked copies: scan over layers `nn.scan(Block or nn.remat(Block, ...), variable_axes={'params': 0,
+...}, split_rngs={'params': True, ...}, length=n, in_axes=, out_axes=, metadata_params=)` and the
+ensemble `nn.vmap(Block, ..., axis_size=n)` (also through a local `ScanBlock = nn.scan(...)`)
+become `nnx.vmap(lambda rngs: Block(..., rngs=rngs))(rngs.split(n))` in __init__, the variables
+stacked on axis 0 as Linen's are, and a call through nnx.scan (`in_axes=(0, nnx.Carry, ...)`) or
+nnx.vmap (`in_axes=(0, ...)`), nnx.remat inside for a rematted block. `bool` fields named like a
+train/eval switch (the guide's `Block.training`) that only feed train/eval arguments are dropped.
+
+Control flow: `nn.cond` / `nn.switch` become `nnx.cond` / `nnx.switch` with the same arguments
+(the module passed to each branch), `nn.while_loop(cond_fn, body_fn, self, init)` an nnx.while_loop
+over `(self, init)`; branches must not use Linen scope APIs on their module.
+
+Classes that stay Linen: a class given by name to a Linen function NNX has no counterpart of
+(`nn.map_variables(Block, ...)`), with every class it builds, is kept Linen with a TODO; where a
+converted class builds a kept or unconverted class, the construction is wrapped with
+`nnx_bridge.from_linen(..., *<attr>_example_inputs, rngs=rngs)`, a new constructor argument.
 
 ## Left as a TODO (the class is not changed)
 `self.has_variable` outside the decode-cache pattern, or a cache whose shape (or an input of a
 child holding one) the code does not fix; `self.put_variable` and the other scope APIs; Linen names
-without a known NNX counterpart (`nn.scan` other than the broadcast-params scan of a cell class of the
-file above, `nn.remat` other than above, `nn.Bidirectional`, unknown layers, module
-factories, an `nn.RNN` cell built elsewhere or of a class of one's own);
+without a known NNX counterpart (lifted transforms with options other than above, `nn.Bidirectional`,
+unknown layers, module factories, an `nn.RNN` cell built elsewhere or of a class of one's own);
 constructions in loops, conditionals, nested functions or not called at once; shapes that use
 a local other than an input's last axis; kwargs NNX does not take; train/eval switches used
 otherwise; other statements in the class or in `setup()`.
