@@ -137,16 +137,21 @@ def test_guide_as_written_cannot_run_linen_train_mode():
     linen_module.apply(variables, GUIDE_X, training=True, rngs={'dropout': jax.random.key(3)})
 
 
-def test_guide_train_mode_matches_linen_with_the_same_dropout_masks():
-  linen_module, variables, model, mapping = _guide(split_dropout=True)
+def _assert_train_mode_matches(linen_module, variables, model, mapping, x, switch: str) -> None:
+  """Train mode under the same dropout masks on both sides: outputs and gradients; dropout really changes them."""
   model.train()
   key = jax.random.key(3)
-  train = lambda p: linen_module.apply({'params': p}, GUIDE_X, training=True, rngs={'dropout': key})
+  train = lambda p: linen_module.apply({'params': p}, x, **{switch: True}, rngs={'dropout': key})
   with parity.same_masks():
     want = train(variables['params'])
-    np.testing.assert_allclose(model(GUIDE_X), want, atol=1e-5)
-    _assert_same_gradients(train, variables, model, GUIDE_X, mapping)
-  assert not np.allclose(want, linen_module.apply(variables, GUIDE_X, training=False))  # dropout is on
+    np.testing.assert_allclose(model(x), want, atol=1e-5)
+    _assert_same_gradients(train, variables, model, x, mapping)
+  assert not np.allclose(want, linen_module.apply(variables, x, **{switch: False}), atol=1e-5)  # dropout is on
+
+
+def test_guide_train_mode_matches_linen_with_the_same_dropout_masks():
+  linen_module, variables, model, mapping = _guide(split_dropout=True)
+  _assert_train_mode_matches(linen_module, variables, model, mapping, GUIDE_X, 'training')
   # With real masks the model's rng stream advances: two train-mode calls drop different units.
   assert not np.allclose(model(GUIDE_X), model(GUIDE_X))
 
@@ -162,15 +167,7 @@ def test_encoder_checkpoint_transfers_with_identical_stacked_shapes():
 
 
 def test_encoder_train_mode_matches_linen_with_the_same_dropout_masks():
-  linen_module, variables, model, mapping = _vit()
-  model.train()
-  key = jax.random.key(3)
-  train = lambda p: linen_module.apply({'params': p}, IMAGES, train=True, rngs={'dropout': key})
-  with parity.same_masks():
-    want = train(variables['params'])
-    np.testing.assert_allclose(model(IMAGES), want, atol=1e-5)
-    _assert_same_gradients(train, variables, model, IMAGES, mapping)
-  assert not np.allclose(want, linen_module.apply(variables, IMAGES, train=False), atol=1e-5)  # dropout is on
+  _assert_train_mode_matches(*_vit(), IMAGES, 'train')
 
 
 def test_reversed_layer_axis_is_caught():

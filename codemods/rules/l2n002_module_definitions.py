@@ -293,6 +293,12 @@ def _draws_rngs(plan: _Plan) -> bool:
       or c.sibling is not None and _draws_rngs(c.sibling) for c in plan.children)
 
 
+def _init_params(plan: _Plan) -> list[str]:
+  """The NNX `__init__` parameters after self: the fields, then keyword-only sizes, example inputs and rngs."""
+  return [*plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params),
+          *(f'{p}: tuple' for p in plan.example_params), 'rngs: nnx.Rngs']
+
+
 def _snake(name: str) -> str:
   return re.sub(r'(?<=[a-z0-9])(?=[A-Z])', '_', name).lower()
 
@@ -335,9 +341,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._stacks: dict[cst.Call, _Stacked] = {}  # `nn.scan(Block, variable_axes=...)(...)` / nn.vmap -> its options
     self._stack_calls: dict[cst.Call, _Child] = {}  # a call of stacked copies -> the child, run by nnx.scan / nnx.vmap
     self._while_loops: set[cst.Call] = set()  # `nn.while_loop(...)` calls, rewritten around (self, init)
-    self._lifted: set[cst.CSTNode] = set()
+    self._lifted: set[cst.CSTNode] = set()  # `ScanBlock = nn.scan(...)` values: converted with their construction
     self._kept_linen: dict[str, str] = {}  # classes that stay Linen because Linen-only code uses them -> why
-    self._class_defs: dict[str, cst.ClassDef] = {}  # `ScanBlock = nn.scan(...)` values: converted with their construction
+    self._class_defs: dict[str, cst.ClassDef] = {}  # the file's top-level classes by name
 
   # --- traversal -------------------------------------------------------------------------------
 
@@ -386,13 +392,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return
     saved = (dict(self._calls), dict(self._exprs), dict(self._ifs), dict(self._methods), dict(self._variable_classes),
              dict(self._statements), dict(self._scan_calls), dict(self._scan_names), set(self._removed),
-             dict(self._remat_calls), dict(self._stack_calls))
+             dict(self._remat_calls), dict(self._stack_calls), set(self._while_loops))
     self._pending = []
     try:
       plan = self._plan(node)
     except _Unsupported as error:
       (self._calls, self._exprs, self._ifs, self._methods, self._variable_classes, self._statements,
-       self._scan_calls, self._scan_names, self._removed, self._remat_calls, self._stack_calls) = saved
+       self._scan_calls, self._scan_names, self._removed, self._remat_calls, self._stack_calls, self._while_loops) = saved
       self.report_todo(error.node, f'class {node.name.value} left as Linen: {error.message}')
       return
     self._plans[node.name.value] = self._class_plans[node] = plan
@@ -1915,9 +1921,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _scanned_class(self, scan: cst.Call, ctor: cst.Call) -> str | None:
     """`Cell` for `nn.scan(Cell, variable_broadcast='params', split_rngs={'params': False}, in_axes=1, out_axes=1)`
-    over a Linen class of this file, recording its axes, and `Block` for a scan over layers (`variable_axes`, see
-    _stacked_class), and `Block` for an nn.vmap ensemble; None for any other call. Other options over such a class: a TODO, since only these two have a
-    direct NNX form."""
+    over a Linen class of this file, recording its axes; `Block` for a scan over layers (`variable_axes`) or an
+    nn.vmap ensemble (see _stacked_class); None for any other call. Other options over such a class: a TODO."""
     kwargs = {a.keyword.value: a.value for a in scan.args if a.keyword is not None}
     if 'variable_axes' in kwargs and self._has_name(scan.func, SCAN_NAMES):
       return self._stacked_class(scan, ctor, kwargs, 'scan')
@@ -2276,8 +2281,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     return self.get_metadata(cst.metadata.ParentNodeProvider, node, None)
 
   def _report(self, node: cst.ClassDef, plan: _Plan) -> None:
-    signature = ', '.join([*plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params),
-                           *(f'{p}: tuple' for p in plan.example_params), 'rngs: nnx.Rngs'])
+    signature = ', '.join(_init_params(plan))
     self.report_change(node, f'class {plan.name}(nn.Module) -> nnx.Module with __init__({signature})')
     hoisted = [c for c in plan.children if c.hoisted]
     if hoisted:
@@ -2318,8 +2322,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       records[-1] = dataclasses.replace(records[-1], cache_input=plan.cache_input)
 
   def _init(self, plan: _Plan, setup_body: list[cst.BaseStatement]) -> cst.FunctionDef:
-    params = ', '.join(['self', *plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params),
-                        *(f'{p}: tuple' for p in plan.example_params), 'rngs: nnx.Rngs'])
+    params = ', '.join(['self', *_init_params(plan)])
     fields = [f'self.{name} = {name}' for name in plan.field_names]
     later = [f'self.{c.attr} = {c.text}' for c in plan.children if c.hoisted]
     later += [f'self.{attr} = rngs{_stream(stream)}.fork()' for stream, attr in plan.streams.items()]
