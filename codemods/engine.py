@@ -1,9 +1,12 @@
 """`migrate()`: run the rules over files and directories, in parallel, and report per file.
 
-Each file is read, skipped unless it mentions flax or linen, migrated (`transform.py`, or
-`notebooks.py` for .ipynb), checked to still parse, diffed and, with `write=True`, replaced
-atomically. A file that fails is reported and left untouched; the others go on. Outcomes are
-sorted by path, so the result does not depend on the order of `paths` nor on `jobs`.
+First the .py files are looked over together for the run's Linen class hierarchy
+(`hierarchy.py`), so that a subclass of a project base class of another file is known to be a
+Linen module. Then each file is skipped unless it mentions flax or linen or defines such a
+subclass, migrated (`transform.py`, or `notebooks.py` for .ipynb), checked to still parse,
+diffed and, with `write=True`, replaced atomically. A file that fails is reported and left
+untouched; the others go on. Outcomes are sorted by path, so the result does not depend on the
+order of `paths` nor on `jobs`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import typing as tp
 
 from codemods import files
 from codemods.diffs import unified_diff
+from codemods.hierarchy import LinenHierarchy
+from codemods.hierarchy import build_hierarchy
 from codemods.notebooks import transform_notebook
 from codemods.options import MigrationOptions
 from codemods.report import CHANGED
@@ -50,8 +55,10 @@ def migrate(
   tqdm bar on stderr; `options` are the user's choices for the generated code. Raises FileNotFoundError for a path that does not exist.
   """
   rules = tuple(rules)
+  paths = [os.fspath(path) for path in paths]
   outcomes: dict[str, FileOutcome] = {}
   candidates = []
+  sources: dict[str, bytes] = {}  # the .py files that define classes, for the hierarchy pass
   for path in files.collect_files(paths, include, exclude):
     try:
       with open(path, 'rb') as file:
@@ -59,14 +66,20 @@ def migrate(
     except OSError as error:
       outcomes[path] = FileOutcome(path, FAILED, error=f'cannot read: {error}')
       continue
+    if path.endswith('.py') and b'class' in data:
+      sources[path] = data
     if files.mentions_flax(data):
       candidates.append(path)
     else:
       outcomes[path] = FileOutcome(path, SKIPPED)
+  hierarchy = build_hierarchy(sources, [os.getcwd(), *(path for path in paths if os.path.isdir(path))])
+  for path in sorted(hierarchy.files - set(candidates)):  # subclasses of a Linen class, never saying flax
+    candidates.append(path)
+    del outcomes[path]
   jobs = min(jobs or os.cpu_count() or 1, max(len(candidates), 1))
   bar = _progress_bar(len(candidates), progress)
   try:
-    for outcome in _run(candidates, rules, write, jobs, options):
+    for outcome in _run(candidates, rules, write, jobs, options, hierarchy):
       outcomes[outcome.path] = outcome
       bar.update()
   finally:
@@ -75,15 +88,19 @@ def migrate(
 
 
 def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]], write: bool,
-                 options: MigrationOptions = MigrationOptions()) -> FileOutcome:
-  """Migrates one file: never raises; a failure is an outcome, and the file is then left untouched."""
+                 options: MigrationOptions = MigrationOptions(),
+                 hierarchy: LinenHierarchy = LinenHierarchy()) -> FileOutcome:
+  """Migrates one file: never raises; a failure is an outcome, and the file is then left untouched.
+
+  `hierarchy`: the Linen classes of the whole run (`build_hierarchy`).
+  """
   try:
     with open(path, 'rb') as file:
       old = file.read()
     if path.endswith('.ipynb'):
-      result = transform_notebook(old, rules, options)
+      result = transform_notebook(old, rules, options, hierarchy.for_file(path), path)
     else:
-      result = transform_source(old, rules, options)
+      result = transform_source(old, rules, options, hierarchy.for_file(path), path)
     if result.source == old:
       return FileOutcome(path, UNCHANGED, entries=result.entries, classes=result.classes)
     encoding = 'utf-8' if path.endswith('.ipynb') else _encoding(old)
@@ -104,15 +121,15 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]], write: bool
 
 
 def _run(paths: list[str], rules: tuple[type[MigrationRule], ...], write: bool, jobs: int,
-         options: MigrationOptions) -> tp.Iterator[FileOutcome]:
+         options: MigrationOptions, hierarchy: LinenHierarchy) -> tp.Iterator[FileOutcome]:
   if jobs <= 1:
     for path in paths:
-      yield migrate_file(path, rules, write, options)
+      yield migrate_file(path, rules, write, options, hierarchy)
     return
   # spawn, not fork: the parent may have imported jax, whose threads make fork unsafe.
   context = multiprocessing.get_context('spawn')
   with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-    futures = {pool.submit(migrate_file, path, rules, write, options): path for path in paths}
+    futures = {pool.submit(migrate_file, path, rules, write, options, hierarchy): path for path in paths}
     for future in concurrent.futures.as_completed(futures):
       try:
         yield future.result()

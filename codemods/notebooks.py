@@ -14,6 +14,7 @@ import json
 import re
 import typing as tp
 
+from codemods.hierarchy import LinenHierarchy
 from codemods.options import MigrationOptions
 from codemods.report import ConvertedClass
 from codemods.report import Entry
@@ -29,7 +30,8 @@ _INDENT = re.compile(r'^\{\n( +)"', re.MULTILINE)
 
 
 def transform_notebook(data: bytes, rules: tp.Sequence[type[MigrationRule]],
-                       options: MigrationOptions = MigrationOptions()) -> Transformed[bytes]:
+                       options: MigrationOptions = MigrationOptions(),
+                       hierarchy: LinenHierarchy = LinenHierarchy(), filename: str | None = None) -> Transformed[bytes]:
   """The notebook with its code cells migrated; byte-identical when nothing changes."""
   try:
     notebook = json.loads(data)
@@ -42,7 +44,7 @@ def transform_notebook(data: bytes, rules: tp.Sequence[type[MigrationRule]],
   for index in indices:
     parts.append(_MARKER.format(index) + '\n' + _mask(_source(cells[index]), magics))
   module = ''.join(parts)
-  result = transform_source(module, rules, options)
+  result = transform_source(module, rules, options, hierarchy, filename)
   if result.source == module:
     return Transformed(data, _in_cells(result.entries, module, indices), _in_cells(result.classes, module, indices))
   new_sources = _split(result.source, indices)

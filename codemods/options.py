@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from codemods.example_sizes import ExampleSizes
+
 OPTIONS_KEY = 'linen2nnx.options'
 TRAIN_STATE_STYLES = ('nnx', 'keep')
 """'nnx': a flax TrainState becomes `nnx.Optimizer` and steps over the model (the default);
@@ -18,6 +20,7 @@ class MigrationOptions:
   """The options of one migration run; the defaults are the idiomatic NNX code."""
 
   train_state: str = 'nnx'
+  example_sizes: ExampleSizes = ExampleSizes()  # from `--examples FILE.py` (codemods/examples.py)
 
   def __post_init__(self) -> None:
     if self.train_state not in TRAIN_STATE_STYLES:

@@ -49,6 +49,8 @@ from libcst.metadata import ParentNodeProvider
 from libcst.metadata import PositionProvider
 from libcst.metadata import ScopeProvider
 
+from codemods.hierarchy import HIERARCHY_KEY
+from codemods.hierarchy import LinenHierarchy
 from codemods.options import OPTIONS_KEY
 from codemods.options import MigrationOptions
 from codemods.report import ChildName
@@ -80,6 +82,11 @@ class MigrationRule(VisitorBasedCodemodCommand):
   def options(self) -> MigrationOptions:
     """The user's choices for the generated code (`linen2nnx migrate --train-state`, ...)."""
     return self.context.scratch.get(OPTIONS_KEY, MigrationOptions())
+
+  @property
+  def hierarchy(self) -> LinenHierarchy:
+    """The Linen classes of the whole run, seen from this file (empty when one source is migrated alone)."""
+    return self.context.scratch.get(HIERARCHY_KEY, LinenHierarchy())
 
   def report_change(self, node: cst.CSTNode, message: str) -> None:
     """Records that `node` (of the original tree) was rewritten."""

@@ -7,7 +7,8 @@ the results are the same), without the work that cannot change them:
 - Metadata (scopes, qualified names, positions) is computed once per tree, not once per rule
   and per import step: a step that leaves the tree as it was hands the next one the same tree,
   with the metadata computed so far, and the tree straight from the parser is not copied.
-- A rule with `REQUIRES` words does not run on code that contains none of them.
+- A rule with `REQUIRES` words does not run on code that contains none of them, nor the name of
+  a base class of the run's Linen hierarchy (a subclass of one may never say Module).
 - libcst looks each visitor class over once, not at each new visitor (`libcst_speedups`).
 """
 
@@ -26,6 +27,8 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.codemod.visitors import RemoveImportsVisitor
 
 from codemods import libcst_speedups
+from codemods.hierarchy import HIERARCHY_KEY
+from codemods.hierarchy import LinenHierarchy
 from codemods.options import OPTIONS_KEY
 from codemods.options import MigrationOptions
 from codemods.report import ConvertedClass
@@ -60,8 +63,15 @@ class Transformed(tp.Generic[Source]):
 
 
 def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
-                     options: MigrationOptions = MigrationOptions()) -> Transformed[Source]:
-  """Applies `rules` in order; bytes keep their encoding, BOM and line endings (libcst does)."""
+                     options: MigrationOptions = MigrationOptions(),
+                     hierarchy: LinenHierarchy = LinenHierarchy(),
+                     filename: str | None = None) -> Transformed[Source]:
+  """Applies `rules` in order; bytes keep their encoding, BOM and line endings (libcst does).
+
+  `hierarchy`: the Linen classes of the run the source is part of, seen from its file
+  (`LinenHierarchy.for_file`); empty, only the source's own classes are known. `filename`: the
+  source's file, whose classes the options' example traces are looked up by.
+  """
   try:
     tree = cst.parse_module(source)
   except (cst.ParserSyntaxError, UnicodeDecodeError, SyntaxError) as error:
@@ -71,10 +81,12 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
   code = _Code()
   entries: list[Entry] = []
   classes: list[ConvertedClass] = []
+  base_words = hierarchy.base_words()
   for rule in rules:
-    if rule.REQUIRES and not any(word in code(wrapper) for word in rule.REQUIRES):
+    if rule.REQUIRES and not any(word in code(wrapper) for word in (*rule.REQUIRES, *base_words)):
       continue
-    context = CodemodContext(scratch={KNOWN_CLASSES_KEY: tuple(classes), OPTIONS_KEY: options})
+    context = CodemodContext(filename=filename, scratch={KNOWN_CLASSES_KEY: tuple(classes), OPTIONS_KEY: options,
+                                                         HIERARCHY_KEY: hierarchy})
     try:
       wrapper = _next(wrapper, _apply(rule(context), wrapper))
       for key, visitor in _IMPORT_VISITORS.items():

@@ -27,7 +27,7 @@ from nnx_bridge import collectionlib
 from nnx_bridge import linen_state
 from nnx_bridge.errors import BridgeError
 from nnx_bridge.layer_params import row_mapping
-from nnx_bridge.layer_table import LAYERS, MODE_ARGUMENTS, LayerSpec, find_layer
+from nnx_bridge.layer_table import LAYERS, MODE_ARGUMENTS, LayerSpec, find_layer_of_class
 from nnx_bridge.state_check import describe
 from nnx_bridge.treemap import LeafRule, LinenKey, NNXPath, TreeMapping, normalize_path, path_str
 
@@ -138,15 +138,6 @@ def _nnx_leaves(state: nnx.State) -> dict[NNXPath, _Leaf]:
   return out
 
 
-def _linen_row(cls: type) -> LayerSpec | None:
-  """The table row of a Linen class or of the nearest base class that has one."""
-  for base in cls.__mro__:
-    spec = find_layer(f'{base.__module__}.{base.__qualname__}')
-    if spec is not None and spec.nnx is not None:
-      return spec
-  return None
-
-
 @functools.cache
 def _nnx_class(dotted: str) -> type:
   module, _, name = dotted.rpartition('.')
@@ -170,7 +161,7 @@ def _outermost(paths: tp.Iterable[Path]) -> list[Path]:
 
 
 def _linen_layers(variables: tp.Mapping[str, tp.Any], classes: tp.Mapping[Path, type]) -> dict[Path, _Layer]:
-  rows = {path: spec for path, cls in classes.items() if (spec := _linen_row(cls))}
+  rows = {path: spec for path, cls in classes.items() if (spec := find_layer_of_class(cls))}
   row_paths = _outermost(rows)
   owned: dict[Path, dict[tuple[str, Path], _Leaf]] = collections.defaultdict(dict)
   for (collection, path), leaf in _linen_leaves(variables).items():

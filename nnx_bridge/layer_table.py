@@ -700,6 +700,15 @@ def find_layer(linen_name: str) -> LayerSpec | None:
   return _BY_NAME.get(linen_name)
 
 
+def find_layer_of_class(cls: type) -> LayerSpec | None:
+  """The row of a Linen class, or of its nearest base class that has one with an NNX counterpart."""
+  for base in cls.__mro__:
+    spec = find_layer(f'{base.__module__}.{base.__qualname__}')
+    if spec is not None and spec.nnx is not None:
+      return spec
+  return None
+
+
 @functools.cache
 def linen_fields(linen_name: str) -> tuple[str, ...]:
   """A Linen layer's constructor fields in positional order ('features', 'use_bias', ...), less parent/name."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from codemods.example_sizes import ExampleSizes
 from codemods.options import TRAIN_STATE_STYLES
 from codemods.options import MigrationOptions
 
@@ -44,6 +46,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
       help='what a flax TrainState becomes: nnx (default: nnx.Optimizer, steps over the model) or keep '
            '(the TrainState stays, around nnx.split state, as in the migration guide)',
   )
+  parser.add_argument(
+      '--examples', metavar='FILE.py',
+      help='a Python file whose public functions each return (linen_module, inputs[, call_kwargs]): the models '
+           'are initialised abstractly (this imports and runs your code) and each layer input size the code does '
+           'not determine becomes the expression of its class\'s fields every traced instance agrees with '
+           '(docs/migrate.md, "Example traces")',
+  )
   parser.set_defaults(run=run)
 
 
@@ -57,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     select = args.select.split(',') if args.select else settings.select
     rules = registry.select_rules(select) if select else registry.ALL_RULES
     jobs = args.jobs if args.jobs is not None else settings.jobs
-    options = MigrationOptions(train_state=args.train_state or settings.train_state or 'nnx')
+    options = MigrationOptions(train_state=args.train_state or settings.train_state or 'nnx',
+                               example_sizes=_example_sizes(args.examples))
     if jobs is not None and jobs < 1:
       raise ValueError(f'-j must be at least 1, got {jobs}')
     result = engine.migrate(
@@ -65,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         include=[*settings.include, *args.include], exclude=[*settings.exclude, *args.exclude],
         progress=sys.stderr.isatty(), options=options,
     )
-  except (ValueError, FileNotFoundError) as error:
+  except (ValueError, FileNotFoundError) as error:  # ExamplesError is a ValueError
     print(f'linen2nnx migrate: {error}', file=sys.stderr)
     return EXIT_FAILED
   for outcome in result.files:
@@ -90,3 +100,14 @@ def run(args: argparse.Namespace) -> int:
   if result.failed:
     return EXIT_FAILED
   return EXIT_WOULD_CHANGE if args.check and result.changed else EXIT_OK
+
+
+def _example_sizes(path: str | None) -> ExampleSizes:
+  """What the examples file's traces say of layer sizes; empty without one (the user's code is not imported)."""
+  if path is None:
+    return ExampleSizes()
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'--examples {path}: no such file')
+  from codemods import examples  # imports jax and the user's code: only in this mode
+
+  return examples.trace_examples(path)

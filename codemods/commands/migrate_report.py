@@ -25,8 +25,7 @@ from codemods import report
 from nnx_bridge import derive
 from nnx_bridge import modes
 from nnx_bridge.errors import BridgeError
-from nnx_bridge.layer_table import LayerSpec
-from nnx_bridge.layer_table import find_layer
+from nnx_bridge.layer_table import find_layer_of_class
 from nnx_bridge.treemap import TreeMapping
 
 Path = tuple[str, ...]
@@ -102,13 +101,6 @@ def trace_linen(
 
   jax.eval_shape(init, *inputs)
   return classes, calls
-
-
-def _layer_row(cls: type) -> LayerSpec | None:
-  """The layer-table row of a Linen class or of its nearest base class that has one."""
-  return next(
-      (spec for base in cls.__mro__ if (spec := find_layer(f'{base.__module__}.{base.__qualname__}'))), None
-  )
 
 
 def _same_file(entry: str, source: str, report_dir: str) -> bool:
@@ -246,7 +238,7 @@ class Port:
     call = self.calls.get((path, '__call__'))
     if call is None:
       raise ReportError(f'{label} is not called on these inputs, so {where} cannot be measured')
-    row = _layer_row(self.classes[path])
+    row = find_layer_of_class(self.classes[path])
     source = dict(row.derived).get(nnx_argument) if row else None
     shapes = call.shapes(row.call_args) if row else ()
     value = source.evaluate(call.fields, shapes) if source else None

@@ -95,6 +95,8 @@ from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import QualifiedNameSource
 from libcst.metadata import ScopeProvider
 
+from codemods.example_sizes import ClassSizes
+from codemods.hierarchy import MODULE_NAMES
 from codemods.report import EXAMPLE_INPUTS
 from codemods.report import FIELD
 from codemods.report import INPUT_DIMENSION
@@ -120,7 +122,6 @@ from nnx_bridge.layer_table import find_wrapper
 from nnx_bridge.layer_table import linen_fields
 from nnx_bridge.layer_table import nnx_arguments
 
-MODULE_NAMES = frozenset({'flax.linen.Module', 'flax.linen.module.Module'})
 COMPACT_NAMES = frozenset({'flax.linen.compact', 'flax.linen.module.compact'})
 MODE_PARAMS = {m.name: m.inverted for m in MODE_ARGUMENTS}
 LAYER_MODE_KWARGS = frozenset(m.name for m in MODE_ARGUMENTS if m.name == m.nnx_attribute)
@@ -264,6 +265,8 @@ class _Plan:
   cache_lines: list[str] = dataclasses.field(default_factory=list)  # the body of init_cache; empty: none
   cache_input: str | None = None  # the `__call__` argument whose shape init_cache takes
   example_params: list[str] = dataclasses.field(default_factory=list)  # example inputs of bridged Linen children
+  base: str = 'nnx.Module'  # the NNX base class: a project base class of the run keeps its name
+  helpers_only: bool = False  # a base class holding only helpers: no __init__ of its own
 
 
 @functools.cache
@@ -326,6 +329,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._pending: list[tuple[cst.CSTNode, str]] = []
     self._switches: dict[str, bool] = {}
     self._field_switches: dict[str, bool] = {}  # the class's train/eval fields (`training: bool`) -> inverted
+    self._traced: ClassSizes = {}  # what the example trace says of the class's layer sizes (`--examples`)
     self._mode_uses: set[cst.Name] = set()
     self._switch_defaults: dict[str, bool] = {}  # __call__ switches with a literal default
     self._branches: set[cst.If] = set()  # conditionals of plain code in @nn.compact bodies
@@ -524,6 +528,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         setup_body = list(statement.body.body)
       else:
         body.append(statement)
+    if plan.helpers_only:
+      return updated_node.with_changes(bases=[cst.Arg(cst.parse_expression('nnx.Module'))])
     init = self._init(plan, setup_body).with_changes(leading_lines=leading)
     if init_index is None and body and _is_docstring(body[0]):
       init_index, init = 1, init.with_changes(leading_lines=[cst.EmptyLine()])
@@ -535,7 +541,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if init_index + 1 < len(body) and not body[init_index + 1].leading_lines:  # a blank line after __init__
       body[init_index + 1] = body[init_index + 1].with_changes(leading_lines=[cst.EmptyLine()])
     return updated_node.with_changes(
-        bases=[cst.Arg(cst.parse_expression('nnx.Module'))], body=updated_node.body.with_changes(body=body)
+        bases=[cst.Arg(cst.parse_expression(plan.base))], body=updated_node.body.with_changes(body=body)
     )
 
   def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
@@ -562,8 +568,14 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _plan(self, node: cst.ClassDef) -> _Plan:
     if node.decorators or node.keywords or len(node.bases) != 1:
       raise _Unsupported(node, 'class decorators, keywords or several bases')
+    base = self._project_base(node)
+    if base is not None and base not in self.hierarchy.plain_bases:
+      where = 'this file' if base.rpartition('.')[0] == self.hierarchy.module else 'another file'
+      raise _Unsupported(node, f'it inherits fields or submodules from {base} ({where}), which is not converted with it')
     if not self.nnx_is_free(node):
       raise _Unsupported(node, 'the name nnx is bound to something else here')
+    if f'{self.hierarchy.module}.{node.name.value}' in self.hierarchy.plain_bases:
+      return self._plain_base_plan(node)
     fields, methods = [], {}
     for statement in node.body.body:
       if _field_name(statement) is not None:
@@ -601,8 +613,11 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     params = [self.module.code_for_node(f.body[0]).strip() for f in fields]
     call_params = [p.name.value for p in call.params.params[1:]]
     plan = _Plan(node.name.value, params, field_names, call_params, method is not None, linen_field_names, mode_fields)
+    if base is not None:  # a subclass of a project base class keeps it (converted in its own file)
+      plan.base = self.module.code_for_node(node.bases[0].value)
     self._switches = {name: MODE_PARAMS[name] for name in mode.values()}
     self._field_switches = mode_fields
+    self._traced = self.options.example_sizes.of_class(self.context.filename, node.name.value)
     self._mode_uses = set()
     taken = set(field_names) | set(methods) | {'rngs'}
     counts: dict[str, int] = {}
@@ -1570,7 +1585,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _size_param(self, plan: _Plan, child: _Child, nnx_arg: str, where: str | None, source: Dim,
                   node: cst.CSTNode) -> str:
-    """A new keyword-only constructor argument for a size the code does not determine."""
+    """A new keyword-only constructor argument for a size the code does not determine, unless the example
+    trace (`--examples`) found one expression of the class's fields for it: then that expression."""
+    traced = self._traced.get((child.linen_name, nnx_arg)) if child.api is None and child.spec is not None else None
+    if traced is not None and traced.expression is not None:
+      self._pending.append((node, f'{nnx_arg} of self.{child.attr} = {traced.expression}, from the example trace: '
+                                  f'{traced.describe()}'))
+      return traced.expression
     name = f'{child.attr}_{nnx_arg}'
     while name in plan.field_names or name in {p for p, _ in plan.size_params} or name == 'rngs':
       name += '_'
@@ -1584,7 +1605,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       origin = UNDETERMINED if where is None else INPUT_DIMENSION
       if where is None:
         where = f'not determined by the code of __call__ (pass what self.{child.attr} needs)'
-      detail = f'{nnx_arg} of self.{child.attr}, {where}'
+      detail = f'{nnx_arg} of self.{child.attr}, {where}' + (f' ({traced.describe()})' if traced else '')
       argument = ConstructorArgument(name, origin, detail, child.attr, child_argument=nnx_arg, input=input_name)
     plan.size_arguments.append(argument)
     self._pending.append((node, f'new constructor argument {name}: {detail}'))
@@ -2275,14 +2296,37 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     return any(q.name in names for q in self.get_metadata(QualifiedNameProvider, node, set()))
 
   def _is_linen_class(self, node: cst.ClassDef) -> bool:
-    return any(self._has_name(base.value, MODULE_NAMES) for base in node.bases)
+    """Whether a base is flax.linen.Module or, with one base, a Linen class of the run (`hierarchy.py`)."""
+    return any(self._has_name(base.value, MODULE_NAMES) for base in node.bases) or self._project_base(node) is not None
+
+  def _project_base(self, node: cst.ClassDef) -> str | None:
+    """The fully qualified name of the only base of `node`, when it is a Linen class of the run, else None."""
+    if len(node.bases) != 1:
+      return None
+    names = self.get_metadata(QualifiedNameProvider, node.bases[0].value, set())
+    return next((found for q in names if (found := self.hierarchy.resolve(q.name)) is not None), None)
+
+  def _plain_base_plan(self, node: cst.ClassDef) -> _Plan:
+    """A base class of the run that only holds helpers (`LinenHierarchy.plain_bases`): an nnx.Module with its
+    Linen names converted; its subclasses, converted in their own files, build the layers and variables."""
+    for sub in descendants(node):
+      if isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in SCOPE_APIS:
+        raise _Unsupported(sub, f'self.{sub.attr.value} in a helper of a base class')
+    plan = _Plan(node.name.value, [], [], [], False, helpers_only=True)
+    plan.linen_nodes = [node.bases[0].value, *self._convert_linen_refs(node, {node.bases[0].value})]
+    return plan
 
   def _parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
     return self.get_metadata(cst.metadata.ParentNodeProvider, node, None)
 
   def _report(self, node: cst.ClassDef, plan: _Plan) -> None:
+    linen_base = self.module.code_for_node(node.bases[0].value)
+    if plan.helpers_only:
+      self.report_change(node, f'class {plan.name}({linen_base}) -> nnx.Module, a base class of helpers only: no '
+                               '__init__ (its subclasses build the layers)')
+      return
     signature = ', '.join(_init_params(plan))
-    self.report_change(node, f'class {plan.name}(nn.Module) -> nnx.Module with __init__({signature})')
+    self.report_change(node, f'class {plan.name}({linen_base}) -> {plan.base} with __init__({signature})')
     hoisted = [c for c in plan.children if c.hoisted]
     if hoisted:
       mapping = ', '.join(

@@ -1,0 +1,181 @@
+"""Example traces (`--examples`): sizes read off abstract Linen inits become expressions of a class's fields
+when exactly one simple expression agrees with every traced instance; bad examples files are named errors."""
+
+import textwrap
+
+import pytest
+
+from codemods.example_sizes import resolve
+from codemods.examples import ExamplesError
+from codemods.examples import trace_examples
+
+
+@pytest.mark.parametrize('observations, expression', [
+    ([({'self.a': 4, 'self.b': 6}, 4)], 'self.a'),
+    ([({'self.a': 4, 'self.b': 6}, 8)], '2 * self.a'),  # multiples come before sums
+    ([({'self.a': 8, 'self.b': 3}, 4)], 'self.a // 2'),
+    ([({'self.a': 4, 'self.b': 6}, 10)], 'self.a + self.b'),
+    ([({'self.a': 4, 'self.b': 6}, 24), ({'self.a': 2, 'self.b': 6}, 12)], 'self.a * self.b'),
+])
+def test_the_simplest_agreeing_expression_wins(observations, expression):
+  assert resolve(observations).expression == expression
+
+
+def test_equally_simple_expressions_are_ambiguous():
+  traced = resolve([({'self.a': 4, 'self.b': 6}, 12)])  # 3 * self.a and 2 * self.b
+  assert traced.expression is None and traced.candidates == ('3 * self.a', '2 * self.b')
+
+
+def test_ambiguity_is_reported_and_more_instances_settle_it():
+  one = resolve([({'self.dim': 16, 'self.hidden': 16}, 16)])
+  assert one.expression is None and one.candidates == ('self.dim', 'self.hidden')
+  assert 'self.dim and self.hidden all match' in one.describe()
+  two = resolve([({'self.dim': 16, 'self.hidden': 16}, 16), ({'self.dim': 16, 'self.hidden': 32}, 16)])
+  assert two.expression == 'self.dim'
+
+
+def test_no_expression_for_a_size_the_fields_do_not_give():
+  traced = resolve([({'self.a': 4}, 49), ({'self.a': 8}, 49)])
+  assert traced.expression is None and not traced.candidates
+  assert traced.describe() == 'the example trace saw 49, which no expression of the fields matches'
+
+
+MODELS = '''
+import dataclasses
+import flax.linen as nn
+
+
+@dataclasses.dataclass
+class Config:
+  width: int
+
+
+class Block(nn.Module):
+  dim: int
+  hidden: int
+
+  @nn.compact
+  def __call__(self, x):
+    return x + nn.Dense(self.dim)(nn.relu(nn.Dense(self.hidden)(nn.LayerNorm()(x))))
+
+
+class Model(nn.Module):
+  config: Config
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(self.config.width)(x.reshape((x.shape[0], -1)))
+    return Block(self.config.width, self.config.width)(x)
+'''
+
+
+def _project(tmp_path, examples: str):
+  (tmp_path / 'models_under_trace.py').write_text(MODELS)
+  (tmp_path / 'examples.py').write_text(textwrap.dedent(examples))
+  return str(tmp_path / 'examples.py'), str(tmp_path / 'models_under_trace.py')
+
+
+@pytest.fixture
+def on_path(tmp_path, monkeypatch):
+  monkeypatch.syspath_prepend(str(tmp_path))
+  yield
+  import sys
+  sys.modules.pop('models_under_trace', None)
+
+
+def test_trace_resolves_sizes_by_class_with_doubled_fields_to_disambiguate(tmp_path, on_path):
+  examples, models = _project(tmp_path, '''
+      import jax.numpy as jnp
+      from models_under_trace import Config, Model
+
+      def model():
+        return Model(Config(width=8)), (jnp.zeros((2, 3, 5)),)
+  ''')
+  sizes = trace_examples(examples)
+  block = sizes.of_class(models, 'Block')
+  # dim == hidden == width in the example: only the variant doubling the root's width keeps them equal, so
+  # the trace cannot tell them apart for the first layer norm; its input is x, of the model's width.
+  assert block[('LayerNorm_0', 'num_features')].expression is None
+  assert block[('LayerNorm_0', 'num_features')].candidates == ('self.dim', 'self.hidden')
+  model = sizes.of_class(models, 'Model')
+  assert model[('Dense_0', 'in_features')].expression is None  # 15 = 3 * 5, the flattened input
+  assert set(model[('Dense_0', 'in_features')].values) == {15}
+
+
+def test_several_examples_settle_what_one_cannot(tmp_path, on_path):
+  examples, models = _project(tmp_path, '''
+      import jax.numpy as jnp
+      from models_under_trace import Block
+
+      def square():
+        return Block(dim=8, hidden=8), (jnp.zeros((2, 8)),)
+
+      def wide():
+        return Block(dim=8, hidden=32), (jnp.zeros((2, 8)),)
+  ''')
+  block = trace_examples(examples).of_class(models, 'Block')
+  assert block[('LayerNorm_0', 'num_features')].expression == 'self.dim'
+  assert block[('Dense_0', 'in_features')].expression == 'self.hidden'  # the outer Dense, built first
+  assert block[('Dense_1', 'in_features')].expression == 'self.dim'
+
+
+@pytest.mark.parametrize('body, message', [
+    ('def broken():\n  raise RuntimeError("no data")\n', 'broken() raised RuntimeError: no data'),
+    ('def wrong():\n  return 3\n', 'wrong() must return (module, inputs)'),
+    ('X = 1\n', 'no public function returning (module, inputs)'),
+    ('import jax.numpy as jnp\nfrom models_under_trace import Block\n\n'
+     'def bad_input():\n  return Block(8, 8), (jnp.zeros((2, 3)),)\n', 'bad_input(): the Linen init failed'),
+])
+def test_a_bad_examples_file_is_a_named_error(tmp_path, on_path, body, message):
+  examples, _ = _project(tmp_path, body)
+  with pytest.raises(ExamplesError, match=message.replace('(', r'\(').replace(')', r'\)')):
+    trace_examples(examples)
+
+
+def test_migrate_with_examples_writes_the_traced_sizes_and_the_port_matches_linen(tmp_path, on_path, capsys):
+  """`linen2nnx migrate --examples`: Block's sizes come from its fields, and the NNX model matches Linen."""
+  import runpy
+
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  import nnx_bridge
+  from codemods import cli
+
+  examples, models = _project(tmp_path, '''
+      import jax.numpy as jnp
+      from models_under_trace import Block
+
+      def square():
+        return Block(dim=8, hidden=8), (jnp.zeros((2, 8)),)
+
+      def wide():
+        return Block(dim=8, hidden=32), (jnp.zeros((2, 8)),)
+  ''')
+  linen = runpy.run_path(models)
+  without = cli.main(['migrate', models])
+  assert without == 0 and 'layer_norm_num_features' in capsys.readouterr().out  # the static result
+  assert cli.main(['migrate', models, '--examples', examples, '--write']) == 0
+  report = capsys.readouterr().err
+  assert 'num_features of self.layer_norm = self.dim, from the example trace: 4 traced instances agree' in report
+  source = open(models).read()
+  assert 'nnx.LayerNorm(num_features=self.dim, rngs=rngs)' in source
+  assert 'def __init__(self, dim: int, hidden: int, *, rngs: nnx.Rngs):' in source  # no size arguments left
+  converted = runpy.run_path(models)
+  x = jax.random.normal(jax.random.key(1), (2, 8))
+  linen_module = linen['Block'](dim=8, hidden=16)  # a size no example used
+  variables = linen_module.init(jax.random.key(0), x)
+  parity = nnx_bridge.compare(linen_module, variables, converted['Block'](8, 16, rngs=nnx.Rngs(0)), x)
+  assert parity.ok, parity.to_text()
+  assert jnp.shape(converted['Block'](8, 16, rngs=nnx.Rngs(0))(x)) == (2, 8)
+
+
+def test_migrate_names_a_broken_examples_file(tmp_path, on_path, capsys):
+  from codemods import cli
+
+  examples, models = _project(tmp_path, 'def broken():\n  raise RuntimeError("no data")\n')
+  assert cli.main(['migrate', models, '--examples', examples]) == 2
+  assert 'broken() raised RuntimeError: no data' in capsys.readouterr().err
+  assert cli.main(['migrate', models, '--examples', str(tmp_path / 'missing.py')]) == 2
+  assert 'no such file' in capsys.readouterr().err
