@@ -18,7 +18,8 @@
 # when the parity stage did not pass.
 #
 # Knobs (environment): PYTHON (default python3), PARITY_WORKERS (8), PARITY_BUDGET_S (240),
-# BENCH_BUDGET_S (75 per benchmark), BENCH_STEPS (500), BENCH_REPEATS (5), TOTAL_BUDGET_S (450).
+# STEPS_BUDGET_S (120: steps.py also times scanned-layer compiles), BENCH_BUDGET_S (75, bridge_step.py),
+# BENCH_STEPS (500), BENCH_REPEATS (5), TOTAL_BUDGET_S (450).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -128,7 +129,7 @@ run_stage parity "${PARITY_BUDGET_S:-240}" "$PYTHON" -m pytest -q -p no:cachepro
 
 # --- (b) the benchmarks -----------------------------------------------------------------------
 BENCH_ARGS=(--steps "${BENCH_STEPS:-500}" --repeats "${BENCH_REPEATS:-5}")
-run_stage steps "${BENCH_BUDGET_S:-75}" "$PYTHON" benchmarks/steps.py "${BENCH_ARGS[@]}"
+run_stage steps "${STEPS_BUDGET_S:-120}" "$PYTHON" benchmarks/steps.py "${BENCH_ARGS[@]}"
 run_stage bridge_step "${BENCH_BUDGET_S:-75}" "$PYTHON" benchmarks/bridge_step.py "${BENCH_ARGS[@]}"
 
 # --- (c) summary.txt ---------------------------------------------------------------------------

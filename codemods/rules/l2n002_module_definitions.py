@@ -157,6 +157,7 @@ CONTROL_FLOW = {  # a Linen lifted control-flow function -> (its NNX counterpart
     'flax.linen.while_loop': ('nnx.while_loop', 2),
 }
 WHILE_OPTIONS = ('carry_variables', 'broadcast_variables', 'split_rngs')  # NNX carries every Variable itself
+PARTIAL_NAMES = frozenset({'functools.partial'})
 VMAP_NAMES = frozenset({'flax.linen.vmap', 'flax.linen.transforms.vmap'})
 ELEMENTWISE = frozenset(
     f'{module}.{name}'
@@ -230,6 +231,7 @@ class _Child:
   remat: tuple[str, str] | None = None  # (`nnx.remat` / `nnx.jit`, its options) of nn.remat / nn.jit over a class
   stacked: _Stacked | None = None  # an nn.scan over layers / nn.vmap ensemble of a class of the file
   bridged: str = ''  # why a Linen construction stays Linen, wrapped by nnx_bridge.from_linen; '' when converted
+  condition: str | None = None  # built only when this holds (code for __init__), else the attribute is None
 
   @property
   def holds_cache(self) -> bool:
@@ -345,7 +347,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._stacks: dict[cst.Call, _Stacked] = {}  # `nn.scan(Block, variable_axes=...)(...)` / nn.vmap -> its options
     self._stack_calls: dict[cst.Call, _Child] = {}  # a call of stacked copies -> the child, run by nnx.scan / nnx.vmap
     self._while_loops: set[cst.Call] = set()  # `nn.while_loop(...)` calls, rewritten around (self, init)
-    self._lifted: set[cst.CSTNode] = set()  # `ScanBlock = nn.scan(...)` values: converted with their construction
+    self._lifted: set[cst.CSTNode] = set()  # `ScanBlock = nn.scan(...)`, `conv = partial(nn.Conv, ...)` values: gone
+    self._partials: dict[cst.Call, cst.Call] = {}  # `conv(...)` -> the `partial(nn.Conv, ...)` it calls
+    self._conditions: dict[cst.Call, str] = {}  # a construction under `if <field test>:` -> when it exists
     self._kept_linen: dict[str, str] = {}  # classes that stay Linen because Linen-only code uses them -> why
     self._class_defs: dict[str, cst.ClassDef] = {}  # the file's top-level classes by name
 
@@ -625,6 +629,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       self._plan_setup(plan, setup, counts)
     inline = self._plan_compact(plan, method, counts) if method is not None else {}
     self._name_children(plan.children, taken)
+    for child in plan.children:
+      if child.condition is not None:
+        named = any(a.keyword is not None and a.keyword.value == 'name' for a in child.ctor.args)
+        shift = '' if named else (f'; when it is not, the auto-named layers created after it shift down (the next '
+                                  f'of its class is then {child.linen_name}): name= fixes the names')
+        self._pending.append((child.ctor, f'self.{child.attr} is created only when {child.condition} (else None), '
+                                          f'as Linen creates it only then{shift}'))
     plan.collections = [c.collection for c in plan.children if c.var_type == self._variable_classes.get(c.collection)]
     self._plan_scope_calls(node, plan, setup, taken | {c.attr for c in plan.children})
     calls = self._child_calls(plan, methods, setup, inline)
@@ -659,6 +670,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     plan.params = [self._code(f.body[0]).strip() for f in fields]
     for child in plan.children:
       child.text = 'nnx.data(None)' if child.cache else self._variable_text(child) if child.api else self._ctor_text(child)
+      if child.condition is not None:
+        child.text = f'{child.text} if {child.condition} else None'
       if not child.hoisted:
         self._exprs[child.ctor] = child.text
     plan.mode_params = [(i, name, MODE_PARAMS[name]) for i, name in mode.items()]
@@ -740,25 +753,56 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           raise _Unsupported(node, f'a submodule that is not called where it is constructed{hint}')
         child = self._child(node, counts, None)
         child.hoisted = True
+        child.condition = self._conditions.get(node)
         plan.children.append(child)
         self._scan_names.update((name, child) for name in scan_names.get(node, ()))
     for sub in descendants(method.body):
       if isinstance(sub, cst.Attribute) and isinstance(sub.value, cst.Name) and sub.value.value in holders \
           and sub.attr.value == 'value':
         self._exprs[sub] = f'{sub.value.value}[...]'
+    for partial in dict.fromkeys(self._partials[c] for c in ctors if c in self._partials):
+      self._pending.append((partial, f'{self.module.code_for_node(partial)}: each call of it becomes a construction '
+                                     'in __init__ with its arguments (the statement goes)'))
     return {c.ctor: outer[c.ctor] for c in plan.children if c.hoisted and c.api is None}
 
   def _straight_line(self, body: cst.BaseSuite, built: set[cst.Call]) -> None:
-    """Simple statements, and conditionals of plain code: no construction (`built`) in them, no loops."""
+    """Simple statements, and conditionals of plain code: no loops, and a construction (`built`) only in an
+    `if <test>: ... else: ...` of simple statements whose test __init__ can evaluate (see _conditions)."""
     for statement in body.body:
       if _is_straight_statement(statement):
         continue
       branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
       if not isinstance(statement, cst.If) or any(isinstance(s, cst.BaseCompoundStatement) and not isinstance(s, cst.If)
-                                                 or s in built for s in descendants(statement)) \
+                                                 for s in descendants(statement)) \
           or any(_has_scope_call(b.test) and not _is_initializing_if(b) for b in branches):
         raise _Unsupported(statement, 'the @nn.compact body has loops, conditionals or nested blocks')
+      if any(s in built for s in descendants(statement)):
+        self._conditions.update(self._construction_conditions(statement, built))
       self._branches.update(branches)
+
+  def _construction_conditions(self, statement: cst.If, built: set[cst.Call]) -> dict[cst.Call, str]:
+    """`if self.config.use_norm: x = nn.LayerNorm()(x)`: each construction in it, with the condition (code for
+    __init__) under which it exists; a test that depends on the call (an input, a train/eval switch) is refused."""
+    arms = _arms(statement)
+    if len(arms) > 2 or isinstance(statement.orelse, cst.If) \
+        or any(arm is not None and not all(_is_straight_statement(s) for s in arm.body) for arm in arms):
+      raise _Unsupported(statement, 'submodules created in an elif chain or a nested block')
+    test = statement.test
+    if any(isinstance(n, cst.Name) and n.value in self._switches for n in (test, *descendants(test))):
+      raise _Unsupported(test, 'a submodule created under a train/eval switch (in NNX it exists in both modes)')
+    try:
+      self._check_hoistable(test)
+    except _Unsupported:
+      raise _Unsupported(test, 'a submodule created under a condition on the call (its inputs or locals): NNX '
+                               'creates submodules in __init__') from None
+    code = self._code(test)
+    conditions = {}
+    negated = f'not {code}' if isinstance(test, (cst.Name, cst.Attribute)) else f'not ({code})'
+    for arm, condition in zip(arms, (code, negated)):
+      for sub in (descendants(arm) if arm is not None else ()):
+        if sub in built:
+          conditions[sub] = condition
+    return conditions
 
   def _decode_caches(self, plan: _Plan, method: cst.FunctionDef) -> set[cst.Call]:
     """The decode-cache patterns of the @nn.compact method; returns their self.variable calls.
@@ -846,14 +890,15 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         + ('Checkpoint' if stacked and stacked.remat is not None else
            next(w[3] for w in WRAPPING.values() if w[1] == wrapped[0]) if wrapped else '') \
         + linen.rpartition('.')[2]  # Linen names it ScanCell_0, CheckpointBlock_0, ScanCheckpointBlock_0, VmapBlock_0
-    if any(a.star for a in ctor.args):
+    args = [*self._partials[ctor].args[1:], *ctor.args] if ctor in self._partials else ctor.args
+    if any(a.star for a in args):
       raise _Unsupported(ctor, 'a constructor call with *args or **kwargs')
-    positional = [a.value for a in ctor.args if a.keyword is None]
+    positional = [a.value for a in args if a.keyword is None]
     names = linen_fields(linen) if sibling is None else tuple(sibling.linen_fields)
     if len(positional) > len(names):
       raise _Unsupported(ctor, f'too many positional arguments for {short}')
     kwargs = dict(zip(names, positional))
-    kwargs.update((a.keyword.value, a.value) for a in ctor.args if a.keyword is not None)
+    kwargs.update((a.keyword.value, a.value) for a in args if a.keyword is not None)
     if 'parent' in kwargs:
       raise _Unsupported(ctor, 'parent= is not converted')
     name = kwargs.pop('name', None)
@@ -1862,6 +1907,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   # --- helpers ---------------------------------------------------------------------------------
 
   def _constructed(self, call: cst.Call) -> tuple[str, LayerSpec | None, _Plan | None] | None:
+    partial = self._partial_of(call.func) if isinstance(call.func, cst.Name) else None
+    if partial is not None:  # `conv = partial(nn.Conv, use_bias=False)`, then `conv(features, ...)(x)`
+      self._partials[call] = partial
+    func = partial.args[0].value if partial is not None else call.func
     lifted = self._lifted_alias(call.func) if isinstance(call.func, cst.Name) else call.func
     scanned = self._scanned_class(lifted, call) if isinstance(lifted, cst.Call) else None
     if scanned is not None:
@@ -1875,14 +1924,14 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       if sibling is None:
         raise _Unsupported(call, f'{rematted} is a Linen module that was not converted')
       return rematted, None, sibling
-    if isinstance(call.func, cst.Name) and call.func.value in self._linen_classes:
-      return call.func.value, None, self._plans.get(call.func.value)  # no plan: a Linen class, bridged
-    kept = self._kept_target(call.func)
+    if isinstance(func, cst.Name) and func.value in self._linen_classes:
+      return func.value, None, self._plans.get(func.value)  # no plan: a Linen class, bridged
+    kept = self._kept_target(func)
     if kept is not None:
       return kept, None, None
-    if not isinstance(call.func, (cst.Name, cst.Attribute)):
+    if not isinstance(func, (cst.Name, cst.Attribute)):
       return None
-    for qualified in self.get_metadata(QualifiedNameProvider, call.func, set()):
+    for qualified in self.get_metadata(QualifiedNameProvider, func, set()):
       spec = find_layer(qualified.name)
       if spec is not None and spec.nnx is not None:
         return spec.linen, spec, None
@@ -1901,6 +1950,32 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         or positional[0].value not in self._linen_classes:
       return None
     return positional
+
+  def _partial_of(self, name: cst.Name) -> cst.Call | None:
+    """The `functools.partial(<layer or class>, ...)` bound to `name` by the one statement `name = partial(...)`
+    of the method, every use of `name` a call: the statement goes, each call is a construction with the partial's
+    arguments first. None for other names."""
+    scope = self.get_metadata(ScopeProvider, name, None)
+    if scope is None or isinstance(scope, (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)):
+      return None
+    assignments = list(scope[name.value])
+    if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
+      return None
+    target = self._parent(assignments[0].node)
+    assign = self._parent(target) if isinstance(target, cst.AssignTarget) else None
+    line = self._parent(assign) if isinstance(assign, cst.Assign) else None
+    value = assign.value if isinstance(assign, cst.Assign) else None
+    if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and len(assign.targets) == 1
+            and isinstance(value, cst.Call) and self._has_name(value.func, PARTIAL_NAMES) and value.args
+            and value.args[0].keyword is None and not any(a.star for a in value.args)):
+      return None
+    for reference in assignments[0].references:
+      use = reference.node
+      if not (isinstance(self._parent(use), cst.Call) and self._parent(use).func is use):
+        raise _Unsupported(use, f'the partial {name.value} used other than by calling it')
+    self._removed.add(line)
+    self._lifted.update((value.func, value.args[0].value))  # its arguments are converted with each construction
+    return value
 
   def _kept_target(self, func: cst.CSTNode) -> str | None:
     """`Block` for `nn.map_variables(Block, ...)`: a Linen function over a class kept as Linen."""
