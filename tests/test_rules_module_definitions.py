@@ -127,7 +127,9 @@ def test_todo_case_is_left_unchanged_with_reasons():
 
 
 @pytest.mark.parametrize('snippet, reason', [
-    ('  @nn.compact\n  def __call__(self, x):\n    d = nn.Dense(3)\n    return d(x)\n', 'not called where it is constructed'),
+    ('  @nn.compact\n  def __call__(self, x):\n    d = nn.Dense(3)\n    f = d\n    return f(x)\n',
+     'the submodule d used other than by calling it'),
+    ('  @nn.compact\n  def __call__(self, x):\n    return [nn.Dense(3)][0](x)\n', 'not called where it is constructed'),
     ('  @nn.compact\n  def __call__(self, x):\n    return nn.scan(nn.Dense)(3)(nn.Dense(3)(x))\n', 'builds a submodule'),
     ('  flag: bool\n  @nn.compact\n  def __call__(self, x):\n    return nn.Dense(3)(x) if self.flag else x\n',
      'conditional expression'),

@@ -65,6 +65,12 @@ Control flow: `nn.cond` / `nn.switch` become `nnx.cond` / `nnx.switch` with the 
 (the module passed to each branch), `nn.while_loop(cond_fn, body_fn, self, init)` an nnx.while_loop
 over `(self, init)`; branches must not use Linen scope APIs on their module.
 
+Config-driven and shared code: `dense = functools.partial(nn.Dense, ...)` in the @nn.compact method
+makes each `dense(...)` a construction with the partial's arguments first; a layer built under an
+`if`/`else` whose test reads only fields and config exists in __init__ under the same test (None
+otherwise); a layer bound to a local (`embed = nn.Embed(...)`) and used several times, methods
+included (`embed.attend(h)`), is one attribute.
+
 Classes that stay Linen: a class given by name to a Linen function NNX has no counterpart of
 (`nn.map_variables(Block, ...)`), with every class it builds, is kept Linen with a TODO; where a
 converted class builds a kept or unconverted class, the construction is wrapped with
@@ -75,7 +81,8 @@ converted class builds a kept or unconverted class, the construction is wrapped 
 child holding one) the code does not fix; `self.put_variable` and the other scope APIs; Linen names
 without a known NNX counterpart (lifted transforms with options other than above, `nn.Bidirectional`,
 unknown layers, module factories, an `nn.RNN` cell built elsewhere or of a class of one's own);
-constructions in loops, conditionals, nested functions or not called at once; shapes that use
+constructions in loops, in conditionals on the call or elif chains, in nested functions, or neither
+called at once nor bound to a local only called; shapes that use
 a local other than an input's last axis; kwargs NNX does not take; train/eval switches used
 otherwise; other statements in the class or in `setup()`.
 """
@@ -91,6 +98,7 @@ import typing as tp
 
 import libcst as cst
 import libcst.helpers
+from libcst.metadata import PositionProvider
 from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import QualifiedNameSource
 from libcst.metadata import ScopeProvider
@@ -350,6 +358,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._lifted: set[cst.CSTNode] = set()  # `ScanBlock = nn.scan(...)`, `conv = partial(nn.Conv, ...)` values: gone
     self._partials: dict[cst.Call, cst.Call] = {}  # `conv(...)` -> the `partial(nn.Conv, ...)` it calls
     self._conditions: dict[cst.Call, str] = {}  # a construction under `if <field test>:` -> when it exists
+    self._extra_calls: dict[cst.Call, cst.Call] = {}  # a later call of a submodule bound to a local -> its ctor
     self._kept_linen: dict[str, str] = {}  # classes that stay Linen because Linen-only code uses them -> why
     self._class_defs: dict[str, cst.ClassDef] = {}  # the file's top-level classes by name
 
@@ -736,6 +745,11 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     for ctor in ctors:  # `rnn = nn.scan(Cell, ...)(...)`, then `rnn(carry, x)` once and `rnn.<method>(...)`
       if (ctor in self._scans or ctor in self._remats or ctor in self._stacks) and ctor not in outer:
         outer[ctor], scan_names[ctor] = self._scan_local(method, ctor)
+      elif ctor not in outer and self._bound_local(method, ctor) is not None \
+          and not any(self._constructed(ctor)[0] in w.cells for w in WRAPPERS):  # `embed = nn.Embed(...)`, shared
+        calls, scan_names[ctor] = self._shared_local(method, ctor)
+        outer[ctor] = calls[0]
+        self._extra_calls.update((call, ctor) for call in calls[1:])
     holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
     for node in descendants(method.body):
       if node in variables:
@@ -1052,6 +1066,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     """Every call of a submodule in the class's methods; setup params read back become `[...]` reads."""
     by_ctor = {c.ctor: c for c in plan.children}
     calls = {call: by_ctor[ctor] for ctor, call in inline.items()}
+    for call, ctor in self._extra_calls.items():  # `embed(...)` again: the same submodule
+      if ctor in by_ctor:
+        calls[call] = by_ctor[ctor]
+        self._calls[call] = (by_ctor[ctor].attr, set())
     for child, call in zip([by_ctor[c] for c in inline], inline.values()):
       self._calls[call] = (child.attr, set())
       if child.scan is not None:
@@ -2252,6 +2270,42 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     effect = 'its activations recomputed in the backward pass' if transform == 'nnx.remat' else 'compiled on its own'
     self._pending.append((call, f'the {transform.partition(".")[2]}-wrapped submodule self.{child.attr} called through '
                                 f'{transform}{options}: {effect}, as in Linen'))
+
+  def _bound_local(self, method: cst.FunctionDef, ctor: cst.Call) -> cst.Name | None:
+    """The local `name` of a statement `name = <ctor>` of the method's own body, else None."""
+    assign = self._parent(ctor)
+    line = self._parent(assign) if isinstance(assign, cst.Assign) else None
+    if isinstance(assign, cst.Assign) and assign.value is ctor and len(assign.targets) == 1 \
+        and isinstance(assign.targets[0].target, cst.Name) and isinstance(line, cst.SimpleStatementLine) \
+        and len(line.body) == 1 and line in method.body.body:
+      return assign.targets[0].target
+    return None
+
+  def _shared_local(self, method: cst.FunctionDef, ctor: cst.Call) -> tuple[list[cst.Call], list[cst.Name]]:
+    """`embed = nn.Embed(...)` in the @nn.compact method, then `embed(tokens)` and `embed.attend(h)`: one
+    submodule used in several places (weight tying). The statement goes; each call and method call reads the
+    attribute. Returns the calls, in order, and the names read through an attribute."""
+    target = self._bound_local(method, ctor)
+    local = target.value
+    assignments = [a for a in self.get_metadata(ScopeProvider, target).assignments[local]]
+    if len(assignments) != 1:
+      raise _Unsupported(ctor, f'the submodule {local} is rebound in the method')
+    calls, names = [], []
+    for reference in assignments[0].references:
+      use = reference.node
+      parent = self._parent(use)
+      if isinstance(parent, cst.Call) and parent.func is use:
+        calls.append(parent)
+      elif isinstance(parent, cst.Attribute) and parent.value is use:
+        names.append(use)
+      else:
+        raise _Unsupported(use, f'the submodule {local} used other than by calling it or one of its methods')
+    if not calls:
+      raise _Unsupported(ctor, f'the submodule {local} is never called (its input size comes from a call)')
+    self._removed.add(self._parent(self._parent(ctor)))
+    position = lambda call: self.get_metadata(PositionProvider, call).start
+    calls.sort(key=lambda call: (position(call).line, position(call).column))
+    return calls, names
 
   def _scan_local(self, method: cst.FunctionDef, ctor: cst.Call) -> tuple[cst.Call, list[cst.Name]]:
     """`rnn = nn.scan(Cell, ...)(...)` in the @nn.compact method: the statement goes (the cell is built in
