@@ -1973,21 +1973,13 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     """The `functools.partial(<layer or class>, ...)` bound to `name` by the one statement `name = partial(...)`
     of the method, every use of `name` a call: the statement goes, each call is a construction with the partial's
     arguments first. None for other names."""
-    scope = self.get_metadata(ScopeProvider, name, None)
-    if scope is None or isinstance(scope, (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)):
+    bound = self._local_call(name, PARTIAL_NAMES)
+    if bound is None:
       return None
-    assignments = list(scope[name.value])
-    if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
+    line, assignment, value = bound
+    if not value.args or value.args[0].keyword is not None or any(a.star for a in value.args):
       return None
-    target = self._parent(assignments[0].node)
-    assign = self._parent(target) if isinstance(target, cst.AssignTarget) else None
-    line = self._parent(assign) if isinstance(assign, cst.Assign) else None
-    value = assign.value if isinstance(assign, cst.Assign) else None
-    if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and len(assign.targets) == 1
-            and isinstance(value, cst.Call) and self._has_name(value.func, PARTIAL_NAMES) and value.args
-            and value.args[0].keyword is None and not any(a.star for a in value.args)):
-      return None
-    for reference in assignments[0].references:
+    for reference in assignment.references:
       use = reference.node
       if not (isinstance(self._parent(use), cst.Call) and self._parent(use).func is use):
         raise _Unsupported(use, f'the partial {name.value} used other than by calling it')
@@ -1995,18 +1987,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._lifted.update((value.func, value.args[0].value))  # its arguments are converted with each construction
     return value
 
-  def _kept_target(self, func: cst.CSTNode) -> str | None:
-    """`Block` for `nn.map_variables(Block, ...)`: a Linen function over a class kept as Linen."""
-    if isinstance(func, cst.Call) and isinstance(func.func, (cst.Name, cst.Attribute)) and self._is_linen_name(func.func):
-      return next((a.value.value for a in func.args if a.keyword is None and isinstance(a.value, cst.Name)
-                   and a.value.value in self._kept_linen), None)
-    return None
-
-  def _lifted_alias(self, name: cst.Name) -> cst.Call | None:
-    """The `nn.scan(...)` call bound to `name` by the one statement `ScanBlock = nn.scan(...)` of the method, which
-    goes (its construction holds the conversion); None for other names."""
-    if name.value in self._linen_classes:
-      return None
+  def _local_call(self, name: cst.Name, funcs: tp.Collection[str]
+                  ) -> tuple[cst.SimpleStatementLine, cst.metadata.Assignment, cst.Call] | None:
+    """The statement `name = f(...)` binding a function-scope local once, with `f` one of `funcs`: the statement,
+    the local's assignment and the call; None otherwise."""
     scope = self.get_metadata(ScopeProvider, name, None)
     if scope is None or isinstance(scope, (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)):
       return None
@@ -2018,14 +2002,29 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     line = self._parent(assign) if isinstance(assign, cst.Assign) else None
     if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and len(assign.targets) == 1
             and isinstance(assign.value, cst.Call) and isinstance(assign.value.func, (cst.Name, cst.Attribute))
-            and self._has_name(assign.value.func, SCAN_NAMES | VMAP_NAMES)):
+            and self._has_name(assign.value.func, funcs)):
       return None
-    uses = [r.node for r in assignments[0].references]
-    if uses != [name]:
-      raise _Unsupported(assign, f'{name.value} = nn.scan(...) used other than to build one submodule')
+    return line, assignments[0], assign.value
+
+  def _kept_target(self, func: cst.CSTNode) -> str | None:
+    """`Block` for `nn.map_variables(Block, ...)`: a Linen function over a class kept as Linen."""
+    if isinstance(func, cst.Call) and isinstance(func.func, (cst.Name, cst.Attribute)) and self._is_linen_name(func.func):
+      return next((a.value.value for a in func.args if a.keyword is None and isinstance(a.value, cst.Name)
+                   and a.value.value in self._kept_linen), None)
+    return None
+
+  def _lifted_alias(self, name: cst.Name) -> cst.Call | None:
+    """The `nn.scan(...)` call bound to `name` by the one statement `ScanBlock = nn.scan(...)` of the method, which
+    goes (its construction holds the conversion); None for other names."""
+    bound = self._local_call(name, SCAN_NAMES | VMAP_NAMES) if name.value not in self._linen_classes else None
+    if bound is None:
+      return None
+    line, assignment, value = bound
+    if [r.node for r in assignment.references] != [name]:
+      raise _Unsupported(value, f'{name.value} = nn.scan(...) used other than to build one submodule')
     self._removed.add(line)
-    self._lifted.add(assign.value)
-    return assign.value
+    self._lifted.add(value)
+    return value
 
   def _unremat(self, node: cst.CSTNode) -> cst.CSTNode:
     """`Block` for `nn.remat(Block, ...)`; `node` itself otherwise."""
