@@ -9,6 +9,9 @@ import typing as tp
 SCHEMA_VERSION = 1
 CHANGED, UNCHANGED, SKIPPED, FAILED = 'changed', 'unchanged', 'skipped', 'failed'
 FIELD, INPUT_DIMENSION, UNDETERMINED, RNGS = 'field', 'input_dimension', 'undetermined', 'rngs'
+INPUT_SIZE_SOURCES = ('code', 'examples', 'arguments')
+"""Where a layer's NNX input size came from: derived from the code, from example traces, or left as a constructor
+argument."""
 EXAMPLE_INPUTS = 'example_inputs'  # a tuple of example inputs for a Linen child wrapped by nnx_bridge.from_linen
 
 
@@ -61,6 +64,7 @@ class ConvertedClass:
   call_arguments: tuple[str, ...] = ()  # the Linen `__call__` arguments, in order (less self)
   mode_arguments: tuple[str, ...] = ()  # those of them NNX dropped: train/eval switches
   cache_input: str | None = None  # the `__call__` argument whose shape `init_cache(input_shape, dtype=jnp.float32)` takes; None: no init_cache
+  input_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # INPUT_SIZE_SOURCES -> layer sites
 
   def sort_key(self) -> tuple[int, int, str]:
     return (-1 if self.cell is None else self.cell, self.line, self.linen_name)
@@ -104,12 +108,18 @@ class MigrationResult:
   def summary(self) -> dict[str, int]:
     return {status: len(self.with_status(status)) for status in (CHANGED, UNCHANGED, SKIPPED, FAILED)}
 
+  def input_sizes(self) -> dict[str, int]:
+    """How the converted classes' layers got their NNX input sizes, summed: `code`, `examples`, `arguments`."""
+    return {source: sum(record.input_sizes.get(source, 0) for outcome in self.files for record in outcome.classes)
+            for source in INPUT_SIZE_SOURCES}
+
   def to_json_dict(self) -> dict[str, tp.Any]:
     """The `--report-json` document; its schema is in docs/migrate.md."""
     return {
         'version': SCHEMA_VERSION,
         'written': self.written,
         'summary': self.summary(),
+        'input_sizes': self.input_sizes(),
         'files': [
             {
                 'path': outcome.path,

@@ -179,3 +179,32 @@ def test_migrate_names_a_broken_examples_file(tmp_path, on_path, capsys):
   assert 'broken() raised RuntimeError: no data' in capsys.readouterr().err
   assert cli.main(['migrate', models, '--examples', str(tmp_path / 'missing.py')]) == 2
   assert 'no such file' in capsys.readouterr().err
+
+
+def test_the_report_counts_where_layer_sizes_came_from(tmp_path, on_path, capsys):
+  """Without examples some sizes are constructor arguments; the traces turn them into expressions, and the
+  JSON report and the command's last line say how many of each."""
+  import json
+
+  from codemods import cli
+
+  examples, models = _project(tmp_path, '''
+      import jax.numpy as jnp
+      from models_under_trace import Block
+
+      def square():
+        return Block(dim=8, hidden=8), (jnp.zeros((2, 8)),)
+
+      def wide():
+        return Block(dim=8, hidden=32), (jnp.zeros((2, 8)),)
+  ''')
+  report = str(tmp_path / 'report.json')
+  assert cli.main(['migrate', models, '--report-json', report]) == 0
+  without = json.load(open(report))['input_sizes']
+  assert cli.main(['migrate', models, '--examples', examples, '--report-json', report]) == 0
+  with_examples = json.load(open(report))['input_sizes']
+  assert sum(without.values()) == sum(with_examples.values())  # the same layer sites
+  assert without['arguments'] > with_examples['arguments'] and with_examples['examples'] > 0
+  block = next(c for f in json.load(open(report))['files'] for c in f['classes'] if c['nnx_name'] == 'Block')
+  assert block['input_sizes'] == {'code': 1, 'examples': 2, 'arguments': 0}  # the LayerNorm and the Dense after it
+  assert 'from example traces' in capsys.readouterr().err

@@ -94,6 +94,15 @@ def run(args: argparse.Namespace) -> int:
       f'{summary["skipped"]} skipped (no flax), {summary["failed"]} failed',
       file=sys.stderr,
   )
+  sizes = result.input_sizes()
+  total = sum(sizes.values())
+  if total:
+    derived = sizes['code'] + sizes['examples']
+    print(
+        f'linen2nnx migrate: layer input sizes: {sizes["code"]} derived from the code, {sizes["examples"]} from '
+        f'example traces, {sizes["arguments"]} left as constructor arguments ({derived / total:.0%} derived)',
+        file=sys.stderr,
+    )
   if args.report_json:
     with open(args.report_json, 'w', encoding='utf-8') as file:
       file.write(result.to_json())

@@ -108,6 +108,7 @@ from codemods.hierarchy import MODULE_NAMES
 from codemods.report import EXAMPLE_INPUTS
 from codemods.report import FIELD
 from codemods.report import INPUT_DIMENSION
+from codemods.report import INPUT_SIZE_SOURCES
 from codemods.report import RNGS
 from codemods.report import UNDETERMINED
 from codemods.report import ChildName
@@ -340,6 +341,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._switches: dict[str, bool] = {}
     self._field_switches: dict[str, bool] = {}  # the class's train/eval fields (`training: bool`) -> inverted
     self._traced: ClassSizes = {}  # what the example trace says of the class's layer sizes (`--examples`)
+    self._traced_codes: set[str] = set()  # the expressions the traces gave, written in place of size arguments
     self._mode_uses: set[cst.Name] = set()
     self._switch_defaults: dict[str, bool] = {}  # __call__ switches with a literal default
     self._branches: set[cst.If] = set()  # conditionals of plain code in @nn.compact bodies
@@ -1652,6 +1654,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     trace (`--examples`) found one expression of the class's fields for it: then that expression."""
     traced = self._traced.get((child.linen_name, nnx_arg)) if child.api is None and child.spec is not None else None
     if traced is not None and traced.expression is not None:
+      self._traced_codes.add(traced.expression)
       self._pending.append((node, f'{nnx_arg} of self.{child.attr} = {traced.expression}, from the example trace: '
                                   f'{traced.describe()}'))
       return traced.expression
@@ -2489,9 +2492,20 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     children = [ChildName(c.linen_name, c.attr, _linen_class(c)) for c in plan.children]
     self.report_class(node, plan.name, arguments, children, call_arguments=plan.call_params,
                       mode_arguments=[name for _, name, _ in plan.mode_params])
-    if plan.cache_input is not None:  # the record report_class just made
-      records = self.context.scratch[CLASSES_KEY]
-      records[-1] = dataclasses.replace(records[-1], cache_input=plan.cache_input)
+    records = self.context.scratch[CLASSES_KEY]  # the record report_class just made
+    records[-1] = dataclasses.replace(records[-1], cache_input=plan.cache_input, input_sizes=self._input_sizes(plan))
+
+  def _input_sizes(self, plan: _Plan) -> dict[str, int]:
+    """The class's layer input sizes (table layers, cells, `x.shape[-1]` in variables) by where they came from."""
+    arguments = {name for name, _ in plan.size_params}
+    counts = dict.fromkeys(INPUT_SIZE_SOURCES, 0)
+    for child in plan.children:
+      if child.spec is None and child.wrapper is None and child.api is None:
+        continue  # a class of the file: its layers are counted in its own record
+      for value in [*child.sizes.values(), *child.size_codes.values()]:
+        source = 'arguments' if value in arguments else 'examples' if value in self._traced_codes else 'code'
+        counts[source] += 1
+    return counts
 
   def _init(self, plan: _Plan, setup_body: list[cst.BaseStatement]) -> cst.FunctionDef:
     params = ', '.join(['self', *_init_params(plan)])
