@@ -2285,13 +2285,37 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _shared_local(self, method: cst.FunctionDef, ctor: cst.Call) -> tuple[list[cst.Call], list[cst.Name]]:
     """`embed = nn.Embed(...)` in the @nn.compact method, then `embed(tokens)` and `embed.attend(h)`: one
-    submodule used in several places (weight tying). The statement goes; each call and method call reads the
-    attribute. Returns the calls, in order, and the names read through an attribute."""
+    submodule used in several places (weight tying). Returns the calls, in order, and the names read through an
+    attribute."""
+    calls, names = self._local_uses(method, ctor, 'submodule')
+    if not calls:
+      raise _Unsupported(ctor, f'the submodule {self._bound_local(method, ctor).value} is never called (its input '
+                               'size comes from a call)')
+    return calls, names
+
+  def _scan_local(self, method: cst.FunctionDef, ctor: cst.Call) -> tuple[cst.Call, list[cst.Name]]:
+    """`rnn = nn.scan(Cell, ...)(...)` in the @nn.compact method: the statement goes (the cell is built in
+    __init__), `rnn.<method>` reads the attribute; returns the one call `rnn(carry, x)`."""
+    if self._bound_local(method, ctor) is None:
+      if ctor in self._remats:
+        raise _Unsupported(ctor, 'an nn.remat submodule neither called where it is built nor bound by '
+                                 '`name = nn.remat(...)(...)`')
+      raise _Unsupported(ctor, 'an nn.scan cell neither called where it is built nor bound by `name = nn.scan(...)(...)`')
+    kind = 'rematted submodule' if ctor in self._remats else 'scanned cell'
+    calls, names = self._local_uses(method, ctor, kind)
+    if len(calls) != 1:
+      raise _Unsupported(ctor, f'the {kind} {self._bound_local(method, ctor).value} is called {len(calls)} times '
+                               '(converted: once)')
+    return calls[0], names
+
+  def _local_uses(self, method: cst.FunctionDef, ctor: cst.Call, kind: str) -> tuple[list[cst.Call], list[cst.Name]]:
+    """The uses of the local a `name = <ctor>` statement binds: its calls, in order, and the names read through an
+    attribute (`rnn.initial_state`); any other use is refused. The statement goes (the child is built in __init__)."""
     target = self._bound_local(method, ctor)
     local = target.value
-    assignments = [a for a in self.get_metadata(ScopeProvider, target).assignments[local]]
+    assignments = list(self.get_metadata(ScopeProvider, target).assignments[local])
     if len(assignments) != 1:
-      raise _Unsupported(ctor, f'the submodule {local} is rebound in the method')
+      raise _Unsupported(ctor, f'the {kind} {local} is rebound in the method')
     calls, names = [], []
     for reference in assignments[0].references:
       use = reference.node
@@ -2301,43 +2325,11 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       elif isinstance(parent, cst.Attribute) and parent.value is use:
         names.append(use)
       else:
-        raise _Unsupported(use, f'the submodule {local} used other than by calling it or one of its methods')
-    if not calls:
-      raise _Unsupported(ctor, f'the submodule {local} is never called (its input size comes from a call)')
+        raise _Unsupported(use, f'the {kind} {local} used other than by calling it or one of its methods')
     self._removed.add(self._parent(self._parent(ctor)))
     position = lambda call: self.get_metadata(PositionProvider, call).start
     calls.sort(key=lambda call: (position(call).line, position(call).column))
     return calls, names
-
-  def _scan_local(self, method: cst.FunctionDef, ctor: cst.Call) -> tuple[cst.Call, list[cst.Name]]:
-    """`rnn = nn.scan(Cell, ...)(...)` in the @nn.compact method: the statement goes (the cell is built in
-    __init__), `rnn.<method>` reads the attribute; returns the one call `rnn(carry, x)`."""
-    assign = self._parent(ctor)
-    line = self._parent(assign) if isinstance(assign, cst.Assign) else None
-    if not (isinstance(assign, cst.Assign) and assign.value is ctor and len(assign.targets) == 1
-            and isinstance(assign.targets[0].target, cst.Name) and isinstance(line, cst.SimpleStatementLine)
-            and len(line.body) == 1 and line in method.body.body):
-      if ctor in self._remats:
-        raise _Unsupported(ctor, 'an nn.remat submodule neither called where it is built nor bound by '
-                                 '`name = nn.remat(...)(...)`')
-      raise _Unsupported(ctor, 'an nn.scan cell neither called where it is built nor bound by `name = nn.scan(...)(...)`')
-    local, target = assign.targets[0].target.value, assign.targets[0].target
-    kind = 'rematted submodule' if ctor in self._remats else 'scanned cell'
-    calls, names = [], []
-    for sub in descendants(method.body):
-      if not (isinstance(sub, cst.Name) and sub.value == local) or sub is target:
-        continue
-      parent = self._parent(sub)
-      if isinstance(parent, cst.Call) and parent.func is sub:
-        calls.append(parent)
-      elif isinstance(parent, cst.Attribute) and parent.value is sub:
-        names.append(sub)
-      else:
-        raise _Unsupported(sub, f'the {kind} {local} used other than by calling it or one of its methods')
-    if len(calls) != 1:
-      raise _Unsupported(ctor, f'the {kind} {local} is called {len(calls)} times (converted: once)')
-    self._removed.add(line)
-    return calls[0], names
 
   def _stack_call(self, call: cst.Call, child: _Child) -> None:
     """A call of stacked copies: every argument by position (for scan, `(carry, *xs)`); nnx.scan runs the layers
