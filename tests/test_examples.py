@@ -1,6 +1,7 @@
 """Example traces (`--examples`): sizes read off abstract Linen inits become expressions of a class's fields
 when exactly one simple expression agrees with every traced instance; bad examples files are named errors."""
 
+import pathlib
 import textwrap
 
 import pytest
@@ -208,3 +209,44 @@ def test_the_report_counts_where_layer_sizes_came_from(tmp_path, on_path, capsys
   block = next(c for f in json.load(open(report))['files'] for c in f['classes'] if c['nnx_name'] == 'Block')
   assert block['input_sizes'] == {'code': 1, 'examples': 2, 'arguments': 0}  # the LayerNorm and the Dense after it
   assert 'from example traces' in capsys.readouterr().err
+
+
+def test_the_vit_fixture_with_an_example_keeps_only_the_image_channels(tmp_path, monkeypatch, capsys):
+  """The scanned, rematted ViT encoder: with one example, every size but the image's channel count (an input's,
+  no field's) comes from the code or the trace, including through the lifted nn.scan; the port still matches."""
+  import json
+  import runpy
+  import shutil
+  import sys
+
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  import nnx_bridge
+  from codemods import cli
+
+  models = tmp_path / 'vit_under_trace.py'
+  shutil.copy(pathlib.Path(__file__).resolve().parent.parent / 'fixtures' / 'L2N002' / 'scan_remat_encoder.in.py', models)
+  (tmp_path / 'examples.py').write_text(
+      'import jax.numpy as jnp\nfrom vit_under_trace import ViT\n\n\n'
+      'def vit():\n  return ViT(num_classes=5, patch=4, num_patches=4, depth=3, dim=16, mlp_dim=32, num_heads=2), '
+      '(jnp.zeros((2, 8, 8, 3)),)\n')
+  monkeypatch.syspath_prepend(str(tmp_path))
+  linen = runpy.run_path(str(models))
+  report = tmp_path / 'report.json'
+  try:
+    assert cli.main(['migrate', str(models), '--examples', str(tmp_path / 'examples.py'), '--write',
+                     '--report-json', str(report)]) == 0
+  finally:
+    sys.modules.pop('vit_under_trace', None)
+  assert json.load(open(report))['input_sizes'] == {'code': 5, 'examples': 3, 'arguments': 1}
+  assert '(89% derived)' in capsys.readouterr().err
+  converted = runpy.run_path(str(models))
+  sizes = dict(num_classes=5, patch=4, num_patches=4, depth=2, dim=8, mlp_dim=16, num_heads=2)  # not the example's
+  images = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
+  linen_module = linen['ViT'](**sizes)
+  variables = linen_module.init({'params': jax.random.key(0), 'dropout': jax.random.key(0)}, images)
+  model = converted['ViT'](**sizes, embedding_in_features=3, rngs=nnx.Rngs(0))
+  parity = nnx_bridge.compare(linen_module, variables, model, images)
+  assert parity.ok, parity.to_text()

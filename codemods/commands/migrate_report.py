@@ -65,8 +65,9 @@ def _named_shapes(
     module: nn.Module, method: str, args: tuple[tp.Any, ...], kwargs: dict[str, tp.Any]
 ) -> dict[str, Shape | None]:
   """The shapes of a method call's arguments by parameter name."""
+  function = getattr(type(module), method, None)  # None for what a lifted transform calls (`<lambda>`)
   try:
-    bound = inspect.signature(getattr(type(module), method)).bind(module, *args, **kwargs)
+    bound = inspect.signature(function).bind(module, *args, **kwargs)
   except (TypeError, ValueError):  # a signature the arguments do not bind to, or none at all
     return {}
   return {name: _shape(value) for name, value in list(bound.arguments.items())[1:]}

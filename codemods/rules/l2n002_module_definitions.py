@@ -341,7 +341,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._switches: dict[str, bool] = {}
     self._field_switches: dict[str, bool] = {}  # the class's train/eval fields (`training: bool`) -> inverted
     self._traced: ClassSizes = {}  # what the example trace says of the class's layer sizes (`--examples`)
-    self._traced_codes: set[str] = set()  # the expressions the traces gave, written in place of size arguments
+    self._traced_codes: set[str] = set()  # the class's sizes the traces gave (and those the code derives from them)
     self._mode_uses: set[cst.Name] = set()
     self._switch_defaults: dict[str, bool] = {}  # __call__ switches with a literal default
     self._branches: set[cst.If] = set()  # conditionals of plain code in @nn.compact bodies
@@ -633,6 +633,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._switches = {name: MODE_PARAMS[name] for name in mode.values()}
     self._field_switches = mode_fields
     self._traced = self.options.example_sizes.of_class(self.context.filename, node.name.value)
+    self._traced_codes = set()
     self._mode_uses = set()
     taken = set(field_names) | set(methods) | {'rngs'}
     counts: dict[str, int] = {}
@@ -651,8 +652,11 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._plan_scope_calls(node, plan, setup, taken | {c.attr for c in plan.children})
     calls = self._child_calls(plan, methods, setup, inline)
     marks = (len(plan.size_params), len(plan.size_arguments), len(self._pending))
+    scanned = plan.name in self._scanned_cells  # first what the code says, then with the carry's size and traces
+    traced, self._traced = self._traced, ({} if scanned else self._traced)
     carry = self._derive(plan, methods, call, calls)
-    if carry is not None and plan.size_params[marks[0]:]:  # a scanned cell: again, its carry's size known
+    self._traced = traced
+    if scanned and plan.size_params[marks[0]:]:  # a scanned cell: again, its carry's size known
       del plan.size_params[marks[0]:], plan.size_arguments[marks[1]:], self._pending[marks[2]:]
       for child in plan.children:
         child.done, child.sizes, child.size_codes = False, {}, {}
