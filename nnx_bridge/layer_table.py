@@ -293,6 +293,8 @@ class LayerSpec:
   layer's decode cache, if it has one; `exact` says whether
   converted weights reproduce Linen's outputs, `note` why not or what else to know, and
   `inexact` (for an inexact row) what differs, in one sentence the codemod's TODO quotes.
+  `draws_dropout` says when a call draws from the 'dropout' rng stream: 'always', or the kwarg
+  (`dropout_rate`) whose being set turns it on; None: never.
   """
 
   linen: str
@@ -310,6 +312,7 @@ class LayerSpec:
   note: str = ''
   example: Example | None = None
   inexact: str = ''
+  draws_dropout: str | None = None
 
 
 SAME_AS_INPUT = '<input>'
@@ -467,6 +470,7 @@ LAYERS: tuple[LayerSpec, ...] = (
     LayerSpec(
         'flax.linen.Dropout',
         'flax.nnx.Dropout',
+        draws_dropout='always',
         output_size=SAME_AS_INPUT,
         output_shape=_SAME_SHAPE,
         call_args=('inputs',),
@@ -490,6 +494,7 @@ LAYERS: tuple[LayerSpec, ...] = (
         linen_defaults=_ATTENTION_DEFAULTS,
         linen_only=_ATTENTION_ONLY,
         params=_ATTENTION_PARAMS,
+        draws_dropout='dropout_rate',
         output_shape=_ATTENTION_SHAPE,
         cache=DecodeCache(_ATTENTION_CACHE_LEAVES, shape_args=(1, 0)),
         note=(
@@ -512,6 +517,7 @@ LAYERS: tuple[LayerSpec, ...] = (
         linen_defaults=_ATTENTION_DEFAULTS,
         linen_only=_ATTENTION_ONLY,
         params=_ATTENTION_PARAMS,
+        draws_dropout='dropout_rate',
         output_shape=_ATTENTION_SHAPE,
         cache=DecodeCache(_ATTENTION_CACHE_LEAVES),
         note=(

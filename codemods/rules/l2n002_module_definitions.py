@@ -300,10 +300,11 @@ def _nnx_counterpart(qualified: str) -> str | None:
 
 
 def _draws_rngs(plan: _Plan) -> bool:
-  """Whether a converted class draws random numbers in its call: a Dropout, a dropout_rate, make_rng, or a child
-  that does."""
+  """Whether a converted class draws random numbers in its call: a layer the table says draws dropout keys,
+  make_rng, or a child that does."""
   return bool(plan.streams) or any(
-      c.spec is not None and (c.spec.linen == 'flax.linen.Dropout' or 'dropout_rate' in c.kwargs)
+      c.spec is not None and c.spec.draws_dropout is not None
+      and (c.spec.draws_dropout == 'always' or c.spec.draws_dropout in c.kwargs)
       or c.sibling is not None and _draws_rngs(c.sibling) for c in plan.children)
 
 
@@ -1802,14 +1803,6 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     default = self._switch_defaults.get(name.value)
     return None if default is None else default ^ negated
 
-  def _is_switch(self, value: cst.BaseExpression, inverted: bool) -> bool:
-    """Whether `value` is a matching train/eval switch (see _switch), without raising."""
-    try:
-      self._switch(value, inverted)
-    except _Unsupported:
-      return False
-    return True
-
   def _linen_call_params(self, name: str) -> list[cst.Param]:
     """The `__call__` parameters (after self) of the Linen class `name` of this file."""
     body = self._class_defs[name].body.body
@@ -1840,11 +1833,15 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       dropped = set()
       for position, arg in enumerate(call.args):
         name = arg.keyword.value if arg.keyword is not None else names[position] if position < len(names) else None
-        if name in MODE_PARAMS and self._is_switch(arg.value, MODE_PARAMS[name]):
-          dropped.add(position)
+        if name not in MODE_PARAMS:
+          continue
+        try:
           default = self._switch(arg.value, MODE_PARAMS[name])
-          if default is not None:  # the wrapper starts in the mode the switch's default gave
-            child.mode_defaults['eval_mode'] = default ^ MODE_PARAMS[name]
+        except _Unsupported:  # a literal or other value: passed on to the Linen call as written
+          continue
+        dropped.add(position)
+        if default is not None:  # the wrapper starts in the mode the switch's default gave
+          child.mode_defaults['eval_mode'] = default ^ MODE_PARAMS[name]
       return dropped
     if child.wrapper is not None:
       wrapper = child.wrapper
