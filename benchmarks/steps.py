@@ -1,11 +1,16 @@
-"""Per-step time of a Linen training script vs the code `linen2nnx migrate` makes of it.
+"""Per-step time of a Linen training script vs the code `linen2nnx migrate` makes of it, in each step style.
 
 Run: python benchmarks/steps.py [--steps N] [--repeats R] [--skip-compile]
 
-The Linen script (an MLP trained with optax under `@jax.jit`, its timing loop included) is
-generated for a dispatch-bound model (narrow, few layers, small batch) and a compute-bound one
-(wide, large batch), migrated with all the rules, and both versions are run. Prints µs/step
-(best of R loops of N steps) and the migrated / Linen ratio.
+The Linen script (an MLP trained with optax under `@jax.jit`, called in a loop in a `train`
+function, its timing loop included) is generated for a dispatch-bound model (narrow, few layers,
+small batch) and a compute-bound one (wide, large batch), migrated with all the rules once per
+`--step-style` (nnx-jit, cached, functional), and every version is run. Prints µs/step (best of R
+loops of N steps, the versions taking turns in each round) and each style's ratio to Linen; the
+functional port's `train` splits again on each call, so a second figure drives its step from
+one `nnx.split` (a loop entered once). Then the same migrated scripts with the model swapped
+for the Linen MLP wrapped by `nnx_bridge.from_linen` (the bridge-wrapped model trained by the
+same step): µs/step and the wrapped / native-port ratio per style.
 
 Then (unless --skip-compile) the compile time of scanned layers: the migration guide's MLP of
 `nn.scan`-ned Blocks (fixtures/L2N002/scan_layers.in.py) and what rule L2N002 makes of it
@@ -24,8 +29,11 @@ import runpy
 import statistics
 import tempfile
 import time
+import typing as tp
 
 from codemods import rules as registry
+from codemods.options import STEP_STYLES
+from codemods.options import MigrationOptions
 from codemods.transform import transform_source
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -34,6 +42,8 @@ COMPILE_DEPTHS = (4, 32)
 COMPILE_SIZE = dict(features=64, batch=8)
 
 MODELS = {'dispatch-bound': dict(width=32, depth=3, batch=16), 'compute-bound': dict(width=1024, depth=4, batch=512)}
+STYLES = tuple(reversed(STEP_STYLES))  # nnx-jit, cached, functional (the default)
+_NATIVE_MODEL = 'model = MLP(linear1_in_features=x.shape[-1], rngs=nnx.Rngs(0))\n'
 
 _SCRIPT = '''import time
 
@@ -67,26 +77,65 @@ def train_step(params, opt_state, x, y):
   return params, opt_state, loss
 
 
-params, opt_state, loss = train_step(params, opt_state, x, y)  # compile
-best = float('inf')
-for _ in range({repeats}):
-  start = time.perf_counter()
-  for _ in range({steps}):
+def train(params, opt_state, steps):
+  for _ in range(steps):
     params, opt_state, loss = train_step(params, opt_state, x, y)
-  jax.block_until_ready(loss)
-  best = min(best, (time.perf_counter() - start) / {steps})
+  return jax.block_until_ready(loss)
+
+
+def seconds_per_step(steps):
+  start = time.perf_counter()
+  train(params, opt_state, steps)
+  return (time.perf_counter() - start) / steps
+
+
+seconds_per_step(2)  # compile
 '''
 
 
-def linen_script(width: int, depth: int, batch: int, steps: int, repeats: int) -> str:
+def linen_script(width: int, depth: int, batch: int) -> str:
   layers = ''.join(f'    x = nn.relu(nn.Dense({width})(x))\n' for _ in range(depth - 1))
-  return _SCRIPT.format(layers=layers, width=width, batch=batch, steps=steps, repeats=repeats)
+  return _SCRIPT.format(layers=layers, width=width, batch=batch)
 
 
-def seconds_per_step(source: str, folder: pathlib.Path, name: str) -> float:
+def load(source: str, folder: pathlib.Path, name: str) -> dict[str, tp.Any]:
+  """Runs the script (building and compiling its step); returns its globals (`seconds_per_step(steps)`, ...)."""
   path = folder / f'{name}.py'
   path.write_text(source)
-  return runpy.run_path(str(path), run_name=name)['best']
+  return runpy.run_path(str(path), run_name=name)
+
+
+def split_once(port: dict[str, tp.Any]) -> tp.Callable[[int], float]:
+  """The functional port's step driven from one `nnx.split`, the graphdef it is compiled with (a loop entered once).
+
+  `train` splits again on each call: `jax.jit` then compares that new, equal GraphDef with the
+  one it compiled with on every call. Clears the jit caches to compile afresh with this one.
+  """
+  import jax
+  from flax import nnx
+
+  jax.clear_caches()
+  graphdef, state = nnx.split((port['model'], port['optimizer']))
+  state = nnx.to_pure_dict(state)
+  step, x, y = port['train_step'], port['x'], port['y']
+  jax.block_until_ready(step(graphdef, state, x, y))
+
+  def seconds_per_step(steps: int) -> float:
+    start, carried = time.perf_counter(), state
+    for _ in range(steps):
+      loss, carried = step(graphdef, carried, x, y)
+    jax.block_until_ready(loss)
+    return (time.perf_counter() - start) / steps
+  return seconds_per_step
+
+
+def best_times(runs: dict[str, tp.Callable[[int], float]], steps: int, repeats: int) -> dict[str, float]:
+  """Best seconds per step of each run over `repeats` rounds, the runs interleaved in each round (fair under load)."""
+  best = dict.fromkeys(runs, float('inf'))
+  for _ in range(repeats):
+    for name, run in runs.items():
+      best[name] = min(best[name], run(steps))
+  return best
 
 
 def compile_seconds(make_compiled, repeats: int = 3) -> float:
@@ -203,24 +252,59 @@ def print_compile_times() -> None:
     print(line)
 
 
+def migrated(linen: str, style: str) -> str:
+  result = transform_source(linen, registry.ALL_RULES, MigrationOptions(step_style=style))
+  problems = [e.message for e in result.entries if e.kind == 'todo' or 'not applied' in e.message]
+  if problems:
+    raise SystemExit(f'the benchmark script did not migrate cleanly in style {style}: {problems}')
+  return result.source
+
+
+def bridge_wrapped(linen: str, port: str) -> str:
+  """`port` training the Linen MLP of `linen` wrapped by `nnx_bridge.from_linen` instead of the native port."""
+  if port.count(_NATIVE_MODEL) != 1:
+    raise SystemExit('the migrated benchmark script no longer builds its model as expected')
+  linen_class = linen[linen.index('class MLP(nn.Module):'):linen.index('\n\n\nx = ')].replace('class MLP(', 'class LinenMLP(')
+  head, tail = port.split(_NATIVE_MODEL)
+  imports = 'import flax.linen as nn\nfrom nnx_bridge import from_linen\n'
+  return (imports + head + linen_class + '\n\n\n' + 'model = from_linen(LinenMLP(), x, rngs=nnx.Rngs(0))\n' + tail)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--steps', type=int, default=200)
-  parser.add_argument('--repeats', type=int, default=5)
+  parser.add_argument('--repeats', type=int, default=7)
   parser.add_argument('--skip-compile', action='store_true', help='skip the compile-time section (scanned layers)')
   args = parser.parse_args()
-  print(f'{"model":16s} {"Linen us/step":>14s} {"migrated us/step":>17s} {"migrated / Linen":>17s}')
+  times: dict[str, dict[str, float]] = {}
   with tempfile.TemporaryDirectory() as folder:
     for name, size in MODELS.items():
       steps = args.steps if name == 'dispatch-bound' else max(args.steps // 20, 5)
-      linen = linen_script(**size, steps=steps, repeats=args.repeats)
-      result = transform_source(linen, registry.ALL_RULES)
-      todos = [e.message for e in result.entries if e.kind == 'todo']
-      if todos:
-        raise SystemExit(f'the benchmark script did not migrate cleanly: {todos}')
-      before = seconds_per_step(linen, pathlib.Path(folder), f'linen_{name.replace("-", "_")}')
-      after = seconds_per_step(result.source, pathlib.Path(folder), f'nnx_{name.replace("-", "_")}')
-      print(f'{name:16s} {before * 1e6:14.1f} {after * 1e6:17.1f} {after / before:17.2f}')
+      linen, label = linen_script(**size), name.replace('-', '_')
+      runs = {'linen': load(linen, pathlib.Path(folder), f'linen_{label}')['seconds_per_step']}
+      for style in STYLES:
+        port, tag = migrated(linen, style), style.replace('-', '_')
+        runs[style] = load(port, pathlib.Path(folder), f'nnx_{label}_{tag}')['seconds_per_step']
+        runs[f'bridge {style}'] = load(bridge_wrapped(linen, port), pathlib.Path(folder),
+                                       f'bridge_{label}_{tag}')['seconds_per_step']
+      times[name] = best_times(runs, steps, args.repeats)
+      functional = load(migrated(linen, 'functional'), pathlib.Path(folder), f'once_{label}')
+      once = best_times({'linen': runs['linen'], 'once': split_once(functional)}, steps, args.repeats)
+      times[name]['functional, split once'] = once['once'] / once['linen'] * times[name]['linen']
+  print(f'per step, migrated in each --step-style (x Linen; best of {args.repeats} loops)')
+  print(f'{"model":16s} {"Linen us/step":>14s} ' + ' '.join(f'{style + " us":>14s} {"x Linen":>8s}' for style in STYLES))
+  for name, row in times.items():
+    print(f'{name:16s} {row["linen"] * 1e6:14.1f} '
+          + ' '.join(f'{row[style] * 1e6:14.1f} {row[style] / row["linen"]:8.2f}' for style in STYLES))
+  for name, row in times.items():
+    print(f'{name:16s} functional, the loop entered once (one nnx.split): '
+          f'{row["functional, split once"] / row["linen"]:.2f} x Linen')
+  print()
+  print('the same steps training the Linen MLP wrapped by nnx_bridge.from_linen (x the native port, same style)')
+  print(f'{"model":16s} ' + ' '.join(f'{style + " us":>14s} {"x native":>8s}' for style in STYLES))
+  for name, row in times.items():
+    print(f'{name:16s} ' + ' '.join(f'{row[f"bridge {style}"] * 1e6:14.1f} {row[f"bridge {style}"] / row[style]:8.2f}'
+                                    for style in STYLES))
   if not args.skip_compile:
     print_compile_times()
 

@@ -8,11 +8,12 @@ import typing as tp
 
 import nnx_bridge
 from codemods.commands import convert
+from codemods.commands import demo
 from codemods.commands import layers
 from codemods.commands import migrate
 from codemods.commands import verify
 
-COMMANDS = (migrate, verify, convert, layers)
+COMMANDS = (migrate, verify, convert, layers, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

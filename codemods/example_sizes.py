@@ -1,4 +1,4 @@
-"""What example traces say of layer input sizes, as expressions of a class's fields (no jax here).
+"""What example traces say of layer input sizes (and of the inputs of user classes), as expressions of a class's fields (no jax here).
 
 `codemods/examples.py` traces the user's models; this module holds what it found, in the form the
 rules read from `MigrationOptions.example_sizes` (small, picklable, cheap to import in workers), and
@@ -38,7 +38,7 @@ class TracedSize:
 
 
 ClassSizes = dict[tuple[str, str], TracedSize]
-"""(Linen child name, NNX argument) -> what the trace says, for one class."""
+"""(Linen child name, NNX argument or `input:<i>` for a user class called with it) -> what the trace says, for one class."""
 
 
 @dataclasses.dataclass(frozen=True)

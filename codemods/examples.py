@@ -113,7 +113,11 @@ def _collect(module: nn.Module, inputs: tuple[tp.Any, ...], kwargs: dict[str, tp
     for child_path, child_class in classes.items():
       row = find_layer_of_class(child_class)
       child_call = calls.get((child_path, '__call__'))
-      if row is None or child_call is None or child_path[:-1] != path:
+      if child_call is None or not child_path or child_path[:-1] != path:
+        continue
+      if row is None:  # a class of the user's: the last axis of each array it is called with (`input:0`)
+        sizes.update(((child_path[-1], f'input:{i}'), shape[-1])
+                     for i, shape in enumerate(child_call.args) if shape)
         continue
       shapes = child_call.shapes(row.call_args)
       for nnx_arg, size in row.derived:
@@ -125,13 +129,17 @@ def _collect(module: nn.Module, inputs: tuple[tp.Any, ...], kwargs: dict[str, tp
 
 
 def _atoms(fields: dict[str, tp.Any]) -> Atoms:
-  """`self.<field>` for integer fields, `self.<field>.<attr>` for the integer attributes of config fields."""
+  """`self.<field>` for integer fields, `self.<field>.<attr>` for the integer attributes of config fields and of
+  module fields (`self.embed.features` of a shared `nn.Embed`) whose NNX counterpart has the same attribute."""
   atoms = {}
   for name, value in fields.items():
+    if name in ('parent', 'name'):
+      continue
     if _is_int(value):
       atoms[f'self.{name}'] = value
       continue
-    for attr, inner in _config_items(value):
+    items = _module_items(value) if isinstance(value, nn.Module) else _config_items(value)
+    for attr, inner in items:
       if _is_int(inner) and attr.isidentifier():
         atoms[f'self.{name}.{attr}'] = inner
   return atoms
@@ -149,6 +157,14 @@ def _config_items(value: tp.Any) -> list[tuple[str, tp.Any]]:
     except Exception:
       return []
   return list(vars(value).items()) if hasattr(value, '__dict__') and not callable(value) else []
+
+
+def _module_items(module: nn.Module) -> list[tuple[str, tp.Any]]:
+  """A module field's own fields, less those its NNX layer names differently (`nn.Dense.features`)."""
+  row = find_layer_of_class(type(module))
+  renamed = {old for old, _ in row.arg_renames} if row is not None else set()
+  return [(f.name, getattr(module, f.name)) for f in dataclasses.fields(module)
+          if f.name not in ('parent', 'name') and f.name not in renamed]
 
 
 def _is_int(value: tp.Any) -> bool:

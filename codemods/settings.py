@@ -7,10 +7,11 @@ exclude = ["tests/legacy/"]   # globs, as --exclude
 select = ["L2N"]              # rule codes or prefixes, as --select
 jobs = 2                      # as -j
 train-state = "keep"          # as --train-state
+step-style = "cached"         # as --step-style
 ```
 
 The nearest pyproject.toml at or above the current directory is read. Command-line globs add
-to the configured ones; `--select`, `-j` and `--train-state` replace them.
+to the configured ones; `--select`, `-j`, `--train-state` and `--step-style` replace them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import tomllib
 import typing as tp
 
-_KEYS = {'include': list, 'exclude': list, 'select': list, 'jobs': int, 'train-state': str}
+_KEYS = {'include': list, 'exclude': list, 'select': list, 'jobs': int, 'train-state': str, 'step-style': str}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Settings:
   select: tuple[str, ...] = ()
   jobs: int | None = None
   train_state: str | None = None
+  step_style: str | None = None
   source: str | None = None
 
 
@@ -74,5 +76,6 @@ def load_settings(start: str | os.PathLike[str] = '.') -> Settings:
       select=tuple(table.get('select', ())),
       jobs=table.get('jobs'),
       train_state=table.get('train-state'),
+      step_style=table.get('step-style'),
       source=path,
   )

@@ -120,6 +120,75 @@ def test_several_examples_settle_what_one_cannot(tmp_path, on_path):
   assert block[('Dense_1', 'in_features')].expression == 'self.dim'
 
 
+SHARED = '''
+import flax.linen as nn
+
+
+class Encoder(nn.Module):
+  embed: nn.Module
+  proj: nn.Module
+  hidden: int
+
+  @nn.compact
+  def __call__(self, tokens):
+    return self.proj(nn.Dense(self.hidden, name='mix')(self.embed(tokens)))
+
+
+class Head(nn.Module):
+  classes: int
+
+  @nn.compact
+  def __call__(self, z):
+    return nn.Dense(self.classes, name='out')(z)
+
+
+class Model(nn.Module):
+  vocab: int
+  width: int
+  latents: int
+
+  def setup(self):
+    self.embed = nn.Embed(self.vocab, self.width)
+    self.encoder = Encoder(self.embed, nn.Dense(self.latents), 12)
+    self.head = Head(3)
+
+  def __call__(self, tokens):
+    return self.head(self.encoder(tokens))
+'''
+
+
+def test_module_fields_and_user_class_inputs_are_atoms(tmp_path, on_path):
+  """A shared `nn.Embed` field offers `self.embed.features` (nnx.Embed has the attribute too), a `nn.Dense` field
+  not its `features` (nnx.Linear calls it out_features); the width a user class is called with is traced in its
+  parent's terms (`input:0`), so the parent can pass `self.latents` for it."""
+  (tmp_path / 'models_under_trace.py').write_text(SHARED)
+  (tmp_path / 'examples.py').write_text(
+      'import jax.numpy as jnp\nfrom models_under_trace import Model\n\n\n'
+      'def model():\n  return Model(vocab=20, width=6, latents=4), (jnp.zeros((2, 5), jnp.int32),)\n')
+  sizes = trace_examples(str(tmp_path / 'examples.py'))
+  models = str(tmp_path / 'models_under_trace.py')
+  encoder = sizes.of_class(models, 'Encoder')
+  assert encoder[('mix', 'in_features')].expression == 'self.embed.features'
+  model = sizes.of_class(models, 'Model')
+  assert model[('head', 'input:0')].expression == 'self.latents'
+  assert model[('encoder', 'input:0')].expression is None  # token ids: a 2-D input, its last axis is the length
+  head = sizes.of_class(models, 'Head')
+  assert head[('out', 'in_features')].expression is None  # no field of Head gives the width it is called with
+
+
+def test_a_module_field_renamed_in_nnx_is_not_an_atom(tmp_path, on_path):
+  (tmp_path / 'models_under_trace.py').write_text(SHARED.replace(
+      "nn.Dense(self.hidden, name='mix')(self.embed(tokens))", "nn.Dense(self.hidden, name='mix')(self.proj(self.embed(tokens)))"
+  ).replace('return self.proj(', 'return (').replace('Encoder(self.embed, nn.Dense(self.latents), 12)',
+                                                     'Encoder(self.embed, nn.Dense(7), 12)'))
+  (tmp_path / 'examples.py').write_text(
+      'import jax.numpy as jnp\nfrom models_under_trace import Model\n\n\n'
+      'def model():\n  return Model(vocab=20, width=6, latents=4), (jnp.zeros((2, 5), jnp.int32),)\n')
+  encoder = trace_examples(str(tmp_path / 'examples.py')).of_class(str(tmp_path / 'models_under_trace.py'), 'Encoder')
+  assert encoder[('mix', 'in_features')].expression is None  # 7 is self.proj.features in Linen, out_features in NNX
+  assert 'no expression' in encoder[('mix', 'in_features')].describe()
+
+
 @pytest.mark.parametrize('body, message', [
     ('def broken():\n  raise RuntimeError("no data")\n', 'broken() raised RuntimeError: no data'),
     ('def wrong():\n  return 3\n', 'wrong() must return (module, inputs)'),
@@ -240,7 +309,7 @@ def test_the_vit_fixture_with_an_example_keeps_only_the_image_channels(tmp_path,
                      '--report-json', str(report)]) == 0
   finally:
     sys.modules.pop('vit_under_trace', None)
-  assert json.load(open(report))['input_sizes'] == {'code': 5, 'examples': 3, 'arguments': 1}
+  assert json.load(open(report))['input_sizes'] == {'code': 6, 'examples': 2, 'arguments': 1}
   assert '(89% derived)' in capsys.readouterr().err
   converted = runpy.run_path(str(models))
   sizes = dict(num_classes=5, patch=4, num_patches=4, depth=2, dim=8, mlp_dim=16, num_heads=2)  # not the example's

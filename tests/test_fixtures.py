@@ -28,7 +28,7 @@ def _options_of(case: pathlib.Path) -> MigrationOptions:
   settings = load_settings(case.parent)
   if settings.source is None or not pathlib.Path(settings.source).is_relative_to(FIXTURES):
     return MigrationOptions()
-  return MigrationOptions(train_state=settings.train_state or 'nnx')
+  return MigrationOptions(train_state=settings.train_state or 'nnx', step_style=settings.step_style or 'functional')
 
 
 def _report(entries) -> str:

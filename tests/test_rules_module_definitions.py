@@ -95,7 +95,7 @@ def test_scope_variables_match_linen_with_transferred_state():
   variables = linen_module.init(jax.random.key(1), x)
   assert int(variables['stats']['steps']) == 0  # the is_initializing guard kept init from counting
   model = _load('scope_variables', 'out')['NoisyHead'](
-      hidden=3, noise=0.0, linear_in_features=4, scale_scale_features=3, rngs=nnx.Rngs(0, noise=1))
+      hidden=3, noise=0.0, linear_in_features=4, rngs=nnx.Rngs(0, noise=1))
   mapping = nnx_bridge.derive_mapping(linen_module, model, x)
   nnx_bridge.linen_to_nnx(variables, model, mapping)
   want, updates = linen_module.apply(variables, x, rngs={'noise': jax.random.key(2)}, mutable=['stats', 'intermediates'])
@@ -111,7 +111,7 @@ def test_scope_variables_match_linen_with_transferred_state():
 
 def test_make_rng_draws_fresh_noise_from_its_stream_and_sow_is_captured():
   model = _load('scope_variables', 'out')['NoisyHead'](
-      hidden=3, linear_in_features=4, scale_scale_features=3, rngs=nnx.Rngs(0, noise=1))
+      hidden=3, linear_in_features=4, rngs=nnx.Rngs(0, noise=1))
   x = jnp.ones((2, 4))
   assert not jnp.allclose(model(x), model(x))
   _, intermediates = nnx.capture(model, nnx.Intermediate)(x)
@@ -144,7 +144,7 @@ def test_todo_case_is_left_unchanged_with_reasons():
     ('  def setup(self):\n    self.d = nn.Dense(3, dot_general_cls=None)\n  def __call__(self, x):\n    return self.d(x)\n',
      'no NNX counterpart'),
     ('  @nn.compact\n  def __call__(self, x, train):\n    return nn.Dropout(0.5)(x, deterministic=train)\n', 'train/eval'),
-    ('  @nn.compact\n  def __call__(self, x):\n    return nn.Dense(x.shape[-1])(x)\n', 'local x'),
+    ('  @nn.compact\n  def __call__(self, x):\n    return nn.Dense(x.shape[0])(x)\n', 'local x'),  # the batch size
 ])
 def test_unsupported_constructs_are_todos(snippet, reason):
   source = f'import flax.linen as nn\n\n\nclass M(nn.Module):\n{snippet}'

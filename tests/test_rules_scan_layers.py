@@ -38,7 +38,7 @@ def _guide_nnx(seed: int = 0) -> nnx.Module:
 def _vit_nnx(dropout: float, seed: int = 0) -> nnx.Module:
   """The converted ViT at the VIT sizes, with the input sizes the rule added as constructor arguments."""
   return _load('scan_remat_encoder', 'out')['ViT'](
-      **VIT, dropout=dropout, embedding_in_features=IMAGES.shape[-1], Transformer_encoder_norm_num_features=VIT['dim'],
+      **VIT, dropout=dropout, embedding_in_features=IMAGES.shape[-1],
       head_in_features=VIT['dim'], rngs=nnx.Rngs(seed))
 
 

@@ -7,6 +7,7 @@ import os
 import sys
 
 from codemods.example_sizes import ExampleSizes
+from codemods.options import STEP_STYLES
 from codemods.options import TRAIN_STATE_STYLES
 from codemods.options import MigrationOptions
 
@@ -25,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           'Exit 0 when done, 1 with --check when a file would change, 2 when a file could not '
           'be processed (the other files are still processed) or on usage errors. Defaults '
           'come from [tool.linen2nnx] in the nearest pyproject.toml (include, exclude, select, '
-          'jobs, train-state); command-line globs add to them, the other options replace them.'
+          'jobs, train-state, step-style); command-line globs add to them, the other options replace them.'
       ),
   )
   parser.add_argument('paths', nargs='+', metavar='PATH', help='files or directories')
@@ -45,6 +46,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
       '--train-state', choices=TRAIN_STATE_STYLES, default=None,
       help='what a flax TrainState becomes: nnx (default: nnx.Optimizer, steps over the model) or keep '
            '(the TrainState stays, around nnx.split state, as in the migration guide)',
+  )
+  parser.add_argument(
+      '--step-style', choices=STEP_STYLES, default=None,
+      help='how a converted training step is jitted and called (docs/performance.md): functional (default: '
+           '@jax.jit over nnx.split state, split before the loop, nnx.update after it; the fastest), cached '
+           '(@nnx.jit called through nnx.cached_partial) or nnx-jit (@nnx.jit over the model and optimizer); '
+           'a step a style cannot be applied to stays nnx-jit, with a report entry',
   )
   parser.add_argument(
       '--examples', metavar='FILE.py',
@@ -67,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     rules = registry.select_rules(select) if select else registry.ALL_RULES
     jobs = args.jobs if args.jobs is not None else settings.jobs
     options = MigrationOptions(train_state=args.train_state or settings.train_state or 'nnx',
+                               step_style=args.step_style or settings.step_style or 'functional',
                                example_sizes=_example_sizes(args.examples))
     if jobs is not None and jobs < 1:
       raise ValueError(f'-j must be at least 1, got {jobs}')

@@ -275,8 +275,16 @@ class Port:
         return tuple(nnx_path), index, None
       attribute = {c.linen_name: c.nnx_attribute for c in record.children}.get(name)
       if attribute is None:
+        from codemods.rules.layer_loops import loop_entry  # `block_{i}`: an entry of an nnx.List built in a loop
+
+        entry = loop_entry(record.children, name)
+        if entry == ():  # a name after a loop of unknown length: not known from the records alone
+          return tuple(nnx_path), index, None
+        if entry is not None:
+          nnx_path.extend(entry)
+          continue
         return tuple(nnx_path), index, record.nnx_name
-      nnx_path.append(attribute)
+      nnx_path.extend(attribute.split('.'))  # `encoder.cell`: a cell Linen names beside the wrapper running it
     return tuple(nnx_path), len(linen_path), None
 
   def layer_pairs(self) -> dict[Path, Path]:
@@ -288,8 +296,12 @@ class Port:
         pairs[path] = nnx_path
     return pairs
 
-  def disagreements(self, mapping: TreeMapping) -> list[str]:
-    """Where `mapping` puts a Linen submodule's leaves elsewhere than the records name it, one line each."""
+  def disagreements(self, mapping: TreeMapping, nnx_model: nnx.Module | None = None) -> list[str]:
+    """Where `mapping` puts a Linen submodule's leaves elsewhere than the records name it, one line each.
+
+    A module NNX reaches by several paths (one embedding shared by encoder and decoder) is listed
+    under one of them: the mapping may use any path to the object the record names.
+    """
     problems: dict[str, None] = {}
     for rule in mapping.rules:
       for key in rule.linen:
@@ -298,7 +310,8 @@ class Port:
         prefix = '/'.join(linen_path[: length + 1])
         if lacking is not None and length < len(linen_path) - 1:
           problems[f'Linen {prefix}: the record of {lacking} has no such child'] = None
-        elif rule.nnx[: len(nnx_path)] != nnx_path:
+        elif rule.nnx[: len(nnx_path)] != nnx_path \
+            and not _same_object(nnx_model, rule.nnx[: len(rule.nnx) - (len(linen_path) - length)], nnx_path):
           problems[
               f'Linen {"/".join(linen_path[:length])}: the report says NNX {"/".join(nnx_path)}, the mapping '
               f'puts its leaves in {"/".join(rule.nnx[: len(nnx_path)])}'
@@ -316,7 +329,7 @@ class Port:
     when the mapping contradicts the records (a pair that names no layer, a child they lack).
     """
     try:
-      by_order = self.disagreements(derive.derive_mapping(linen_module, nnx_model, *inputs, **call_kwargs))
+      by_order = self.disagreements(derive.derive_mapping(linen_module, nnx_model, *inputs, **call_kwargs), nnx_model)
     except derive.MappingError:
       by_order = []
     try:
@@ -325,11 +338,29 @@ class Port:
       if by_order:
         raise derive.MappingError(f'{error}\nnote: {call_order_note(by_order)}') from error
       raise
-    contradictions = self.disagreements(mapping)
+    contradictions = self.disagreements(mapping, nnx_model)
     if contradictions:
       lines = ''.join(f'\n  {line}' for line in contradictions)
       raise ReportMismatchError(f'the leaf mapping does not agree with {self.where}:{lines}')
     return mapping, by_order
+
+
+def _same_object(model: nnx.Module | None, path: Path, other: Path) -> bool:
+  """Whether two attribute paths of `model` lead to one object (NNX reference sharing)."""
+  if model is None:
+    return False
+
+  def at(path: Path) -> tp.Any:
+    node = model
+    for key in path:
+      node = node[int(key)] if str(key).isdigit() else getattr(node, str(key), None)
+    return node
+
+  try:
+    found = at(path)
+  except (IndexError, KeyError, TypeError):
+    return False
+  return found is not None and found is at(other)
 
 
 def call_order_note(disagreements: tp.Sequence[str]) -> str:

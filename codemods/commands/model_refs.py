@@ -48,13 +48,7 @@ def load_object(ref: str) -> tp.Any:
     path = os.path.abspath(module_ref)
     if not os.path.isfile(path):
       raise UsageError(f'{module_ref}: no such file')
-    # The file's folder goes on sys.path so it can import its sibling modules.
-    sys.path.insert(0, os.path.dirname(path))
-    module_name = f'_linen2nnx_user_{hashlib.sha1(path.encode()).hexdigest()[:12]}'
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    module = _load_file(path)
   else:
     try:
       module = importlib.import_module(module_ref)
@@ -64,6 +58,39 @@ def load_object(ref: str) -> tp.Any:
     return getattr(module, name)
   except AttributeError:
     raise UsageError(f'{module_ref} has no {name!r}') from None
+
+
+USER_MODULE_PREFIX = '_linen2nnx_user_'
+"""Files named by path are imported under this prefix, so a migrated copy never shadows the original."""
+
+
+def _load_file(path: str) -> tp.Any:
+  """Imports a file by path. A file of a package (its folder has `__init__.py`) is imported within its
+  package, loaded under an alias, so its relative imports work and a Linen copy of the same package
+  can be imported beside it; a plain file gets its folder on sys.path, for its sibling modules."""
+  parts, folder = [os.path.splitext(os.path.basename(path))[0]], os.path.dirname(path)
+  while os.path.isfile(os.path.join(folder, '__init__.py')):
+    parts.insert(0, os.path.basename(folder))
+    folder = os.path.dirname(folder)
+  digest = hashlib.sha1(os.path.join(folder, parts[0]).encode()).hexdigest()[:12]
+  if len(parts) == 1:
+    sys.path.insert(0, folder)
+    name = f'{USER_MODULE_PREFIX}{digest}'
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+  alias = f'{USER_MODULE_PREFIX}{parts[0]}_{digest}'
+  if alias not in sys.modules:
+    root = os.path.join(folder, parts[0])
+    spec = importlib.util.spec_from_file_location(alias, os.path.join(root, '__init__.py'),
+                                                  submodule_search_locations=[root])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[alias] = package
+    spec.loader.exec_module(package)
+  inner = [p for p in parts[1:] if p != '__init__']
+  return importlib.import_module('.'.join([alias, *inner]))
 
 
 def parse_json_kwargs(text: str | None, what: str) -> dict[str, tp.Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import typing as tp
 
 from codemods.commands import migrate_report
 from codemods.commands import model_refs
@@ -58,11 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
   import flax.errors
-  import jax
 
-  from nnx_bridge import derive
-  from nnx_bridge import modes
-  from nnx_bridge import parity
   from nnx_bridge.errors import BridgeError
   from nnx_bridge.treemap import TreeMapping
 
@@ -77,24 +74,11 @@ def run(args: argparse.Namespace) -> int:
     print(f'linen2nnx verify: {error}', file=sys.stderr)
     return EXIT_USAGE
 
-  # Initialized in eval mode, as Linen code usually is (`init(key, x, train=False)`).
-  eval_module, eval_kwargs = modes.for_mode(
-      example.linen, None, modes.mode_arguments_of(example.linen), **modes.EVAL
-  )
-  variables = eval_module.init(
-      jax.random.key(args.init_seed), *example.args, **eval_kwargs, **example.kwargs
-  )
   try:
-    if mapping is None and port is not None:
-      mapping, by_order = port.mapping(eval_module, nnx_model, *example.args, **eval_kwargs, **example.kwargs)
-      if by_order:  # the outputs decide which pairing is right
-        print(f'linen2nnx verify: note: {migrate_report.call_order_note(by_order)}', file=sys.stderr)
-    elif mapping is None:
-      mapping = derive.derive_mapping(eval_module, nnx_model, *example.args, **eval_kwargs, **example.kwargs)
-    report = parity.compare(
-        example.linen, variables, nnx_model, *example.args,
-        mapping=mapping, atol=args.atol, rtol=args.rtol, train=not args.no_train_step,
-        logical_axis_rules=rules, rng_streams=[s for s in args.rng_streams.split(',') if s], **example.kwargs,
+    report, mapping = check_port(
+        example, nnx_model, port, mapping=mapping, init_seed=args.init_seed, atol=args.atol, rtol=args.rtol,
+        train=not args.no_train_step, logical_axis_rules=rules,
+        rng_streams=[s for s in args.rng_streams.split(',') if s],
     )
   except BridgeError as error:  # the port's variables do not even line up with the Linen ones
     print(f'linen2nnx verify: the NNX port does not match: {error}', file=sys.stderr)
@@ -114,3 +98,30 @@ def run(args: argparse.Namespace) -> int:
     print(report.to_text())
   return EXIT_OK if report.ok else EXIT_MISMATCH
 
+
+def check_port(example: model_refs.Example, nnx_model: tp.Any, port: migrate_report.Port | None, *,
+               mapping: tp.Any = None, init_seed: int = 0, **compare_options: tp.Any) -> tuple[tp.Any, tp.Any]:
+  """Initialises the Linen model in eval mode and compares the port with it: (ParityReport, mapping used).
+
+  The mapping is `mapping`, else the one the migrate record pairs (`port`), else a derived one.
+  """
+  import jax
+
+  from nnx_bridge import derive
+  from nnx_bridge import modes
+  from nnx_bridge import parity
+
+  # Initialized in eval mode, as Linen code usually is (`init(key, x, train=False)`).
+  eval_module, eval_kwargs = modes.for_mode(
+      example.linen, None, modes.mode_arguments_of(example.linen), **modes.EVAL
+  )
+  variables = eval_module.init(jax.random.key(init_seed), *example.args, **eval_kwargs, **example.kwargs)
+  if mapping is None and port is not None:
+    mapping, by_order = port.mapping(eval_module, nnx_model, *example.args, **eval_kwargs, **example.kwargs)
+    if by_order:  # the outputs decide which pairing is right
+      print(f'linen2nnx verify: note: {migrate_report.call_order_note(by_order)}', file=sys.stderr)
+  elif mapping is None:
+    mapping = derive.derive_mapping(eval_module, nnx_model, *example.args, **eval_kwargs, **example.kwargs)
+  report = parity.compare(example.linen, variables, nnx_model, *example.args, mapping=mapping,
+                          **compare_options, **example.kwargs)
+  return report, mapping

@@ -24,8 +24,10 @@ table layers with a `cache` entry in decode mode) gets an `init_cache` calling t
 
 NNX sizes taken from call inputs are derived from the code (a field, a config attribute, the
 `features` of the layer before, a `concatenate` of known sizes, through calls of the class's
-own methods) or become keyword-only constructor arguments named after their role, each
-reported with its source. `__call__` arguments named like a train/eval switch (`training`,
+own methods, the carry of a scan over layers) or become keyword-only constructor arguments named
+after their role, each reported with its source. Constructor arguments may read the input's
+width (`nn.Dense(x.shape[-1])`, or a local `d = x.shape[-1]` / `n, _, d = x.shape`): they get
+what the code says of that input where it is read. `__call__` arguments named like a train/eval switch (`training`,
 `deterministic`, ...) that only feed `deterministic=` / `use_running_average=` are dropped:
 NNX's `model.train()` / `model.eval()` set those. A class of the same file used as a child is
 converted with it; a field typed `nn.Module` becomes an `nnx.Module` parameter. `nn.relu` and
@@ -71,6 +73,25 @@ makes each `dense(...)` a construction with the partial's arguments first; a lay
 otherwise); a layer bound to a local (`embed = nn.Embed(...)`) and used several times, methods
 included (`embed.attend(h)`), is one attribute.
 
+Module factories and tying (module_factories.py): a field the class calls as `self.conv(...)(x)` (flax's
+ResNet `ModuleDef`s) stays a parameter holding an NNX factory, called in __init__ with the input size and
+rngs as the NNX layer its constructions in this file pass (all the same kind: a table layer, a partial of
+one, or a class of the file) takes them; the parent's `conv = partial(nn.Conv, ...)` moves into __init__ as
+`partial(nnx.Conv, ...)` without train/eval kwargs. `Callable` fields called with one argument are
+activations. `self.decoder.apply({'params': {'kernel': k}}, h)` of a bias-free Dense becomes `h @ k` (a layer
+only run so is not created: Linen creates no params for it; one run tied under `if arg is not None:` and
+directly in the else exists `if not tied_<attr>`, a keyword-only flag its parents set), and
+`self.child.variables['params'][...]` the NNX Variable's value.
+
+Loops (layer_loops.py): an @nn.compact `for` over `range(<fields, config, literals>)`, `enumerate(<field>)`
+or a field, whose body is simple statements building table layers or classes of the file called at once,
+makes one `nnx.List` per construction, built in __init__ by a comprehension over the same iterator, and the
+loop indexes it (`self.linears[i](x)`, an index added by `enumerate` where the loop has none). Sizes come
+from walking the body for the first iteration and for the later ones (`din if i == 0 else
+self.features[i - 1]`); Linen names count across iterations (`Dense_{i}`) or follow `name=f'layer_{i}'`. A
+setup() `self.layers = [<layer> for ... in <iterator>]` (or built by `layers.append(<layer>)` in a for loop)
+becomes an nnx.List, sized through the `for layer in self.layers:` loops of the other methods.
+
 Classes that stay Linen: a class given by name to a Linen function NNX has no counterpart of
 (`nn.map_variables(Block, ...)`), with every class it builds, is kept Linen with a TODO; where a
 converted class builds a kept or unconverted class, the construction is wrapped with
@@ -80,8 +101,10 @@ converted class builds a kept or unconverted class, the construction is wrapped 
 `self.has_variable` outside the decode-cache pattern, or a cache whose shape (or an input of a
 child holding one) the code does not fix; `self.put_variable` and the other scope APIs; Linen names
 without a known NNX counterpart (lifted transforms with options other than above, `nn.Bidirectional`,
-unknown layers, module factories, an `nn.RNN` cell built elsewhere or of a class of one's own);
-constructions in loops, in conditionals on the call or elif chains, in nested functions, or neither
+unknown layers, module factories of unknown or mixed kinds, an `nn.RNN` cell built elsewhere or of a class of one's own);
+constructions in loops other than above (later-iteration sizes the code cannot express, `if`s, `break`,
+scope APIs or transforms in the body, loops over inputs), in conditionals on the call or elif chains, in
+nested functions, or neither
 called at once nor bound to a local only called; shapes that use
 a local other than an input's last axis; kwargs NNX does not take; train/eval switches used
 otherwise; other statements in the class or in `setup()`.
@@ -118,6 +141,9 @@ from codemods.rule import MigrationRule
 from codemods.rule import descendants
 from codemods.rules.l2n001_convert_initializers import NNX_INITIALIZERS
 from codemods.rules.l2n001_convert_initializers import nnx_initializer_target
+from codemods.rules.layer_loops import Loops
+from codemods.rules.module_factories import Factories
+from codemods.rules.module_factories import tied_uses
 from codemods.variable_types import flax_variable_type
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 from nnx_bridge.layer_table import InputDim
@@ -143,6 +169,7 @@ CONVERTED_APIS = frozenset({'param', 'variable', 'make_rng', 'sow', 'is_initiali
 HAS_VARIABLE_HINT = (' (a decode cache or a lazily created variable: in NNX, create it in an explicit '
                      'cache-initialisation method)')
 CONCATENATE = frozenset({'jax.numpy.concatenate'})
+TILE = frozenset({'jax.numpy.tile'})  # keeps the last axis when its last repetition is a literal 1
 SCAN_NAMES = frozenset({'flax.linen.scan', 'flax.linen.transforms.scan'})
 STACK_OPTIONS = {  # the options of a stacking nn.scan / nn.vmap that are converted, the size option first
     'scan': ('length', 'variable_axes', 'split_rngs', 'in_axes', 'out_axes', 'metadata_params'),
@@ -232,6 +259,7 @@ class _Child:
   var_type: str = ''  # the NNX Variable type of a variable
   shape_refs: dict[cst.Subscript, str] = dataclasses.field(default_factory=dict)  # `x.shape[-1]` -> x
   size_codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)  # ... -> code in __init__
+  ref_dims: dict[cst.CSTNode, tp.Any] = dataclasses.field(default_factory=dict)  # ... -> what the code said of it
   cache: bool = False  # a decode-cache variable: None in __init__, created by init_cache
   cache_text: str = ''  # its creation in init_cache
   wrapper: WrapperSpec | None = None  # a table wrapper (nn.RNN) around `cell`
@@ -267,6 +295,7 @@ class _Plan:
   children: list[_Child] = dataclasses.field(default_factory=list)
   size_params: list[tuple[str, Dim]] = dataclasses.field(default_factory=list)
   output: Dim = None  # the last-axis size `__call__` returns, when the code determines it
+  carry_output: Dim = None  # for a class the file scans: the last-axis size of the carry `__call__` returns
   size_arguments: list[ConstructorArgument] = dataclasses.field(default_factory=list)
   mode_params: list[tuple[int, str, bool]] = dataclasses.field(default_factory=list)
   linen_nodes: list[cst.CSTNode] = dataclasses.field(default_factory=list)
@@ -277,6 +306,7 @@ class _Plan:
   cache_input: str | None = None  # the `__call__` argument whose shape init_cache takes
   example_params: list[str] = dataclasses.field(default_factory=list)  # example inputs of bridged Linen children
   base: str = 'nnx.Module'  # the NNX base class: a project base class of the run keeps its name
+  flags: list[str] = dataclasses.field(default_factory=list)  # keyword-only `bool = False` arguments (tied layers)
   helpers_only: bool = False  # a base class holding only helpers: no __init__ of its own
 
 
@@ -311,7 +341,7 @@ def _draws_rngs(plan: _Plan) -> bool:
 def _init_params(plan: _Plan) -> list[str]:
   """The NNX `__init__` parameters after self: the fields, then keyword-only sizes, example inputs and rngs."""
   return [*plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params),
-          *(f'{p}: tuple' for p in plan.example_params), 'rngs: nnx.Rngs']
+          *(f'{p}: bool = False' for p in plan.flags), *(f'{p}: tuple' for p in plan.example_params), 'rngs: nnx.Rngs']
 
 
 def _snake(name: str) -> str:
@@ -364,6 +394,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._extra_calls: dict[cst.Call, cst.Call] = {}  # a later call of a submodule bound to a local -> its ctor
     self._kept_linen: dict[str, str] = {}  # classes that stay Linen because Linen-only code uses them -> why
     self._class_defs: dict[str, cst.ClassDef] = {}  # the file's top-level classes by name
+    self._factories = Factories(self, _Unsupported)  # ModuleDef / partial factory fields (module_factories.py)
+    self._loops = Loops(_Unsupported)  # layers built in for loops -> nnx.List attributes (layer_loops.py)
 
   # --- traversal -------------------------------------------------------------------------------
 
@@ -380,6 +412,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._global_names = {a.name for a in scope.assignments} if scope is not None else set()
     self._class_defs = {s.name.value: s for s in node.body if isinstance(s, cst.ClassDef)}
     self._kept_linen = self._linen_only_uses(node)
+    self._factories.scan(node)
 
   def _linen_only_uses(self, node: cst.Module) -> dict[str, str]:
     """Classes of the file that Linen-only code uses (`nn.map_variables(Block, ...)`, a Linen function NNX has no
@@ -562,6 +595,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
     """Puts each generated Variable type just above the first class that uses it."""
+    for name, supplier in self._factories.unconverted_suppliers():
+      self.report_todo(self._class_defs[supplier], f'{supplier} stays Linen but passes layer factories to {name}, '
+                                                  'converted to NNX: pass NNX factories (partial(nnx.Conv, ...))')
     body: list[cst.CSTNode] = []
     done: set[str] = set()
     for old, new in zip(original_node.body, updated_node.body):
@@ -638,6 +674,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self._mode_uses = set()
     taken = set(field_names) | set(methods) | {'rngs'}
     counts: dict[str, int] = {}
+    self._factories.prepare(node.name.value, method)
     if setup is not None:
       self._plan_setup(plan, setup, counts)
     inline = self._plan_compact(plan, method, counts) if method is not None else {}
@@ -652,6 +689,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     plan.collections = [c.collection for c in plan.children if c.var_type == self._variable_classes.get(c.collection)]
     self._plan_scope_calls(node, plan, setup, taken | {c.attr for c in plan.children})
     calls = self._child_calls(plan, methods, setup, inline)
+    self._loops.after_calls(self, plan, calls)
     marks = (len(plan.size_params), len(plan.size_arguments), len(self._pending))
     scanned = plan.name in self._scanned_cells  # first what the code says, then with the carry's size and traces
     traced, self._traced = self._traced, ({} if scanned else self._traced)
@@ -660,7 +698,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if scanned and plan.size_params[marks[0]:]:  # a scanned cell: again, its carry's size known
       del plan.size_params[marks[0]:], plan.size_arguments[marks[1]:], self._pending[marks[2]:]
       for child in plan.children:
-        child.done, child.sizes, child.size_codes = False, {}, {}
+        child.done, child.sizes, child.size_codes, child.ref_dims = False, {}, {}, {}
       self._derive(plan, methods, call, calls, carry)
     self._plan_init_cache(node, plan, call, calls, taken)
     keywords = {sub.keyword for sub in descendants(call.body) if isinstance(sub, cst.Arg)}
@@ -688,6 +726,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       child.text = 'nnx.data(None)' if child.cache else self._variable_text(child) if child.api else self._ctor_text(child)
       if child.condition is not None:
         child.text = f'{child.text} if {child.condition} else None'
+      child.text = self._loops.wrap(self, child)  # built in a loop: nnx.List([<it> for <target> in <iterator>])
       if not child.hoisted:
         self._exprs[child.ctor] = child.text
     plan.mode_params = [(i, name, MODE_PARAMS[name]) for i, name in mode.items()]
@@ -712,12 +751,18 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _plan_setup(self, plan: _Plan, setup: cst.FunctionDef, counts: dict[str, int]) -> None:
     """setup() statements: `self.<attr> = <table layer or same-file class>(...)`, self.param or self.variable."""
     for statement in setup.body.body:
+      if self._loops.setup_append(self, statement, setup):  # `layers = []` + `for ...: layers.append(...)`: go
+        continue
       target = _self_assignment(statement)
       value = statement.body[0].value if target is not None else None
       if isinstance(value, cst.Call) and _scope_api(value) in ('param', 'variable'):
         child = self._variable(value, target, hoisted=False)
       elif isinstance(value, cst.Call) and self._constructed(value) is not None:
         child = self._child(value, counts, target)
+      elif isinstance(value, cst.ListComp):  # `self.layers = [nn.Dense(f) for f in ...]`: an nnx.List (layer_loops)
+        child = self._child(self._loops.setup_list(self, value, target), counts, target)
+      elif (appended := self._loops.appended(self, value, target)) is not None:  # `self.layers = layers` (appended)
+        child = self._child(appended, counts, target)
       else:
         raise _Unsupported(statement, 'a setup() statement other than self.<attr> = <layer>(...) / self.param / self.variable')
       if target in {c.attr for c in plan.children}:
@@ -791,6 +836,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     `if <test>: ... else: ...` of simple statements whose test __init__ can evaluate (see _conditions)."""
     for statement in body.body:
       if _is_straight_statement(statement):
+        continue
+      if isinstance(statement, cst.For):  # layers built in a loop: nnx.List attributes (layer_loops.py)
+        self._loops.plan(self, statement, built)
         continue
       branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
       if not isinstance(statement, cst.If) or any(isinstance(s, cst.BaseCompoundStatement) and not isinstance(s, cst.If)
@@ -923,18 +971,54 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if 'parent' in kwargs:
       raise _Unsupported(ctor, 'parent= is not converted')
     name = kwargs.pop('name', None)
-    if name is not None and not _literal_identifier(name):
+    listed = self._loops.list_name(self, ctor, name)  # built in a loop, name=f'layer_{i}': the nnx.List `layers`
+    if name is not None and listed is None and not _literal_identifier(name):
       raise _Unsupported(ctor, 'name= is not a literal identifier')
     cell = self._cell(ctor, wrapper, kwargs.pop(wrapper.cell_kwarg, None), counts) if wrapper is not None else None
+    refs = self._size_refs(kwargs.values())
     for value in kwargs.values():
-      self._check_hoistable(value)
-    explicit = name.evaluated_value if name is not None else attr
+      self._check_hoistable(value, skip=set(refs))
+    explicit = listed or (name.evaluated_value if name is not None else attr)
     if not explicit:
       counts[short] = counts.get(short, -1) + 1  # Linen numbers auto-named children per class
     child = _Child(explicit or '', explicit or f'{short}_{counts[short]}', ctor, spec, sibling, kwargs,
-                   wrapper=wrapper, cell=cell, scan=self._scans.get(ctor), remat=self._remats.get(ctor), stacked=stacked)
+                   wrapper=wrapper, cell=cell, scan=self._scans.get(ctor), remat=self._remats.get(ctor), stacked=stacked,
+                   shape_refs=refs)
     self._ctor_modes(child)
     return child
+
+  def _size_refs(self, values: tp.Iterable[cst.CSTNode]) -> dict[cst.CSTNode, str]:
+    """Input sizes a constructor argument reads: `x.shape[-1]` (-> x), or a local bound once to one, as
+    `d = x.shape[-1]` or `n, _, d = x.shape` (-> d); `_derive` finds what the code says of each."""
+    refs = {}
+    for value in values:
+      for sub in (value, *descendants(value)):
+        if _last_axis_of_name(sub):
+          refs[sub] = sub.value.value.value
+        elif isinstance(sub, cst.Name) and self._size_local(sub) is not None:
+          refs[sub] = sub.value
+    return refs
+
+  def _size_local(self, name: cst.Name) -> str | None:
+    """The array whose last axis the local `name` is bound to, once, in the method: None for other names."""
+    scope = self.get_metadata(ScopeProvider, name, None)
+    if scope is None or isinstance(scope, (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)) \
+        or name.value not in scope:
+      return None
+    assignments = list(scope[name.value])
+    if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
+      return None
+    assign = next((node for node in self._ancestors(assignments[0].node) if isinstance(node, cst.Assign)), None)
+    local = _size_local_of(assign) if assign is not None else None
+    return local[1] if local is not None and local[0] == name.value else None
+
+  def _ancestors(self, node: cst.CSTNode) -> tp.Iterator[cst.CSTNode]:
+    parent = self._parent(node)
+    while parent is not None and not isinstance(parent, (cst.BaseStatement, cst.BaseSmallStatement)):
+      yield parent
+      parent = self._parent(parent)
+    if parent is not None:
+      yield parent
 
   def _bridged_child(self, ctor: cst.Call, linen: str, counts: dict[str, int], attr: str | None) -> _Child:
     """A Linen class of the file that stays Linen, built by `ctor`: wrapped with nnx_bridge.from_linen, initialised
@@ -975,9 +1059,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       collection, name = 'params', call.args[0].value
     if not _literal_identifier(name):
       raise _Unsupported(call, f'self.{api} with a name that is not a literal identifier')
-    refs = {} if not hoisted or cache else {
-        sub: sub.value.value.value for arg in call.args[lead - 1:] for sub in descendants(arg) if _last_axis_of_name(sub)
-    }
+    refs = {} if not hoisted or cache else self._size_refs(arg.value for arg in call.args[lead - 1:])
     for arg in call.args[lead - 1:] if not cache else ():
       self._check_hoistable(arg.value, skip=set(refs))
     if api == 'param':
@@ -1085,14 +1167,17 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         self._remat_call(call, child)
       if child.stacked is not None:
         self._stack_call(call, child)
+    tied = tied_uses(self._factories, plan, methods, setup)  # `.apply` with a shared kernel, `.variables[...]`
     from_setup = {c.attr: c for c in plan.children if not c.hoisted}
     for method in methods.values():
       if method is setup:
         continue
       for sub in descendants(method):
-        if not (isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in from_setup):
+        if not (isinstance(sub, cst.Attribute) and _is_self_attr(sub) and sub.attr.value in from_setup) or sub in tied:
           continue
         child, parent = from_setup[sub.attr.value], self._parent(sub)
+        if self._loops.list_use(self, sub, child, calls):  # `for layer in self.layers:` over a setup() list
+          continue
         if child.api == 'param':
           if isinstance(parent, (cst.AssignTarget, cst.AugAssign)) or isinstance(parent, cst.Del):
             raise _Unsupported(sub, f'self.{child.attr} (a param) assigned to')
@@ -1119,7 +1204,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _check_hoistable(self, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = (), linen: bool = False) -> None:
     """Code moved into __init__ must mean the same there: no locals (but `skip`), Linen names NNX shares (any
     Linen name, with `linen`: code that stays Linen)."""
-    if value in skip or (self._is_linen_name(value) if linen else self._nnx_name_for(value) is not None):
+    if value in skip or value in self._factories.hoistable or value in self._loops.refs \
+        or (self._is_linen_name(value) if linen else self._nnx_name_for(value) is not None):
       return
     if isinstance(value, cst.Name) and value.value != 'self' and value.value not in self._switches:
       scope = self.get_metadata(ScopeProvider, value, None)
@@ -1134,7 +1220,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       self._check_hoistable(child, skip, linen)
 
   def _self_alias(self, assignments: list[cst.metadata.BaseAssignment]) -> str | None:
-    """`self.config` when the local is bound once, by `name = self.config` (or a longer chain)."""
+    """`self.config` when the local is bound once, by `name = self.config` (or a longer chain, or an attribute
+    chain of such a local: `p = cfg.patch_size`)."""
     if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
       return None
     target = self._parent(assignments[0].node)
@@ -1144,8 +1231,14 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     chain = assign.value
     while isinstance(chain, cst.Attribute):
       chain = chain.value
-    return self.module.code_for_node(assign.value) if isinstance(chain, cst.Name) and chain.value == 'self' \
-        and assign.value is not chain else None
+    if not isinstance(chain, cst.Name) or assign.value is chain:
+      return None
+    code = self.module.code_for_node(assign.value)
+    if chain.value == 'self':
+      return code
+    scope = self.get_metadata(ScopeProvider, chain, None)  # `p = cfg.patch_size` after `cfg = self.config`
+    base = self._self_alias(list(scope[chain.value])) if scope is not None and chain.value in scope else None
+    return None if base is None else base + code[len(chain.value):]
 
   def _name_children(self, children: list[_Child], taken: set[str]) -> None:
     """Gives auto-named children a readable, deterministic, collision-free attribute name."""
@@ -1158,6 +1251,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
              else f'{_snake(c.sibling.name)}s' if c.stacked
              else _snake((c.spec or c.wrapper).nnx.rpartition('.')[2]) if c.spec or c.wrapper
              else _snake(c.sibling.name) for c in auto]
+    bases = [self._loops.plural(c, base) for c, base in zip(auto, bases)]  # a loop's nnx.List: `linears`
     for i, (child, base) in enumerate(zip(auto, bases)):
       attr = f'{base}{bases[:i].count(base) + 1}' if bases.count(base) > 1 else base
       while attr in taken:
@@ -1183,29 +1277,70 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     visited: set[cst.Call] = set()
     active: list[cst.FunctionDef] = []
     variables = {c.ctor: c for c in plan.children if c.api is not None and c.hoisted}
+    size_locals: dict[str, Dim] = {}  # `d = x.shape[-1]`: what the code said of x there
 
     def dim(expr: cst.CSTNode, env: dict[str, Dim], derive: bool) -> Dim:
       if isinstance(expr, cst.Call) and expr in calls:
         return visit(expr, env, derive)
       if isinstance(expr, cst.Call) and expr in variables:
         resolve(variables[expr], env, derive)
+        return last_of_shape(variables[expr]) if derive else None
       method = self._own_method(expr, methods)
       if method is not None:
         return enter(expr, method, env, derive)
       if derive and isinstance(expr, cst.Name):
         return env.get(expr.value)
+      if derive and self._factories.is_activation(expr):  # `self.act(x)`, a Callable field: elementwise
+        return dim(expr.args[0].value, env, derive)
       if derive and isinstance(expr, cst.Call) and self._has_name(expr.func, ELEMENTWISE) \
           and len(expr.args) == 1 and expr.args[0].keyword is None and not expr.args[0].star:
         return dim(expr.args[0].value, env, derive)
       if derive and isinstance(expr, cst.Call) and self._has_name(expr.func, CONCATENATE):
         return concatenated(expr, env, derive)
+      if derive and isinstance(expr, cst.Call) and self._has_name(expr.func, TILE) and len(expr.args) == 2 \
+          and isinstance(expr.args[1].value, (cst.List, cst.Tuple)) and expr.args[1].value.elements \
+          and isinstance(expr.args[1].value.elements[-1].value, cst.Integer) \
+          and expr.args[1].value.elements[-1].value.value == '1':
+        dim(expr.args[1].value, env, derive)
+        return dim(expr.args[0].value, env, derive)
       if derive and isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, ARITHMETIC):
         left, right = dim(expr.left, env, derive), dim(expr.right, env, derive)
         return right if _is_number(expr.left) else left if _is_number(expr.right) else _broadcast(left, right)
       for sub in expr.children:
         dim(sub, env, derive)
+      target = self._reshape_target(expr) if derive else None
+      if target and isinstance(target[-1].value, cst.Name) and target[-1].value.value in size_locals:
+        return size_locals[target[-1].value.value]  # `jnp.reshape(x, (n, h * w, c))` after `n, h, w, c = x.shape`
       last = self._reshaped_last(expr) if derive else None
       return ('known', last) if last is not None else None
+
+    def scanned_carry(target: cst.BaseExpression, call: cst.Call, env: dict[str, Dim], derive: bool) -> Dim:
+      """`x, _ = <scan over a class of the file>(x, ...)`: the carry's size, from what the class returns."""
+      child = calls[call]
+      if not (derive and isinstance(target, cst.Tuple) and len(target.elements) == 2
+              and isinstance(target.elements[0].value, cst.Name) and child.sibling is not None
+              and (child.scan is not None or child.stacked is not None) and child.sibling.carry_output is not None):
+        return None
+      carry = child.sibling.carry_output
+      if carry[0] == 'input':
+        return dim(call.args[carry[1]].value, env, derive) if carry[1] < len(call.args) else None
+      code = self._in_caller(carry[1], child)
+      return None if code is None else ('known', code)
+
+    def last_of_shape(child: _Child) -> Dim:
+      """A param's last axis: the last of its literal shape tuple (`self.param('p', init, (1, n, d))`)."""
+      shape = child.ctor.args[2].value if child.api == 'param' and len(child.ctor.args) > 2 else None
+      if not isinstance(shape, (cst.Tuple, cst.List)) or not shape.elements \
+          or isinstance(shape.elements[-1], cst.StarredElement):
+        return None
+      last = shape.elements[-1].value
+      if last in child.shape_refs:
+        return child.ref_dims.get(last)
+      try:
+        self._check_hoistable(last)
+      except _Unsupported:
+        return None
+      return ('known', self._code(last))
 
     def concatenated(expr: cst.Call, env: dict[str, Dim], derive: bool) -> Dim:
       """`jnp.concatenate([a, b], axis=-1)` of known sizes: their sum."""
@@ -1247,8 +1382,12 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       if attr or dropped:
         self._calls[node] = (attr, dropped)
       arg_dims = [dim(a.value, env, derive) for a in node.args]
+      if child.ctor in self._loops.sites:  # built in a for loop: sized by layer_loops from every iteration
+        self._loops.seen(self, child, node, arg_dims)
+        return self._output(child, arg_dims)
       if not child.done:
         child.done = True
+        shape_sizes(child, env, derive)
         for nnx_arg, index, optional in self._size_sources(child):
           position = self._call_arg(node, child, index)
           if position is None and optional:
@@ -1261,7 +1400,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
           if key not in shared:
             argument = self.module.code_for_node(node.args[position].value) if position is not None else None
             where = None if argument is None else f"the input dimension of self.{child.attr}'s call argument {argument}"
-            shared[key] = self._size_param(plan, child, nnx_arg, where, source, node)
+            shared[key] = self._size_param(plan, child, nnx_arg, where, source, node, input_index=position)
           child.sizes[nnx_arg] = shared[key]
       if child.wrapper is not None and any(a.keyword is not None and a.keyword.value in child.wrapper.output_unless
                                            for a in node.args):
@@ -1273,14 +1412,22 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       if child.done:
         return
       child.done = True
+      shape_sizes(child, env, derive)
+
+    def shape_sizes(child: _Child, env: dict[str, Dim], derive: bool) -> None:
+      """Each `x.shape[-1]` (or local bound to one) in a child's arguments: what the code says of x."""
       for ref, name in child.shape_refs.items():
-        source = env.get(name) if derive else None
+        source = (size_locals.get(name) if isinstance(ref, cst.Name) else env.get(name)) if derive else None
+        child.ref_dims[ref] = source
         if source is not None and source[0] == 'known':
           child.size_codes[ref] = _paren(source[1])
           continue
         key = source if source is not None else (child.attr, name)
         if key not in shared:
-          shared[key] = self._size_param(plan, child, 'features', f'the size of the last axis of {name}', source, ref)
+          array = self._size_local(ref) if isinstance(ref, cst.Name) else name
+          label = array if array == name else f'{array} (bound to {name})'
+          shared[key] = self._size_param(plan, child, 'features', f'the size of the last axis of {label}', source, ref,
+                                         shape_ref=True)
         child.size_codes[ref] = shared[key]
 
     def enter(node: cst.Call, method: cst.FunctionDef, env: dict[str, Dim], derive: bool) -> Dim:
@@ -1316,6 +1463,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         if statement in self._branches:
           branch(statement, env, derive)
           continue
+        if statement in self._loops.loops:  # a for loop: walked for its first and its later iterations
+          self._loops.derive(self, plan, statement, env, derive, walk, shared)
+          continue
         parts = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
         for part in parts:
           if isinstance(part, cst.Return) and part.value is not None:
@@ -1328,8 +1478,18 @@ class ConvertModuleDefinitionsRule(MigrationRule):
               continue
             output = dim(part.value, env, derive)
             continue
+          local = _size_local_of(part) if isinstance(part, cst.Assign) else None
+          if local is not None:
+            size_locals[local[0]] = env.get(local[1]) if derive else None
           if isinstance(part, cst.Assign) and len(part.targets) == 1 and isinstance(part.targets[0].target, cst.Name):
             env[part.targets[0].target.value] = dim(part.value, env, derive)
+            continue
+          if isinstance(part, cst.Assign) and len(part.targets) == 1 and part.value in calls:
+            dim(part, env, derive)
+            first = scanned_carry(part.targets[0].target, part.value, env, derive)
+            for sub in (part.targets[0].target, *descendants(part.targets[0].target)):
+              if isinstance(sub, cst.Name):
+                env[sub.value] = first if first is not None and sub is part.targets[0].target.elements[0].value else None
             continue
           dim(part, env, derive)
           targets = [t.target for t in getattr(part, 'targets', ())] + [getattr(part, 'target', None)]
@@ -1356,6 +1516,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         for nnx_arg, index, optional in self._size_sources(child):
           if not optional:
             child.sizes[nnx_arg] = self._size_param(plan, child, nnx_arg, None, None, child.ctor)
+    plan.carry_output = returned[0] if returned else None
     return returned[0] if returned and returned[0] is not None and returned[0][0] == 'known' else None
 
   def _returns_in_branches(self, method: cst.FunctionDef) -> bool:
@@ -1365,7 +1526,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _is_straight(self, body: cst.BaseSuite) -> bool:
     """Straight-line code, or conditionals of plain code that `_straight_line` let through."""
-    return all(_is_straight_statement(s) or s in self._branches for s in body.body)
+    return all(_is_straight_statement(s) or s in self._branches or s in self._loops.loops for s in body.body)
 
   def _reshaped_last(self, expr: cst.CSTNode) -> str | None:
     """`x.reshape(..., n)` / `jnp.reshape(x, (..., n))`: the code of n, when it is valid in __init__."""
@@ -1469,6 +1630,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         if statement in self._branches:
           branch(statement, env)
           continue
+        if statement in self._loops.loops:  # a for loop building layers: its first and later iterations
+          self._loops.shapes(statement, env, walk)
+          continue
         if not isinstance(statement, cst.SimpleStatementLine):  # other blocks: their calls learn nothing
           for sub in descendants(statement):
             if isinstance(sub, cst.Call) and sub in calls:
@@ -1524,6 +1688,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
                                          'which holds a decode cache: the code does not fix it')
         method = child.spec.cache.method if child.spec is not None else 'init_cache'
         lines.append(f'self.{child.attr}.{method}({_shape_code(shapes[0])}, dtype)')
+        lines[-1] = self._loops.cache_line(child, lines[-1])  # an nnx.List: `for block in self.blocks: ...`
     plan.cache_lines, plan.cache_input = lines, plan.call_params[0]
 
   def _cache_text(self, child: _Child, env: dict[str, Shape], dtypes: dict[str, str | None]) -> None:
@@ -1654,10 +1819,14 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     return None
 
   def _size_param(self, plan: _Plan, child: _Child, nnx_arg: str, where: str | None, source: Dim,
-                  node: cst.CSTNode) -> str:
+                  node: cst.CSTNode, shape_ref: bool = False, input_index: int | None = None) -> str:
     """A new keyword-only constructor argument for a size the code does not determine, unless the example
-    trace (`--examples`) found one expression of the class's fields for it: then that expression."""
-    traced = self._traced.get((child.linen_name, nnx_arg)) if child.api is None and child.spec is not None else None
+    trace (`--examples`) found one expression of the class's fields for it: then that expression. `shape_ref`:
+    an `x.shape[-1]` the child's arguments read, rather than an input size of the child."""
+    traced = self._traced.get((child.linen_name, nnx_arg)) \
+        if child.api is None and child.spec is not None and not shape_ref else None
+    if child.sibling is not None and input_index is not None:  # a class of the file: the input it is called with
+      traced = self._traced.get((child.linen_name, f'input:{input_index}'))
     if traced is not None and traced.expression is not None:
       self._traced_codes.add(traced.expression)
       self._pending.append((node, f'{nnx_arg} of self.{child.attr} = {traced.expression}, from the example trace: '
@@ -1668,9 +1837,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       name += '_'
     plan.size_params.append((name, source))
     input_name = plan.call_params[source[1]] if source is not None and source[0] == 'input' else None
-    if child.api:  # an `x.shape[-1]` in a variable's shape: measurable when x is a call argument
+    if child.api or shape_ref:  # an `x.shape[-1]` in a variable's shape: measurable when x is a call argument
       origin = INPUT_DIMENSION if input_name else UNDETERMINED
-      detail = f'{where}, in the shape of self.{child.attr}' + ('' if input_name else ', not determined by the code')
+      read = 'the shape' if child.api else 'the arguments'
+      detail = f'{where}, in {read} of self.{child.attr}' + ('' if input_name else ', not determined by the code')
       argument = ConstructorArgument(name, origin, detail, child.attr, input=input_name)
     else:
       origin = UNDETERMINED if where is None else INPUT_DIMENSION
@@ -1725,6 +1895,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _output(self, child: _Child, arg_dims: list[Dim]) -> Dim:
     """The last-axis size of a child's output, from the layer table or a converted sibling class."""
     first = arg_dims[0] if arg_dims else None
+
+    def known(node: cst.CSTNode) -> Dim:  # an input size read in the arguments is what the code said of it
+      return child.ref_dims.get(node) if node in child.shape_refs else ('known', self._code(node))
     if child.wrapper is not None:  # the cell's features, unless it returns the carry too
       size = child.cell.kwargs.get(child.wrapper.output_size)
       if size is None or any(k in child.kwargs for k in child.wrapper.output_unless):
@@ -1736,7 +1909,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if size == SAME_AS_INPUT:
       return first
     if size is not None and size in child.kwargs:
-      return ('known', self._code(child.kwargs[size]))
+      return known(child.kwargs[size])
     out = child.spec.output_shape  # else the last of the trailing axes the whole output shape has
     if size is not None or out is None or any(k in child.kwargs for k in out.unless):
       return None
@@ -1746,9 +1919,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return first
     if isinstance(value, (cst.Tuple, cst.List)) and out.tuple_ok and value.elements \
         and not isinstance(value.elements[-1], cst.StarredElement):
-      return ('known', self._code(value.elements[-1].value))
+      return known(value.elements[-1].value)
     if value is not None and (not out.tuple_ok or isinstance(value, cst.Integer)):
-      return ('known', self._code(value))
+      return known(value)
     return None
 
   def _sibling_output(self, child: _Child, arg_dims: list[Dim]) -> Dim:
@@ -1874,7 +2047,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   def _ctor_text(self, child: _Child) -> str:
     """The NNX constructor call of `child`, as code valid in __init__."""
-    code = self._code
+    code = lambda node: self._code(node, child.size_codes)
     if child.bridged:
       mode = ', eval_mode=True' if child.mode_defaults.get('eval_mode') else ''
       return f'nnx_bridge.from_linen({code(child.ctor)}, *{child.attr}_example_inputs, rngs=rngs{mode})'
@@ -1894,7 +2067,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       args = [code(v) if i < len(fields) and f == fields[i] else f'{f}={code(v)}'
               for i, (f, v) in enumerate(child.kwargs.items())]
       args += [f'{k}={v}' for k, v in child.sizes.items()]
-      built = f'{child.sibling.name}({", ".join([*args, "rngs=rngs"])})'
+      built = f'{self._factories.callee.get(child.ctor, child.sibling.name)}({", ".join([*args, "rngs=rngs"])})'
       if child.stacked is not None:  # one layer per split key, variables stacked on axis 0
         metadata = f', transform_metadata={child.stacked.metadata}' if child.stacked.metadata else ''
         return f'nnx.vmap(lambda rngs: {built}{metadata})(rngs.split({child.stacked.length}))'
@@ -1908,9 +2081,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       if name in only or new not in accepted:
         raise _Unsupported(value, f'{name}= of {spec.linen} has no NNX counterpart to pass it to')
       args.append(f'{new}={code(value)}')
-    args += [f'{k}={v!r}' for k, v in spec.linen_defaults if k not in child.kwargs]
+    callee = self._factories.callee.get(child.ctor)  # a factory: its partial holds the Linen defaults
+    args += [f'{k}={v!r}' for k, v in spec.linen_defaults if k not in child.kwargs and callee is None]
     args += [f'{k}={v!r}' for k, v in child.mode_defaults.items() if k in accepted]
-    return f'nnx.{spec.nnx.rpartition(".")[2]}({", ".join([*args, "rngs=rngs"])})'
+    return f'{callee or "nnx." + spec.nnx.rpartition(".")[2]}({", ".join([*args, "rngs=rngs"])})'
 
   def _variable_text(self, child: _Child) -> str:
     """`nnx.Param(init(rngs.params(), *args))` / `<Type>(init(*args))`, as code valid in __init__."""
@@ -1929,6 +2103,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   # --- helpers ---------------------------------------------------------------------------------
 
   def _constructed(self, call: cst.Call) -> tuple[str, LayerSpec | None, _Plan | None] | None:
+    factory = self._factories.constructed(call)  # `self.conv(...)` of a ModuleDef field, `conv(...)` of a factory
+    if factory is not None:
+      return factory
     partial = self._partial_of(call.func) if isinstance(call.func, cst.Name) else None
     if partial is not None:  # `conv = partial(nn.Conv, use_bias=False)`, then `conv(features, ...)(x)`
       self._partials[call] = partial
@@ -2483,6 +2660,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
                                     'nnx_bridge.from_linen', c.attr) for c in plan.children if c.bridged]
     arguments = [*fields, *plan.size_arguments, *examples, ConstructorArgument('rngs', RNGS, 'nnx.Rngs')]
     children = [ChildName(c.linen_name, c.attr, _linen_class(c)) for c in plan.children]
+    children += [ChildName(c.cell.linen_name, f'{c.attr}.cell', _linen_class(c.cell))  # Linen names a wrapped cell
+                 for c in plan.children if c.cell is not None]                      # in the scope that built it
     self.report_class(node, plan.name, arguments, children, call_arguments=plan.call_params,
                       mode_arguments=[name for _, name, _ in plan.mode_params])
     records = self.context.scratch[CLASSES_KEY]  # the record report_class just made
@@ -2503,7 +2682,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def _init(self, plan: _Plan, setup_body: list[cst.BaseStatement]) -> cst.FunctionDef:
     params = ', '.join(['self', *_init_params(plan)])
     fields = [f'self.{name} = {name}' for name in plan.field_names]
-    later = [f'self.{c.attr} = {c.text}' for c in plan.children if c.hoisted]
+    later = [*self._factories.lines.get(plan.name, ()), *(f'self.{c.attr} = {c.text}' for c in plan.children if c.hoisted)]
     later += [f'self.{attr} = rngs{_stream(stream)}.fork()' for stream, attr in plan.streams.items()]
     source = f'def __init__({params}):\n' + ''.join(f'  {line}\n' for line in [*fields, *later] or ['pass'])
     init = cst.parse_statement(source)
@@ -2659,12 +2838,14 @@ def _broadcast(left: Dim, right: Dim) -> Dim:
   """The last axis of `left op right`: theirs when they agree, else the one the code fixes.
 
   Two arrays combined elementwise have the same last axis unless one of them is 1 and
-  broadcasts: a size the code fixes (a field) wins over an input's.
+  broadcasts: a size the code fixes (a field) wins over an input's, or over one it does not say
+  (a residual reassigned in one arm of an `if`).
   """
   if left == right:
     return left
-  if left is not None and right is not None and {left[0], right[0]} == {'known', 'input'}:
-    return left if left[0] == 'known' else right
+  kinds = {side[0] if side is not None else None for side in (left, right)}
+  if 'known' in kinds and kinds <= {'known', 'input', None}:
+    return left if left is not None and left[0] == 'known' else right
   return None
 
 
@@ -2674,6 +2855,20 @@ def _last_axis_of_name(node: cst.CSTNode) -> bool:
           and isinstance(node.value.value, cst.Name) and node.value.attr.value == 'shape'
           and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index)
           and _is_minus_one(node.slice[0].slice.value))
+
+
+def _size_local_of(assign: cst.Assign) -> tuple[str, str] | None:
+  """(local, array) for `d = x.shape[-1]` and `n, _, d = x.shape` (the last target is the last axis)."""
+  if len(assign.targets) != 1:
+    return None
+  target, value = assign.targets[0].target, assign.value
+  if isinstance(target, cst.Name) and _last_axis_of_name(value):
+    return target.value, value.value.value.value
+  if isinstance(target, (cst.Tuple, cst.List)) and target.elements and isinstance(target.elements[-1].value, cst.Name) \
+      and not isinstance(target.elements[-1], cst.StarredElement) and isinstance(value, cst.Attribute) \
+      and value.attr.value == 'shape' and isinstance(value.value, cst.Name):
+    return target.elements[-1].value.value, value.value.value
+  return None
 
 
 def _is_minus_one(node: cst.CSTNode) -> bool:

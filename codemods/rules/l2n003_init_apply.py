@@ -28,6 +28,17 @@ and then uses the model and its state becomes NNX code:
   and from the unpacking at each call site; `freeze` / `unfreeze` around the state go; with
   `--train-state keep` the TrainState stays instead, built around `nnx.split(model, nnx.Param,
   ...)` state (the migration guide's variant), and its steps stay `jax.jit` steps;
+- step style (`--step-style`, docs/performance.md): with `functional` (the default) a jitted
+  step that returns state and is called in a loop becomes `@jax.jit def train_step(graphdef,
+  state, x, y)`, starting with `model, optimizer = nnx.merge(graphdef, state)` and returning
+  `loss, nnx.to_pure_dict(nnx.state((model, optimizer)))`; `graphdef, state =
+  nnx.split((model, optimizer))` and `state = nnx.to_pure_dict(state)` go before the loop,
+  `loss, state = train_step(graphdef, state, x, y)` in it, `nnx.update((model, optimizer),
+  state)` after it. With `cached` the `@nnx.jit` step (taking `model, optimizer` first) is called
+  through `cached_train_step = nnx.cached_partial(train_step, model, optimizer)`, made before
+  the loop. A step either style cannot be applied to safely (not called in a loop, nested loops,
+  the loop also reading the model for `functional`, a train/eval switch inside the loop, a
+  decode-mode view, ...) stays `@nnx.jit` (the `nnx-jit` style), with a report entry saying why;
 - decoding: `decoder = Model(<same arguments>, decode=True)` with `cache = decoder.init(key,
   x)['cache']` becomes `decoder = nnx.with_attributes(model, decode=True)` and
   `decoder.init_cache(<shape of x>)`; its `mutable=['cache']` applies become plain calls;
@@ -158,6 +169,8 @@ class _Group:
   applied: dict[cst.CSTNode, set[str]] = dataclasses.field(default_factory=dict)  # function -> modules it applies
   optimizer: str | None = None
   layer: LayerSpec | None = None  # for a built-in layer used as the model (`nn.Dense(10)`)
+  mode_inserts: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # statements a mode call is placed at
+  kept_steps: set[cst.FunctionDef] = dataclasses.field(default_factory=set)  # steps over a kept TrainState
 
 
 class ConvertInitApplyRule(MigrationRule):
@@ -176,6 +189,7 @@ class ConvertInitApplyRule(MigrationRule):
     self._statements: dict[cst.CSTNode, tp.Any] = {}
     self._edits: dict[cst.CSTNode, Edit] = {}
     self._claimed: set[cst.CSTNode] = set()  # init statements of decode-mode twins, part of their model's group
+    self._introduced: dict[str, int] = {}  # names the step styles bind (graphdef, state, ...) -> id of their group
 
   def visit_Module(self, node: cst.Module) -> None:
     self._names_in_module = {n.value for n in descendants(node) if isinstance(n, cst.Name)}
@@ -287,6 +301,7 @@ class ConvertInitApplyRule(MigrationRule):
     self._check_assignments(group)
     self._check_model_uses(group)
     self._place_modes(group, statements)
+    self._step_styles(group)
     return group
 
   def _twins(self, group: _Group, statements: tp.Sequence[cst.BaseStatement], index: int, model_call: cst.Call) -> None:
@@ -712,12 +727,14 @@ class ConvertInitApplyRule(MigrationRule):
     `graphdef, params, other_variables = nnx.split(model, nnx.Param, ...)`, a TrainState subclass
     with an `other_variables` field, and `TrainState.create(apply_fn=graphdef.apply, ...)`.
     """
-    taken = [n for n in ('graphdef', 'other_variables', 'NNXTrainState') if n in self._names_in_module]
+    names = ('graphdef', 'other_variables', 'NNXTrainState')
+    taken = [n for n in names if n in self._names_in_module or n in self._introduced]
     if taken:
       raise _Skip(call, f'keeping the TrainState needs the names {", ".join(taken)}, which are taken')
     if group.record.mode_arguments:
       raise _Skip(call, f'a kept TrainState would drop the rng and batch-stat updates of {group.model} between '
                         'steps (nnx.split state in other_variables); use --train-state nnx')
+    self._introduced.update({n: id(group) for n in names})
     params = self._code(arguments['params']) if isinstance(arguments['params'], cst.Name) else 'params'
     base, tx, state = self._code(call.func.value), self._code(arguments['tx']), assign.targets[0].target.value
     lines = [f'class NNXTrainState({base}):\n  other_variables: nnx.State\n',
@@ -763,6 +780,7 @@ class ConvertInitApplyRule(MigrationRule):
       group.recognized.update(t for t in targets if isinstance(t, cst.Name) and t.value == name.value)
     param = params.params[position]
     group.recognized.add(param)
+    group.kept_steps.add(function)
     self._name(group, self.get_metadata(ScopeProvider, function.body), param.name.value, kind)
 
   def _kept_apply(self, group: _Group, call: cst.Call) -> None:
@@ -1035,18 +1053,25 @@ class ConvertInitApplyRule(MigrationRule):
       node, depth = self._parent(node), depth + 1
     return depth
 
-  def _rewrite_parameters(self, group: _Group, record: _Function) -> None:
-    """State parameters -> `model` (first one) and `optimizer`; the other state parameters go."""
+  def _rewrite_parameters(self, group: _Group, record: _Function, new_names: dict[int, list[str]] | None = None,
+                          lead: bool = False) -> None:
+    """State parameters -> `model` (first one) and `optimizer`; the other state parameters go.
+
+    `new_names` replaces the names of each state position; with `lead`, they come first.
+    """
     params = record.node.params.params
-    new_names = self._state_names(group, record.node, record.kinds)
-    keep = []
+    if new_names is None:
+      new_names = self._state_names(group, record.node, record.kinds)
+    keep, leading = [], []
     for position, param in enumerate(params):
       names = new_names.get(position)
       if names is None:
         keep.append(param)
       else:
-        keep.extend(param.with_changes(name=cst.Name(n), annotation=None, default=None, comma=cst.MaybeSentinel.DEFAULT)
-                    for n in names)
+        (leading if lead else keep).extend(
+            param.with_changes(name=cst.Name(n), annotation=None, default=None, comma=cst.MaybeSentinel.DEFAULT)
+            for n in names)
+    keep = [*leading, *keep]
     parameters = record.node.params
     group.edits[parameters] = lambda updated: updated.with_changes(params=_params_with_commas(
         [updated.params[params.index(p)] if p in params else p for p in keep]))
@@ -1125,7 +1150,7 @@ class ConvertInitApplyRule(MigrationRule):
       if drops:
         self._prune_consumer(group, call, record.drops)
 
-  def _rewrite_call(self, group: _Group, call: cst.Call, names: dict[int, list[str]]) -> None:
+  def _rewrite_call(self, group: _Group, call: cst.Call, names: dict[int, list[str]], func: str | None = None) -> None:
     def edit(updated: cst.Call) -> cst.Call:
       args = []
       for position, arg in enumerate(updated.args):
@@ -1133,7 +1158,8 @@ class ConvertInitApplyRule(MigrationRule):
           args.extend(cst.Arg(cst.Name(n)) for n in names[position])
         else:
           args.append(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT))
-      return updated.with_changes(args=_args_with_commas(args))
+      updated = updated.with_changes(args=_args_with_commas(args))
+      return updated.with_changes(func=cst.Name(func)) if func is not None else updated
     group.edits[call] = edit
 
   def _prune_consumer(self, group: _Group, call: cst.Call, drops: dict[tuple[int, ...], str]) -> None:
@@ -1157,6 +1183,256 @@ class ConvertInitApplyRule(MigrationRule):
     else:
       group.edits[assign] = lambda updated: updated.with_changes(
           targets=[cst.AssignTarget(_pruned(updated.targets[0].target, set(drops)))])
+
+  # --- step styles (--step-style) --------------------------------------------------------------
+
+  def _step_styles(self, group: _Group) -> None:
+    """Rewrites each converted training step in the style `--step-style` chose (docs/performance.md).
+
+    'functional': the step becomes `@jax.jit def step(graphdef, state, ...)`, which merges
+    `(model, optimizer)` from them and returns their state last, as a dict of arrays;
+    `graphdef, state = nnx.split((model, optimizer))` goes before the loop that calls it and
+    `nnx.update((model, optimizer), state)` after it. 'cached': the `@nnx.jit` step is called
+    through `nnx.cached_partial(step, model, optimizer)`, made before the loop. A step either
+    cannot be applied to safely stays `@nnx.jit`, with a report entry saying why.
+    """
+    style = self.options.step_style
+    if style == 'nnx-jit':
+      return
+    for function in sorted(group.kept_steps, key=self._position):
+      group.changes.append((function, f'{function.name.value}: stays a jax.jit step over the kept TrainState '
+                                      f'(--train-state keep); step style {style} not applied'))
+    for function, record in sorted(group.functions.items(), key=lambda item: self._position(item[0])):
+      if record.loss_of is not None or not isinstance(function, cst.FunctionDef) or not record.drops:
+        continue  # a loss function, or a step that returns no state (an eval step): nothing carried between calls
+      name = function.name.value
+      if record.pmap is not None:
+        group.changes.append((function, f'{name}: stays an nnx.pmap step over the model; step style {style} not '
+                                        'applied (it applies to jitted steps)'))
+        continue
+      if not any(_transform_of(d.decorator)[0] == 'jit' for d in function.decorators):
+        continue
+      reason = self._style_blocker(group, record, style)
+      if reason is None:
+        (self._functional_step if style == 'functional' else self._cached_step)(group, record)
+      else:
+        group.changes.append((function, f'{name}: stays @nnx.jit over the model; step style {style} not applied: '
+                                        f'{reason}'))
+
+  def _style_loops(self, group: _Group, record: _Function) -> tuple[dict[cst.CSTNode, list[cst.Call]], str | None]:
+    """The innermost loop around each call of a step, or why there is none to hoist the style's setup before.
+
+    A mode call placed before the step's calls inside the loop (the loop shares a statement with
+    code in the other mode, e.g. an eval after each epoch) is fine when it is the only one there:
+    `_hoist_modes` moves it before the loop.
+    """
+    loops: dict[cst.CSTNode, list[cst.Call]] = {}
+    for call in sorted(record.calls, key=self._position):
+      child = self._statement(call)
+      node = self._parent(child)
+      while node is not None and not isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+        if isinstance(node, (cst.For, cst.While)) and child is node.body:
+          break
+        child, node = node, self._parent(node)
+      if not isinstance(node, (cst.For, cst.While)):
+        return {}, f'it is called outside a loop (line {self._position(call)[0]})'
+      loops.setdefault(node, []).append(call)
+    for loop in loops:
+      if any(other is not loop and self._encloses(other, loop) for other in loops):
+        return {}, 'it is called in nested loops'
+      if loop in self._statements:
+        return {}, 'its loop also runs the code of another model'
+      if self._loop_modes(group, loop, loops[loop]) is None:
+        return {}, f'{group.model}.train() / {group.model}.eval() is set inside the loop that calls it'
+    return loops, None
+
+  def _loop_modes(self, group: _Group, loop: cst.CSTNode, calls: list[cst.Call]) -> list[str] | None:
+    """The mode call placed inside `loop` (`[]` or `['model.train()']`), if only before these step calls; else None."""
+    inside = [s for s in group.mode_inserts if s is not loop and self._encloses(loop, s)]
+    steps = {self._statement(call) for call in calls}
+    codes = set()
+    for statement in inside:
+      extras = [s for s in group.statements.get(statement) or [] if s is not statement]
+      if statement not in steps or len(extras) != 1:
+        return None
+      codes.add(cst.Module([]).code_for_node(extras[0]).strip())
+    return sorted(codes) if len(codes) <= 1 else None
+
+  def _hoist_modes(self, group: _Group, loop: cst.CSTNode, calls: list[cst.Call]) -> list[str]:
+    """Moves the mode call placed before these step calls inside `loop` to before it (see `_loop_modes`)."""
+    codes = self._loop_modes(group, loop, calls)
+    for statement in {self._statement(call) for call in calls}:
+      if statement in group.mode_inserts and statement is not loop and group.statements.get(statement):
+        group.statements[statement] = [statement]
+    return codes or []
+
+  def _style_blocker(self, group: _Group, record: _Function, style: str) -> str | None:
+    """Why `style` cannot be applied to this step safely, or None."""
+    function = record.node
+    if group.kept_state:
+      return 'the TrainState of the model is kept (--train-state keep)'
+    module = self._module_for(group, function)
+    if module != group.model:
+      return f'it applies {module}, a decode-mode view of {group.model}'
+    if not isinstance(function.body, cst.IndentedBlock):
+      return 'its body shares the line of its def'
+    loops, reason = self._style_loops(group, record)
+    if reason is not None:
+      return reason
+    for loop, calls in loops.items():
+      views = [n for n in descendants(loop) if isinstance(n, cst.Name) and n.value in group.twins]
+      if views:
+        return f'the loop that calls it uses {views[0].value}, a decode-mode view of {group.model}'
+      if style != 'functional':
+        continue
+      allowed: set[cst.CSTNode] = set()
+      for call in calls:
+        assign = self._parent(call)
+        if not (isinstance(assign, cst.Assign) and assign.value is call):
+          return f'the result of a call of it (line {self._position(call)[0]}) is not assigned'
+        allowed.update(call.args[p].value for p in record.kinds)
+        target = assign.targets[0].target
+        for path in record.drops:
+          node = target
+          for index in path:
+            node = node.elements[index].value
+          allowed.add(node)
+      for node in descendants(loop):
+        if (node in group.visited or node in group.model_uses) and node not in allowed:
+          return (f'the loop that calls it also uses {self._code(node)} (line {self._position(node)[0]}), the '
+                  f'state of {group.model}: use --step-style cached, or move that use after the loop')
+        leaves = isinstance(node, (cst.Return, cst.Yield))
+        if leaves and self._enclosing_function(node) is self._enclosing_function(loop):
+          return f'the loop that calls it can leave by a {type(node).__name__.lower()} before nnx.update'
+    if style == 'functional':
+      scope = self.get_metadata(ScopeProvider, function.body, None)
+      for node in descendants(function.body):
+        if isinstance(node, cst.Name) and node in group.visited and not self._bound_inside(node, scope):
+          return f'it reads {node.value}, state of {group.model} from an enclosing scope'
+    return None
+
+  def _binding_scope(self, node: cst.Name) -> tp.Any:
+    scope = self.get_metadata(ScopeProvider, node, None)
+    while scope is not None and not scope.assignments[node.value] and scope.parent is not scope:
+      scope = scope.parent
+    return scope
+
+  def _bound_inside(self, node: cst.Name, outer: tp.Any) -> bool:
+    scope = self._binding_scope(node)
+    while scope is not None and scope is not outer and scope.parent is not scope:
+      scope = scope.parent
+    return scope is outer
+
+  def _free_name(self, group: _Group, candidates: tp.Sequence[str]) -> str | None:
+    """The first candidate not used in the file, or used only for the Linen state of this group (all rewritten)."""
+    followed = {name for _, name in group.names}
+    for name in candidates:
+      if self._introduced.get(name, id(group)) != id(group):
+        continue
+      if name in self._introduced or name not in self._names_in_module:
+        return name
+      if name in followed and all(self._state_name_use(group, node) for node in descendants(self.module)
+                                  if isinstance(node, cst.Name) and node.value == name):
+        return name
+    return None
+
+  def _state_name_use(self, group: _Group, node: cst.Name) -> bool:
+    parent = self._parent(node)
+    if isinstance(parent, cst.Attribute) and parent.attr is node:
+      return True
+    if isinstance(parent, cst.Arg) and parent.keyword is node:
+      return True
+    scope = self._binding_scope(node)
+    return scope is not None and (id(scope), node.value) in group.names
+
+  def _style_nodes(self, group: _Group, record: _Function) -> tuple[dict[int, list[str]], str]:
+    """The step's NNX names by state position and the code of the graph nodes (`(model, optimizer)`)."""
+    names = self._state_names(group, record.node, record.kinds)
+    order = [n for position in sorted(names) for n in names[position]]
+    return names, f'({", ".join(order)})' if len(order) > 1 else order[0]
+
+  def _around_loop(self, group: _Group, loop: cst.CSTNode, before: list[str], after: list[str]) -> None:
+    """Statements right before `loop` (after a mode call placed there, taking the loop's leading lines) and after it."""
+    current = group.statements.get(loop, [loop])
+    index = current.index(loop)
+    block = [*current[:index], *(cst.parse_statement(f'{code}\n') for code in before)]
+    block[0] = block[0].with_changes(leading_lines=loop.leading_lines)
+    group.statements[loop] = [*block, loop, *(cst.parse_statement(f'{code}\n') for code in after), *current[index + 1:]]
+    previous = group.edits.get(loop)
+    group.edits[loop] = lambda updated: (previous(updated) if previous else updated).with_changes(leading_lines=[])
+
+  def _functional_step(self, group: _Group, record: _Function) -> None:
+    function, drops = record.node, set(record.drops)
+    name = function.name.value
+    graphdef = self._free_name(group, ('graphdef', 'nnx_graphdef'))
+    state = self._free_name(group, ('state', 'nnx_state'))
+    if graphdef is None or state is None:
+      group.changes.append((function, f'{name}: stays @nnx.jit over the model; step style functional not applied: '
+                                      'the names graphdef / nnx_graphdef or state / nnx_state are taken'))
+      return
+    self._introduced.update({graphdef: id(group), state: id(group)})
+    names, nodes = self._style_nodes(group, record)
+    first = min(names)
+    carried = {position: ([graphdef, state] if position == first else []) for position in names}
+    self._rewrite_parameters(group, record, carried)
+    merge = cst.parse_statement(f'{nodes.strip("()")} = nnx.merge({graphdef}, {state})\n')
+    group.edits[function.body] = lambda updated: updated.with_changes(body=_after_docstring(updated.body, merge))
+    returned = f'nnx.to_pure_dict(nnx.state({nodes}))'
+    for statement in [n for n in descendants(function) if isinstance(n, cst.Return)
+                      and self._enclosing_function(n) is function]:
+      line = self._statement(statement)
+      if line in group.statements and group.statements[line] is None:
+        del group.statements[line]
+      group.edits[statement] = lambda updated: updated.with_changes(
+          value=cst.parse_expression(_with_state(_pruned(updated.value, drops), returned)))
+      group.changes = [(n, m) for n, m in group.changes if n is not statement]
+      group.changes.append((statement, f'the state it returned -> {returned}, returned last'))
+    for decorator in function.decorators:
+      expression = decorator.decorator
+      if _transform_of(expression)[0] != 'jit':
+        continue
+      jit = self._code(expression.args[0].value if isinstance(expression, cst.Call) else expression)
+      group.edits[decorator] = lambda updated, jit=jit: updated.with_changes(decorator=cst.parse_expression(jit))
+      group.changes = [(n, m) for n, m in group.changes if not (n is decorator and '-> @nnx.jit' in m)]
+      was = f'@{jit} stays' if self._code(expression) == jit else f'@{self._code(expression)} -> @{jit}'
+      group.changes.append((decorator, f'{was} on {name}, over ({graphdef}, {state}): {nodes} merged inside '
+                                       '(step style functional)'))
+    for call in record.calls:
+      self._rewrite_call(group, call, carried)
+      assign = self._parent(call)
+      group.edits[assign] = lambda updated: updated.with_changes(targets=[cst.AssignTarget(cst.parse_expression(
+          _with_state(_pruned(updated.targets[0].target, drops), state)))])
+    loops, _ = self._style_loops(group, record)
+    for loop, calls in loops.items():
+      modes = self._hoist_modes(group, loop, calls)
+      split = [f'{graphdef}, {state} = nnx.split({nodes})', f'{state} = nnx.to_pure_dict({state})']
+      self._around_loop(group, loop, [*modes, *split], [f'nnx.update({nodes}, {state})'])
+      group.changes.append((loop, f'{graphdef}, {state} = nnx.split({nodes}) before the loop, nnx.update({nodes}, '
+                                  f'{state}) after it: {name} carries their state as a dict of arrays (step style '
+                                  'functional)'))
+
+  def _cached_step(self, group: _Group, record: _Function) -> None:
+    function = record.node
+    name = function.name.value
+    cached = self._free_name(group, (f'cached_{name}', f'{name}_cached'))
+    if cached is None:
+      group.changes.append((function, f'{name}: stays @nnx.jit over the model; step style cached not applied: the '
+                                      f'names cached_{name} and {name}_cached are taken'))
+      return
+    self._introduced[cached] = id(group)
+    names, nodes = self._style_nodes(group, record)
+    if sorted(names) != list(range(len(names))):
+      self._rewrite_parameters(group, record, names, lead=True)
+      group.changes.append((function, f'{name}: takes {nodes.strip("()")} first (nnx.cached_partial binds the '
+                                      'leading arguments)'))
+    for call in record.calls:
+      self._rewrite_call(group, call, {position: [] for position in names}, func=cached)
+    loops, _ = self._style_loops(group, record)
+    for loop, calls in loops.items():
+      modes = self._hoist_modes(group, loop, calls)
+      self._around_loop(group, loop, [*modes, f'{cached} = nnx.cached_partial({name}, {nodes.strip("()")})'], [])
+      group.changes.append((loop, f'{cached} = nnx.cached_partial({name}, {nodes.strip("()")}) before the loop: its '
+                                  f'calls skip the graph traversal of {nodes} (step style cached)'))
 
   # --- checks ----------------------------------------------------------------------------------
 
@@ -1253,6 +1529,7 @@ class ConvertInitApplyRule(MigrationRule):
     current = group.statements.get(statement, [statement]) or []
     extra = cst.parse_statement(f'{before or after}\n')
     group.statements[statement] = [extra, *current] if before else [*current, extra]
+    group.mode_inserts.add(statement)
     group.changes.append((statement, f'{before or after} (train/eval mode, set on the model)'))
 
   # --- helpers ---------------------------------------------------------------------------------
@@ -1283,6 +1560,25 @@ class ConvertInitApplyRule(MigrationRule):
 
   def _code(self, node: cst.CSTNode) -> str:
     return self.module.code_for_node(node).strip()
+
+
+def _after_docstring(body: tp.Sequence[cst.BaseStatement], statement: cst.BaseStatement) -> list[cst.BaseStatement]:
+  """`body` with `statement` first, after a docstring if there is one."""
+  first = body[0] if body else None
+  docstring = isinstance(first, cst.SimpleStatementLine) and isinstance(first.body[0], cst.Expr) \
+      and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+  at = 1 if docstring else 0
+  return [*body[:at], statement, *body[at:]]
+
+
+def _with_state(value: cst.BaseExpression | None, state: str) -> str:
+  """`loss, state` for a pruned `loss`; `(loss, acc), state` for a pruned tuple; `state` for nothing."""
+  if value is None:
+    return state
+  code = cst.Module([]).code_for_node(value)
+  if isinstance(value, cst.Tuple) and not value.lpar:
+    code = f'({code})'
+  return f'{code}, {state}'
 
 
 def _resolves_to(scope: tp.Any, name: str, target: tp.Any) -> bool:
