@@ -224,11 +224,14 @@ def test_a_step_called_once_outside_a_loop_stays_nnx_jit():
     run_source(result.source)
 
 
-def test_a_loop_that_can_return_before_the_update_falls_back_to_nnx_jit_but_cached_applies():
+def test_a_loop_that_can_return_before_the_update_falls_back_to_cached():
   loop = ('def fit(params, opt_state):\n  for _ in range(5):\n    params, opt_state, loss = train_step(params, opt_state, x, y)\n'
           '    if loss < 1e-6:\n      return loss\n  return loss\n\n\nloss = fit(params, opt_state)\n')
   result = l2n003(program(loop), 'functional')
   assert len(notes(result)) == 1 and 'the loop that calls it can leave by a return before nnx.update' in notes(result)[0]
+  assert notes(result)[0].endswith('cached instead (the next fastest)')
+  assert '  cached_train_step = nnx.cached_partial(train_step, model, optimizer)\n' in result.source.decode()
+  run_source(result.source)
   cached = l2n003(program(loop), 'cached')
   assert not notes(cached)
   assert '  cached_train_step = nnx.cached_partial(train_step, model, optimizer)\n' in cached.source.decode()

@@ -1193,8 +1193,9 @@ class ConvertInitApplyRule(MigrationRule):
     `(model, optimizer)` from them and returns their state last, as a dict of arrays;
     `graphdef, state = nnx.split((model, optimizer))` goes before the loop that calls it and
     `nnx.update((model, optimizer), state)` after it. 'cached': the `@nnx.jit` step is called
-    through `nnx.cached_partial(step, model, optimizer)`, made before the loop. A step either
-    cannot be applied to safely stays `@nnx.jit`, with a report entry saying why.
+    through `nnx.cached_partial(step, model, optimizer)`, made before the loop. A step 'functional'
+    cannot be applied to safely (the loop reads the model) gets 'cached' where that applies; one
+    neither applies to stays `@nnx.jit`. Each such step gets a report entry saying why.
     """
     style = self.options.step_style
     if style == 'nnx-jit':
@@ -1215,6 +1216,10 @@ class ConvertInitApplyRule(MigrationRule):
       reason = self._style_blocker(group, record, style)
       if reason is None:
         (self._functional_step if style == 'functional' else self._cached_step)(group, record)
+      elif style == 'functional' and self._style_blocker(group, record, 'cached') is None:
+        group.changes.append((function, f'{name}: step style functional not applied: {reason}; cached instead (the '
+                                        'next fastest)'))
+        self._cached_step(group, record)
       else:
         group.changes.append((function, f'{name}: stays @nnx.jit over the model; step style {style} not applied: '
                                         f'{reason}'))
@@ -1300,7 +1305,7 @@ class ConvertInitApplyRule(MigrationRule):
       for node in descendants(loop):
         if (node in group.visited or node in group.model_uses) and node not in allowed:
           return (f'the loop that calls it also uses {self._code(node)} (line {self._position(node)[0]}), the '
-                  f'state of {group.model}: use --step-style cached, or move that use after the loop')
+                  f'state of {group.model} (move that use after the loop for the functional style)')
         leaves = isinstance(node, (cst.Return, cst.Yield))
         if leaves and self._enclosing_function(node) is self._enclosing_function(loop):
           return f'the loop that calls it can leave by a {type(node).__name__.lower()} before nnx.update'

@@ -264,19 +264,7 @@ class Loops:
     if loop_node is None:
       return None
     ctor = _appended(loop_node, value.value)
-    if any(a.keyword is not None and a.keyword.value == 'name' for a in ctor.args):
-      raise self.unsupported(ctor, f'self.{attr}: name= in a setup() list (Linen names its layers {attr}_0, ...)')
-    loop = self._target(rule, loop_node, False)
-    loop.comprehension = value
-    loop.sites.append(Site(loop, ctor))
-    self.sites[ctor] = loop.sites[-1]
-    self.refs |= {n for n in descendants(ctor) if isinstance(n, cst.Name) and n.value in loop.names}
-    try:
-      rule._check_hoistable(loop.sequence if loop.sequence is not None else loop.count)
-    except self.unsupported:
-      raise self.unsupported(loop_node.iter, f'self.{attr}: a loop over {rule.module.code_for_node(loop_node.iter)}, '
-                                             'which __init__ cannot evaluate') from None
-    return ctor
+    return self._setup_site(rule, ctor, loop_node, value, attr, 'a loop')
 
   def setup_list(self, rule: tp.Any, value: cst.ListComp, attr: str) -> cst.Call:
     """`self.layers = [nn.Dense(f) for f in self.features]` in setup(): registers the construction; returns it."""
@@ -287,9 +275,14 @@ class Loops:
     ctor = value.elt
     if not isinstance(ctor, cst.Call) or rule._constructed(ctor) is None:
       raise self.unsupported(value, f'self.{attr}: a list of other than table layers or classes of this file')
+    return self._setup_site(rule, ctor, comp, value, attr, 'a list comprehension')
+
+  def _setup_site(self, rule: tp.Any, ctor: cst.Call, loop_node: tp.Any, value: cst.BaseExpression, attr: str,
+                  what: str) -> cst.Call:
+    """Registers the construction of a setup() list built by `loop_node` (a for loop or a comprehension)."""
     if any(a.keyword is not None and a.keyword.value == 'name' for a in ctor.args):
       raise self.unsupported(ctor, f'self.{attr}: name= in a setup() list (Linen names its layers {attr}_0, ...)')
-    loop = self._target(rule, comp, False)
+    loop = self._target(rule, loop_node, False)
     loop.comprehension = value
     loop.sites.append(Site(loop, ctor))
     self.sites[ctor] = loop.sites[-1]
@@ -297,8 +290,8 @@ class Loops:
     try:
       rule._check_hoistable(loop.sequence if loop.sequence is not None else loop.count)
     except self.unsupported:
-      raise self.unsupported(comp.iter, f'self.{attr}: a list comprehension over {rule.module.code_for_node(comp.iter)}'
-                                        ', which __init__ cannot evaluate') from None
+      raise self.unsupported(loop_node.iter, f'self.{attr}: {what} over {rule.module.code_for_node(loop_node.iter)}, '
+                                             'which __init__ cannot evaluate') from None
     return ctor
 
   def list_use(self, rule: tp.Any, sub: cst.Attribute, child: tp.Any, calls: dict[cst.Call, tp.Any]) -> bool:
