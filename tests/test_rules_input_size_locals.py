@@ -1,4 +1,5 @@
-"""L2N002 on sizes read off the input at call time (`d = x.shape[-1]`, `n, _, d = x.shape`, `nn.Dense(x.shape[-1])`),
+"""L2N002 on sizes read off the input at call time (`d = x.shape[-1]`, `n, _, d = x.shape`, `nn.Dense(x.shape[-1])`,
+big_vision's `nn.Dense(self.mlp_dim or 4 * d)`),
 chained config aliases, a tiled probe and the carry of a scan over layers: the sizes are derived from the code, the
 converted classes match Linen on transferred params (outputs and every gradient), and a port whose output
 projection ignores the input's width is caught."""
@@ -31,6 +32,8 @@ def ported():
 @pytest.mark.parametrize('name, build, nnx_kwargs, x', [
     ('MlpBlock', lambda ns: ns['MlpBlock'](12), {'linear1_in_features': 6}, TOKENS),
     ('Gate', lambda ns: ns['Gate'](), {'gate_features': 6}, TOKENS),
+    ('DefaultWidthMlp', lambda ns: ns['DefaultWidthMlp'](), {'linear1_features': 6}, TOKENS),
+    ('DefaultWidthMlp', lambda ns: ns['DefaultWidthMlp'](10), {'linear1_features': 6}, TOKENS),
     ('PoolingHead', lambda ns: ns['PoolingHead'](2), {'probe_features': 6}, TOKENS),
     ('Encoder', lambda ns: ns['Encoder'](ns['Config']()), {'embedding_in_features': 3}, IMAGES),
 ])

@@ -1897,7 +1897,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     first = arg_dims[0] if arg_dims else None
 
     def known(node: cst.CSTNode) -> Dim:  # an input size read in the arguments is what the code said of it
-      return child.ref_dims.get(node) if node in child.shape_refs else ('known', self._code(node))
+      return child.ref_dims.get(node) if node in child.shape_refs else ('known', self._code(node, child.size_codes))
     if child.wrapper is not None:  # the cell's features, unless it returns the carry too
       size = child.cell.kwargs.get(child.wrapper.output_size)
       if size is None or any(k in child.kwargs for k in child.wrapper.output_unless):
@@ -1953,6 +1953,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     except cst.ParserSyntaxError:
       return None
     nodes = (original, *descendants(original))
+    arguments = {name for name, _ in child.sibling.size_params}
+    if any(isinstance(n, cst.Name) and n.value in arguments for n in nodes):
+      return None  # a size argument of the class (`self.mlp_dim or 4 * linear1_in_features`): not the caller's
     selves = [n for n in nodes if isinstance(n, cst.Name) and n.value == 'self']
     if len(selves) != len([n for n in nodes if isinstance(n, cst.Attribute) and _is_self_attr(n)]):
       return None  # `self` used other than as `self.<field>`
