@@ -168,3 +168,5 @@ def test_the_command_prints_one_row_per_model(tmp_path, capsys):
 def test_a_project_without_examples_is_a_usage_error(tmp_path, capsys):
   assert cli.main(['demo', '--project', str(tmp_path)]) == 2
   assert 'has no examples.py' in capsys.readouterr().err
+  assert cli.main(['demo', '--keep', str(tmp_path)]) == 2  # an existing folder is never written into
+  assert 'already exists' in capsys.readouterr().err

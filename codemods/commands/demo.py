@@ -23,7 +23,7 @@ import typing as tp
 from codemods.report import FIELD
 from codemods.report import RNGS
 
-EXIT_OK, EXIT_FAILED = 0, 1
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TODO = 'todo'  # the kind of a report entry left for a human
 BUNDLED_PROJECT = pathlib.Path(__file__).resolve().parents[2] / 'fixtures' / 'demo_project'
 EXAMPLES_FILE = 'examples.py'
@@ -39,7 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           'with shared embeddings, a VAE, a seq2seq LSTM) to a temporary folder, migrate it with its '
           'example traces, then check each model as `linen2nnx verify` does: forward outputs and every '
           'parameter gradient on transferred parameters. Prints one table; exit 0 when every model '
-          'converted without a TODO and matches, 1 otherwise. Walkthrough: docs/real-world.md.'
+          'converted without a TODO and matches, 1 otherwise, 2 on usage errors. Walkthrough: '
+          'docs/real-world.md.'
       ),
   )
   parser.add_argument('--project', metavar='DIR', default=str(BUNDLED_PROJECT),
@@ -74,12 +75,20 @@ class ModelRow:
 
 def run(args: argparse.Namespace) -> int:
   project = pathlib.Path(args.project).resolve()
+  if not project.is_dir() and project == BUNDLED_PROJECT:
+    print(f'linen2nnx demo: the bundled project ships with the source tree ({project} is missing): install '
+          'linen2nnx from a checkout (pip install -e .) or pass --project DIR', file=sys.stderr)
+    return EXIT_USAGE
   if not (project / EXAMPLES_FILE).is_file():
     print(f'linen2nnx demo: {project} has no {EXAMPLES_FILE}', file=sys.stderr)
-    return 2
+    return EXIT_USAGE
   if args.keep:
     work = pathlib.Path(args.keep).resolve()
-    work.mkdir(parents=True)
+    try:
+      work.mkdir(parents=True)
+    except FileExistsError:
+      print(f'linen2nnx demo: --keep {work}: already exists (give a new folder)', file=sys.stderr)
+      return EXIT_USAGE
     return _demo(project, work, args)
   with tempfile.TemporaryDirectory(prefix='linen2nnx-demo-') as folder:
     return _demo(project, pathlib.Path(folder), args)
