@@ -27,13 +27,11 @@ from libcst.helpers import get_absolute_module_from_package_for_import
 from libcst.helpers import get_full_name_for_node
 
 from codemods.files import mentions_flax
+from codemods.vocabulary import MODULE_NAMES
+from codemods.vocabulary import STATE_APIS
 
 HIERARCHY_KEY = 'linen2nnx.hierarchy'  # where rules find it in the codemod context's scratch
-MODULE_NAMES = frozenset({'flax.linen.Module', 'flax.linen.module.Module'})
 _STATE_METHODS = frozenset({'setup', '__call__'})
-# The Linen scope APIs that create or read a module's variables and rngs (a subset of L2N002's SCOPE_APIS).
-_STATE_APIS = frozenset({'param', 'variable', 'make_rng', 'sow', 'has_variable', 'put_variable', 'get_variable',
-                         'variables', 'has_rng', 'scope', 'is_initializing', 'is_mutable_collection', 'perturb'})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +210,7 @@ def _own_plain(node: cst.ClassDef, aliases: dict[str, str]) -> bool:
       return False
   for sub in _descendants(node.body):
     if isinstance(sub, cst.Attribute) and isinstance(sub.value, cst.Name) and sub.value.value == 'self' \
-        and sub.attr.value in _STATE_APIS:
+        and sub.attr.value in STATE_APIS:
       return False
     if isinstance(sub, cst.Call) and (name := get_full_name_for_node(sub.func)) is not None:
       head, dot, rest = name.partition('.')

@@ -295,6 +295,9 @@ class LayerSpec:
   `inexact` (for an inexact row) what differs, in one sentence the codemod's TODO quotes.
   `draws_dropout` says when a call draws from the 'dropout' rng stream: 'always', or the kwarg
   (`dropout_rate`) whose being set turns it on; None: never.
+  `tied_kwargs`: for a layer whose weight may be tied (`dense.apply({'params': {'kernel': w}}, x)`, Linen's
+  output projection through an embedding), the constructor kwargs such a layer may have for the call to be
+  `x @ w` (its bias off); empty: the codemod converts no such call.
   """
 
   linen: str
@@ -313,6 +316,7 @@ class LayerSpec:
   example: Example | None = None
   inexact: str = ''
   draws_dropout: str | None = None
+  tied_kwargs: frozenset[str] = frozenset()
 
 
 SAME_AS_INPUT = '<input>'
@@ -355,6 +359,8 @@ LAYERS: tuple[LayerSpec, ...] = (
         derived=(('in_features', _IN),),
         linen_only=(LinenOnlyKwarg('dot_general_cls', None, note='NNX takes `dot_general` only'),),
         example=Example((('features', 3),), (ExampleArray((2, 4)),)),
+        tied_kwargs=frozenset({'features', 'use_bias', 'dtype', 'param_dtype', 'precision', 'kernel_init',
+                               'bias_init'}),
     ),
     LayerSpec(
         'flax.linen.DenseGeneral',

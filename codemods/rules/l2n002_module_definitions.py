@@ -113,8 +113,6 @@ otherwise; other statements in the class or in `setup()`.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib
 import keyword
 import re
 import typing as tp
@@ -127,7 +125,6 @@ from libcst.metadata import QualifiedNameSource
 from libcst.metadata import ScopeProvider
 
 from codemods.example_sizes import ClassSizes
-from codemods.hierarchy import MODULE_NAMES
 from codemods.report import EXAMPLE_INPUTS
 from codemods.report import FIELD
 from codemods.report import INPUT_DIMENSION
@@ -145,7 +142,26 @@ from codemods.rules.layer_loops import Loops
 from codemods.rules.module_factories import Factories
 from codemods.rules.module_factories import tied_uses
 from codemods.variable_types import flax_variable_type
-from nnx_bridge.layer_table import MODE_ARGUMENTS
+from codemods.vocabulary import BROADCAST_NAMES
+from codemods.vocabulary import COMPACT_NAMES
+from codemods.vocabulary import CONCATENATE
+from codemods.vocabulary import CONTROL_FLOW
+from codemods.vocabulary import CONVERTED_APIS
+from codemods.vocabulary import ELEMENTWISE
+from codemods.vocabulary import JIT_NAMES
+from codemods.vocabulary import LAYER_MODE_KWARGS
+from codemods.vocabulary import MODE_PARAMS
+from codemods.vocabulary import MODULE_NAMES
+from codemods.vocabulary import NNX_TWINS
+from codemods.vocabulary import PARTIAL_NAMES
+from codemods.vocabulary import REMAT_NAMES
+from codemods.vocabulary import SCAN_NAMES
+from codemods.vocabulary import SCOPE_APIS
+from codemods.vocabulary import STACK_OPTIONS
+from codemods.vocabulary import TILE
+from codemods.vocabulary import VMAP_NAMES
+from codemods.vocabulary import WHILE_OPTIONS
+from codemods.vocabulary import WRAPPING
 from nnx_bridge.layer_table import InputDim
 from nnx_bridge.layer_table import InputDimsAt
 from nnx_bridge.layer_table import SAME_AS_INPUT
@@ -157,50 +173,10 @@ from nnx_bridge.layer_table import find_wrapper
 from nnx_bridge.layer_table import linen_fields
 from nnx_bridge.layer_table import nnx_arguments
 
-COMPACT_NAMES = frozenset({'flax.linen.compact', 'flax.linen.module.compact'})
-MODE_PARAMS = {m.name: m.inverted for m in MODE_ARGUMENTS}
-LAYER_MODE_KWARGS = frozenset(m.name for m in MODE_ARGUMENTS if m.name == m.nnx_attribute)
-SCOPE_APIS = frozenset({
-    'param', 'variable', 'make_rng', 'sow', 'has_variable', 'is_initializing', 'is_mutable_collection',
-    'put_variable', 'get_variable', 'has_rng', 'scope', 'variables', 'perturb', 'bind', 'apply', 'init',
-    'init_with_output', 'lazy_init', 'path', 'clone', 'copy', 'tabulate', 'module_paths', 'unbind',
-})
-CONVERTED_APIS = frozenset({'param', 'variable', 'make_rng', 'sow', 'is_initializing'})
 HAS_VARIABLE_HINT = (' (a decode cache or a lazily created variable: in NNX, create it in an explicit '
                      'cache-initialisation method)')
-CONCATENATE = frozenset({'jax.numpy.concatenate'})
-TILE = frozenset({'jax.numpy.tile'})  # keeps the last axis when its last repetition is a literal 1
-SCAN_NAMES = frozenset({'flax.linen.scan', 'flax.linen.transforms.scan'})
-STACK_OPTIONS = {  # the options of a stacking nn.scan / nn.vmap that are converted, the size option first
-    'scan': ('length', 'variable_axes', 'split_rngs', 'in_axes', 'out_axes', 'metadata_params'),
-    'vmap': ('axis_size', 'variable_axes', 'split_rngs', 'in_axes', 'out_axes', 'metadata_params', 'axis_name'),
-}
-BROADCAST_NAMES = frozenset({'flax.linen.broadcast', 'flax.core.broadcast', 'flax.core.axes_scan.broadcast'})
 SCAN_PATTERN = ("nn.scan(<a cell class of this file>, variable_broadcast='params', split_rngs={'params': False}, "
                 'in_axes=<int>, out_axes=<int>)')
-REMAT_NAMES = frozenset({'flax.linen.remat', 'flax.linen.checkpoint', 'flax.linen.transforms.checkpoint',
-                         'flax.linen.transforms.remat'})
-REMAT_OPTIONS = ('prevent_cse', 'policy', 'static_argnums')  # nnx.remat takes these as they are
-JIT_NAMES = frozenset({'flax.linen.jit', 'flax.linen.transforms.jit'})
-WRAPPING = {  # a Linen transform of a class -> (its names, the NNX transform of the call, the options it takes as
-    #           they are, Linen's child-name prefix)
-    'remat': (REMAT_NAMES, 'nnx.remat', REMAT_OPTIONS, 'Checkpoint'),
-    'jit': (JIT_NAMES, 'nnx.jit', ('static_argnums', 'donate_argnums'), 'Jit'),
-}
-CONTROL_FLOW = {  # a Linen lifted control-flow function -> (its NNX counterpart, the position of the module argument)
-    'flax.linen.cond': ('nnx.cond', 3),
-    'flax.linen.switch': ('nnx.switch', 2),
-    'flax.linen.while_loop': ('nnx.while_loop', 2),
-}
-WHILE_OPTIONS = ('carry_variables', 'broadcast_variables', 'split_rngs')  # NNX carries every Variable itself
-PARTIAL_NAMES = frozenset({'functools.partial'})
-VMAP_NAMES = frozenset({'flax.linen.vmap', 'flax.linen.transforms.vmap'})
-ELEMENTWISE = frozenset(
-    f'{module}.{name}'
-    for module in ('flax.linen', 'flax.nnx', 'jax.nn', 'jax.numpy')
-    for name in ('relu', 'relu6', 'gelu', 'silu', 'swish', 'sigmoid', 'tanh', 'elu', 'selu', 'celu',
-                 'leaky_relu', 'softplus', 'soft_sign', 'hard_tanh', 'log_sigmoid', 'softmax', 'log_softmax')
-)
 
 Dim = tuple[str, tp.Any] | None
 """A last-axis size: ('known', code valid in __init__), ('input', i) (the class's call argument i), or None."""
@@ -310,23 +286,13 @@ class _Plan:
   helpers_only: bool = False  # a base class holding only helpers: no __init__ of its own
 
 
-@functools.cache
-def _nnx_twin(qualified: str) -> str | None:
-  """'nnx.relu' when flax.nnx exports the very object `qualified` (a flax.linen function) names."""
-  name = qualified.rpartition('.')[2]
-  linen, nnx = importlib.import_module('flax.linen'), importlib.import_module('flax.nnx')
-  value = getattr(linen, name, None)
-  if value is None or isinstance(value, type) or getattr(nnx, name, None) is not value:
-    return None
-  return f'nnx.{name}'
-
-
 def _nnx_counterpart(qualified: str) -> str | None:
   """'nnx.initializers.zeros' / 'nnx.relu': the flax.nnx name of the same Linen object, if any."""
   initializer = nnx_initializer_target(qualified)
   if initializer is not None:
     return f'nnx.{initializer}' if initializer.rpartition('.')[2] in NNX_INITIALIZERS | {'initializers'} else None
-  return _nnx_twin(qualified)
+  name = qualified.rpartition('.')[2]
+  return f'nnx.{name}' if name in NNX_TWINS else None
 
 
 def _draws_rngs(plan: _Plan) -> bool:

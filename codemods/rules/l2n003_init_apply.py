@@ -75,30 +75,23 @@ from codemods.rule import KNOWN_CLASSES_KEY
 from codemods.rule import MigrationRule
 from codemods.rule import descendants
 from codemods.variable_types import flax_variable_type
-from nnx_bridge.layer_table import MODE_ARGUMENTS
+from codemods.vocabulary import ARRAY_MAKERS
+from codemods.vocabulary import EVAL_VALUE
+from codemods.vocabulary import FREEZERS
+from codemods.vocabulary import GRADS
+from codemods.vocabulary import IN_PLACE_COLLECTIONS_EXCLUDED
+from codemods.vocabulary import JITS
+from codemods.vocabulary import PMAPS
+from codemods.vocabulary import PMAP_OPTIONS
+from codemods.vocabulary import REPLICATES
+from codemods.vocabulary import TREE_MAPS
+from codemods.vocabulary import TREE_READERS
 from nnx_bridge.layer_table import InputDim
 from nnx_bridge.layer_table import LayerSpec
 from nnx_bridge.layer_table import find_layer
 from nnx_bridge.layer_table import linen_fields
 from nnx_bridge.layer_table import nnx_arguments
 
-EVAL_VALUE = {m.name: not m.inverted for m in MODE_ARGUMENTS}
-"""The value of each Linen train/eval argument that means eval mode (`training=False`, `deterministic=True`)."""
-ARRAY_MAKERS = re.compile(r'^(jnp|jax\.numpy|np|numpy)\.(ones|zeros|empty)$')
-GRADS = {'jax.grad': 'nnx.grad', 'grad': 'nnx.grad', 'jax.value_and_grad': 'nnx.value_and_grad',
-         'value_and_grad': 'nnx.value_and_grad'}
-JITS = ('jax.jit', 'jit')
-TREE_MAPS = ('jax.tree.map', 'jax.tree_util.tree_map', 'jax.tree_map', 'tree_map')
-FREEZERS = re.compile(r'^(flax\.core\.(frozen_dict\.)?)?(freeze|unfreeze)$')
-REPLICATES = re.compile(r'^((flax\.)?jax_utils\.)?(replicate|unreplicate)$')
-PMAPS = ('jax.pmap', 'pmap')
-PMAP_OPTIONS = ('axis_name', 'in_axes', 'donate_argnums')
-"""The `jax.pmap` options a converted step keeps (`donate_argnums` is dropped, reported)."""
-TREE_READERS = ('jax.tree.leaves', 'jax.tree_util.tree_leaves', 'jax.tree_leaves', 'jax.tree.reduce',
-                'jax.tree_util.tree_reduce', 'optax.global_norm')
-"""Functions of a whole tree that do not depend on its paths: given the state, they get `nnx.state(model, ...)`."""
-IN_PLACE_COLLECTIONS_EXCLUDED = ('params', 'intermediates')
-"""`mutable=` collections whose NNX counterpart is not an in-place update of the model."""
 
 VARIABLES, OPT_STATE, TRAIN_STATE, UPDATES, OPTAX_UPDATES = (
     'variables', 'opt_state', 'train_state', 'updates', 'optax_updates')

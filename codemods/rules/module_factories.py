@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import re
 import typing as tp
 
 import libcst as cst
@@ -29,13 +28,12 @@ from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import ScopeProvider
 
 from codemods.rule import descendants
-from nnx_bridge.layer_table import MODE_ARGUMENTS
+from codemods.vocabulary import CALLABLE
+from codemods.vocabulary import LAYER_MODE_KWARGS
+from codemods.vocabulary import PARTIAL_NAMES
 from nnx_bridge.layer_table import find_layer
 from nnx_bridge.layer_table import nnx_arguments
 
-PARTIAL_NAMES = frozenset({'functools.partial'})
-LAYER_MODE_KWARGS = frozenset(m.name for m in MODE_ARGUMENTS if m.name == m.nnx_attribute)
-CALLABLE = re.compile(r'^(?:(?:typing|tp|collections\.abc)\.)?Callable\b')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,9 +390,6 @@ def _self_field(node: cst.CSTNode, fields: tp.Collection[str]) -> bool:
 
 # --- weight tying through .apply ---------------------------------------------------------------
 
-TIED_DENSE_KWARGS = frozenset({'features', 'use_bias', 'dtype', 'param_dtype', 'precision', 'kernel_init', 'bias_init'})
-
-
 def tied_uses(factories: Factories, plan: tp.Any, methods: dict[str, cst.FunctionDef],
               setup: cst.FunctionDef | None) -> set[cst.Attribute]:
   """Weight tying through Linen's `.apply` and `.variables`, for the submodules built in setup():
@@ -602,12 +597,12 @@ def _tied_apply(factories: Factories, call: cst.Call, child: tp.Any) -> None:
     variables = rule._literal_dict(args[0].value)
     params = rule._literal_dict(variables['params']) if variables is not None and set(variables) == {'params'} else None
     kernel = params['kernel'] if params is not None and set(params) == {'kernel'} else None
-  if spec is None or spec.linen != 'flax.linen.Dense' or kernel is None:
+  if spec is None or not spec.tied_kwargs or kernel is None:
     raise unsupported(call, f'{code}: only `<nn.Dense>.apply({{"params": {{"kernel": k}}}}, x)` (a tied output '
                             'projection) is converted')
   use_bias = child.kwargs.get('use_bias')
-  if not (isinstance(use_bias, cst.Name) and use_bias.value == 'False') or set(child.kwargs) - TIED_DENSE_KWARGS:
-    raise unsupported(call, f'{code}: the Dense has a bias or options other than {", ".join(sorted(TIED_DENSE_KWARGS))} '
+  if not (isinstance(use_bias, cst.Name) and use_bias.value == 'False') or set(child.kwargs) - spec.tied_kwargs:
+    raise unsupported(call, f'{code}: the Dense has a bias or options other than {", ".join(sorted(spec.tied_kwargs))} '
                             '(converted: use_bias=False)')
   inputs = args[1].value
   if any(isinstance(n, cst.Call) for n in (inputs, kernel, *descendants(inputs), *descendants(kernel))):

@@ -1,0 +1,112 @@
+"""The Linen (and JAX) names the codemod recognises, other than layers: the one place rules look them up.
+
+Layer classes and what they become live in `nnx_bridge/layer_table.py`; everything else a rule matches by
+qualified name (scope APIs, lifted transforms, ModuleDef factories, train/eval keywords, the functions of
+training code) is here, as data. Names are qualified as libcst's QualifiedNameProvider gives them
+(`flax.linen.scan`, with the submodule spellings flax re-exports). `tests/test_vocabulary.py` checks each
+entry against the installed flax, so that a flax release that moves or drops a name fails there first.
+
+This module imports only the layer table (no jax), so that `linen2nnx migrate` starts fast.
+"""
+
+from __future__ import annotations
+
+import re
+
+from nnx_bridge.layer_table import MODE_ARGUMENTS
+
+# --- modules and their methods -------------------------------------------------------------------
+
+MODULE_NAMES = frozenset({'flax.linen.Module', 'flax.linen.module.Module'})
+COMPACT_NAMES = frozenset({'flax.linen.compact', 'flax.linen.module.compact'})
+SCOPE_APIS = frozenset({
+    'param', 'variable', 'make_rng', 'sow', 'has_variable', 'is_initializing', 'is_mutable_collection',
+    'put_variable', 'get_variable', 'has_rng', 'scope', 'variables', 'perturb', 'bind', 'apply', 'init',
+    'init_with_output', 'lazy_init', 'path', 'clone', 'copy', 'tabulate', 'module_paths', 'unbind',
+})
+"""The `nn.Module` members that reach Linen's scope (variables, rngs, binding): code calling one on `self` is
+Linen code."""
+CONVERTED_APIS = frozenset({'param', 'variable', 'make_rng', 'sow', 'is_initializing'})
+"""The scope APIs L2N002 rewrites into NNX code (the others keep a class Linen)."""
+STATE_APIS = frozenset({'param', 'variable', 'make_rng', 'sow', 'has_variable', 'put_variable', 'get_variable',
+                        'variables', 'has_rng', 'scope', 'is_initializing', 'is_mutable_collection', 'perturb'})
+"""The scope APIs that create or read a module's variables and rngs: a base class using one in setup/__call__
+holds state (a subset of SCOPE_APIS)."""
+
+# --- train/eval keywords -------------------------------------------------------------------------
+
+MODE_PARAMS = {m.name: m.inverted for m in MODE_ARGUMENTS}
+"""Linen's train/eval argument names -> whether True means eval mode (`deterministic`) rather than train."""
+LAYER_MODE_KWARGS = frozenset(m.name for m in MODE_ARGUMENTS if m.name == m.nnx_attribute)
+"""The train/eval keywords an NNX layer keeps as a constructor attribute of the same name."""
+EVAL_VALUE = {m.name: not m.inverted for m in MODE_ARGUMENTS}
+"""The value of each Linen train/eval argument that means eval mode (`training=False`, `deterministic=True`)."""
+
+# --- lifted transforms and control flow ----------------------------------------------------------
+
+SCAN_NAMES = frozenset({'flax.linen.scan', 'flax.linen.transforms.scan'})
+VMAP_NAMES = frozenset({'flax.linen.vmap', 'flax.linen.transforms.vmap'})
+REMAT_NAMES = frozenset({'flax.linen.remat', 'flax.linen.checkpoint', 'flax.linen.transforms.checkpoint',
+                         'flax.linen.transforms.remat'})
+JIT_NAMES = frozenset({'flax.linen.jit', 'flax.linen.transforms.jit'})
+BROADCAST_NAMES = frozenset({'flax.linen.broadcast', 'flax.core.broadcast', 'flax.core.axes_scan.broadcast'})
+STACK_OPTIONS = {  # the options of a stacking nn.scan / nn.vmap that are converted, the size option first
+    'scan': ('length', 'variable_axes', 'split_rngs', 'in_axes', 'out_axes', 'metadata_params'),
+    'vmap': ('axis_size', 'variable_axes', 'split_rngs', 'in_axes', 'out_axes', 'metadata_params', 'axis_name'),
+}
+REMAT_OPTIONS = ('prevent_cse', 'policy', 'static_argnums')  # nnx.remat takes these as they are
+WRAPPING = {  # a Linen transform of a class -> (its names, the NNX transform of the call, the options it takes as
+    #           they are, Linen's child-name prefix)
+    'remat': (REMAT_NAMES, 'nnx.remat', REMAT_OPTIONS, 'Checkpoint'),
+    'jit': (JIT_NAMES, 'nnx.jit', ('static_argnums', 'donate_argnums'), 'Jit'),
+}
+CONTROL_FLOW = {  # a Linen lifted control-flow function -> (its NNX counterpart, the position of the module argument)
+    'flax.linen.cond': ('nnx.cond', 3),
+    'flax.linen.switch': ('nnx.switch', 2),
+    'flax.linen.while_loop': ('nnx.while_loop', 2),
+}
+WHILE_OPTIONS = ('carry_variables', 'broadcast_variables', 'split_rngs')  # NNX carries every Variable itself
+
+# --- ModuleDefs and factories --------------------------------------------------------------------
+
+PARTIAL_NAMES = frozenset({'functools.partial'})
+CALLABLE = re.compile(r'^(?:(?:typing|tp|collections\.abc)\.)?Callable\b')
+"""A field annotation naming a callable (`act: Callable = nn.relu`)."""
+
+# --- functions -----------------------------------------------------------------------------------
+
+NNX_TWINS = frozenset({
+    'PARTITION_NAME', 'avg_pool', 'celu', 'elu', 'gelu', 'glu', 'hard_sigmoid', 'hard_silu', 'hard_swish',
+    'hard_tanh', 'leaky_relu', 'log_sigmoid', 'log_softmax', 'logical_axis_rules', 'logsumexp', 'max_pool',
+    'one_hot', 'pool', 'relu', 'relu6', 'selu', 'sigmoid', 'silu', 'soft_sign', 'softmax', 'softplus',
+    'standardize', 'swish', 'tanh',
+})
+"""The non-class names flax.linen exports whose very object flax.nnx exports under the same name (`nn.relu` is
+`nnx.relu`), as measured on the installed flax by tests/test_vocabulary.py (kept here so migrate needs no jax)."""
+ELEMENTWISE = frozenset(
+    f'{module}.{name}'
+    for module in ('flax.linen', 'flax.nnx', 'jax.nn', 'jax.numpy')
+    for name in ('relu', 'relu6', 'gelu', 'silu', 'swish', 'sigmoid', 'tanh', 'elu', 'selu', 'celu',
+                 'leaky_relu', 'softplus', 'soft_sign', 'hard_tanh', 'log_sigmoid', 'softmax', 'log_softmax')
+)
+"""Functions that keep their input's shape (the size interpreter follows sizes through them)."""
+CONCATENATE = frozenset({'jax.numpy.concatenate'})
+TILE = frozenset({'jax.numpy.tile'})  # keeps the last axis when its last repetition is a literal 1
+
+# --- training code (L2N003) ----------------------------------------------------------------------
+
+ARRAY_MAKERS = re.compile(r'^(jnp|jax\.numpy|np|numpy)\.(ones|zeros|empty)$')
+GRADS = {'jax.grad': 'nnx.grad', 'grad': 'nnx.grad', 'jax.value_and_grad': 'nnx.value_and_grad',
+         'value_and_grad': 'nnx.value_and_grad'}
+JITS = ('jax.jit', 'jit')
+TREE_MAPS = ('jax.tree.map', 'jax.tree_util.tree_map', 'jax.tree_map', 'tree_map')
+FREEZERS = re.compile(r'^(flax\.core\.(frozen_dict\.)?)?(freeze|unfreeze)$')
+REPLICATES = re.compile(r'^((flax\.)?jax_utils\.)?(replicate|unreplicate)$')
+PMAPS = ('jax.pmap', 'pmap')
+PMAP_OPTIONS = ('axis_name', 'in_axes', 'donate_argnums')
+"""The `jax.pmap` options a converted step keeps (`donate_argnums` is dropped, reported)."""
+TREE_READERS = ('jax.tree.leaves', 'jax.tree_util.tree_leaves', 'jax.tree_leaves', 'jax.tree.reduce',
+                'jax.tree_util.tree_reduce', 'optax.global_norm')
+"""Functions of a whole tree that do not depend on its paths: given the state, they get `nnx.state(model, ...)`."""
+IN_PLACE_COLLECTIONS_EXCLUDED = ('params', 'intermediates')
+"""`mutable=` collections whose NNX counterpart is not an in-place update of the model."""
