@@ -3,9 +3,10 @@
 Run: python benchmarks/migration_snapshot.py save BEFORE.json   (before the change)
      python benchmarks/migration_snapshot.py compare BEFORE.json  (after it: exit 1 when an output differs)
 
-It records, for every fixture input (keyed by its content), the code and the report entries of its own rule (with its folder's options), of
-all rules together under each `--train-state` / `--step-style` option, and of whole-run migrations (the hierarchy pass
-included) of the demo project, with and without its example traces, and of the training and example folders. The
+It records, for every fixture input (keyed by its content, not its path), the code and the report entries of its
+own rule (under the defaults and each `<case>.<option>=<value>.out.py` variant), of all rules together under each
+`--train-state` / `--step-style` option, and of whole-run migrations (the hierarchy pass included) of the demo
+project, with and without its example traces, and of the training and example folders. The
 snapshot holds outputs only; it asserts nothing by itself.
 """
 
@@ -23,7 +24,6 @@ from codemods import rules as registry
 from codemods.engine import migrate
 from codemods.options import STEP_STYLES
 from codemods.options import MigrationOptions
-from codemods.settings import load_settings
 from codemods.transform import transform_source
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -34,11 +34,14 @@ def _entries(entries: tp.Iterable[tp.Any]) -> list[str]:
   return [f'{e.line}:{e.column} {e.code} {e.kind}: {e.message}' for e in entries]
 
 
-def _own_options(case: pathlib.Path) -> MigrationOptions:
-  settings = load_settings(case.parent)
-  if settings.source is None or not pathlib.Path(settings.source).is_relative_to(FIXTURES):
-    return MigrationOptions()
-  return MigrationOptions(train_state=settings.train_state or 'nnx', step_style=settings.step_style or 'functional')
+def _own_variants(case: pathlib.Path) -> list[MigrationOptions]:
+  """The options a case runs with in tests/test_fixtures.py: the defaults, and one per `<case>.<option>=<value>.out.py`."""
+  stem = case.name[:-len('.in.py')]
+  variants = [MigrationOptions()]
+  for output in sorted(case.parent.glob(f'{stem}.*=*.out.py')):
+    options = output.name[len(stem) + 1:-len('.out.py')].split('.')
+    variants.append(MigrationOptions(**{k.replace('-', '_'): v for k, v in (o.split('=', 1) for o in options)}))
+  return variants
 
 
 def _transform(path: pathlib.Path, rules: tp.Sequence[tp.Any], options: MigrationOptions) -> dict[str, tp.Any]:
@@ -75,16 +78,16 @@ def snapshot() -> dict[str, tp.Any]:
   variants = [MigrationOptions(), MigrationOptions(train_state='keep'),
               *(MigrationOptions(step_style=s) for s in STEP_STYLES if s != 'functional')]
   for case in cases:
-    options = _own_options(case)
-    out[_key('own-rule', case, options)] = _transform(
-        case, registry.select_rules([case.relative_to(FIXTURES).parts[0]]), options)
+    for options in _own_variants(case):
+      out[_key('own-rule', case, options)] = _transform(
+          case, registry.select_rules([case.relative_to(FIXTURES).parts[0]]), options)
     for options in variants:
       out[_key('all-rules', case, options)] = _transform(case, registry.ALL_RULES, options)
   demo = FIXTURES / 'demo_project'
   out['run demo_project'] = _run([demo], MigrationOptions())
-  from codemods.commands.migrate import _example_sizes  # imports jax and the demo's code
+  from codemods.examples import trace_examples  # imports jax and the demo's code
 
-  with_examples = MigrationOptions(example_sizes=_example_sizes(str(demo / 'examples.py')))
+  with_examples = MigrationOptions(example_sizes=trace_examples(str(demo / 'examples.py')))
   out['run demo_project --examples'] = _run([demo], with_examples)
   out['run training+examples'] = _run([FIXTURES / 'training', FIXTURES / 'examples'], MigrationOptions())
   return out

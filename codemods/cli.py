@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 import typing as tp
 
-import nnx_bridge
 from codemods.commands import convert
 from codemods.commands import demo
 from codemods.commands import layers
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
       prog='linen2nnx',
       description='Linen-to-NNX migration and interop toolkit for Flax.',
   )
-  parser.add_argument('--version', action='version', version=f'%(prog)s {nnx_bridge.__version__}')
+  parser.add_argument('--version', action='version', version='%(prog)s ' + importlib.metadata.version('linen2nnx'))
   subparsers = parser.add_subparsers(dest='command', metavar='COMMAND')
   for command in COMMANDS:
     command.add_parser(subparsers)

@@ -1,7 +1,7 @@
 """`migrate()`: run the rules over files and directories, in parallel, and report per file.
 
 First the .py files are looked over together for the run's Linen class hierarchy
-(`hierarchy.py`), so that a subclass of a project base class of another file is known to be a
+(`analysis/hierarchy.py`), so that a subclass of a project base class of another file is known to be a
 Linen module. Then each file is skipped unless it mentions flax or linen or defines such a
 subclass, migrated (`transform.py`, or `notebooks.py` for .ipynb), checked to still parse,
 diffed and, with `write=True`, replaced atomically. A file that fails is reported and left
@@ -20,8 +20,8 @@ import typing as tp
 
 from codemods import files
 from codemods.diffs import unified_diff
-from codemods.hierarchy import LinenHierarchy
-from codemods.hierarchy import build_hierarchy
+from codemods.analysis.hierarchy import LinenHierarchy
+from codemods.analysis.hierarchy import build_hierarchy
 from codemods.notebooks import transform_notebook
 from codemods.options import MigrationOptions
 from codemods.report import CHANGED

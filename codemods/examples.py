@@ -25,12 +25,14 @@ import typing as tp
 
 from flax import linen as nn
 
-from codemods.commands.migrate_report import trace_linen
 from codemods.example_sizes import Atoms
 from codemods.example_sizes import ClassSizes
 from codemods.example_sizes import ExampleSizes
 from codemods.example_sizes import resolve
+from nnx_bridge import modes
 from nnx_bridge.layer_table import find_layer_of_class
+from nnx_bridge.linen_trace import trace_linen
+
 
 class ExamplesError(ValueError):
   """An examples file that cannot be used: the message names the file and the function."""
@@ -103,7 +105,8 @@ def trace_examples(path: str) -> ExampleSizes:
 def _collect(module: nn.Module, inputs: tuple[tp.Any, ...], kwargs: dict[str, tp.Any],
              instances: dict[tuple[str, str], list[_Instance]]) -> None:
   """Traces one model and adds an instance for every module of a user class that holds table layers."""
-  classes, calls = trace_linen(module, inputs, kwargs)
+  trace = trace_linen(module, inputs, kwargs, mode=modes.EVAL)
+  classes, calls = trace.classes, trace.first_calls
   for path, cls in classes.items():
     source = _source_file(cls)
     call = calls.get((path, '__call__')) or next((c for (p, _), c in calls.items() if p == path), None)

@@ -14,7 +14,7 @@ import json
 import re
 import typing as tp
 
-from codemods.hierarchy import LinenHierarchy
+from codemods.analysis.hierarchy import LinenHierarchy
 from codemods.options import MigrationOptions
 from codemods.report import ConvertedClass
 from codemods.report import Entry

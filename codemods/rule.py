@@ -49,8 +49,8 @@ from libcst.metadata import ParentNodeProvider
 from libcst.metadata import PositionProvider
 from libcst.metadata import ScopeProvider
 
-from codemods.hierarchy import HIERARCHY_KEY
-from codemods.hierarchy import LinenHierarchy
+from codemods.analysis.hierarchy import HIERARCHY_KEY
+from codemods.analysis.hierarchy import LinenHierarchy
 from codemods.options import OPTIONS_KEY
 from codemods.options import MigrationOptions
 from codemods.report import ChildName
@@ -170,9 +170,3 @@ def _with_comments(statement: tp.Any, comments: list[str]) -> tp.Any:
   ]
   return statement.with_changes(leading_lines=(*statement.leading_lines, *new)) if new else statement
 
-
-def descendants(node: cst.CSTNode) -> tp.Iterator[cst.CSTNode]:
-  """Every node below `node`, depth first: what rules search when planning a rewrite."""
-  for child in node.children:
-    yield child
-    yield from descendants(child)

@@ -27,8 +27,8 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.codemod.visitors import RemoveImportsVisitor
 
 from codemods import libcst_speedups
-from codemods.hierarchy import HIERARCHY_KEY
-from codemods.hierarchy import LinenHierarchy
+from codemods.analysis.hierarchy import HIERARCHY_KEY
+from codemods.analysis.hierarchy import LinenHierarchy
 from codemods.options import OPTIONS_KEY
 from codemods.options import MigrationOptions
 from codemods.report import ConvertedClass

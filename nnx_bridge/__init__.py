@@ -1,32 +1,72 @@
-"""nnx_bridge: run Linen modules inside NNX models and NNX modules inside Linen ones."""
+"""nnx_bridge: run Linen modules inside NNX models and NNX modules inside Linen ones.
 
-from nnx_bridge.collectionlib import collection_name as collection_name
-from nnx_bridge.collectionlib import register_collection as register_collection
-from nnx_bridge.collectionlib import variable_type as variable_type
-from nnx_bridge.derive import MappingError as MappingError
-from nnx_bridge.derive import derive_mapping as derive_mapping
-from nnx_bridge.derive import mapping_by_path as mapping_by_path
-from nnx_bridge.errors import BridgeError as BridgeError
-from nnx_bridge.errors import ImmutableCollectionError as ImmutableCollectionError
-from nnx_bridge.errors import LossyConversionError as LossyConversionError
-from nnx_bridge.errors import MissingRngError as MissingRngError
-from nnx_bridge.errors import StateMismatchError as StateMismatchError
-from nnx_bridge.linen_in_nnx import LinenModule as LinenModule
-from nnx_bridge.linen_in_nnx import from_linen as from_linen
-from nnx_bridge.nnx_in_linen import ToLinen as ToLinen
-from nnx_bridge.nnx_in_linen import to_linen as to_linen
-from nnx_bridge.layer_table import MODE_ARGUMENTS as MODE_ARGUMENTS
-from nnx_bridge.layer_table import ModeArgument as ModeArgument
-from nnx_bridge.parity import ParityReport as ParityReport
-from nnx_bridge.parity import compare as compare
-from nnx_bridge.transfer import linen_to_nnx as linen_to_nnx
-from nnx_bridge.transfer import nnx_to_linen as nnx_to_linen
-from nnx_bridge.transfer import optimizer_state_to_linen as optimizer_state_to_linen
-from nnx_bridge.transfer import optimizer_state_to_nnx as optimizer_state_to_nnx
-from nnx_bridge.treemap import LeafRule as LeafRule
-from nnx_bridge.treemap import TreeMapping as TreeMapping
+The public names are imported on first use (PEP 562), so that `import nnx_bridge.layer_table`
+(plain data the codemod reads) does not import jax and flax.
+"""
 
-__version__ = '0.1.0'
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import typing as tp
+
+if tp.TYPE_CHECKING:
+  from nnx_bridge.collectionlib import collection_name as collection_name
+  from nnx_bridge.collectionlib import register_collection as register_collection
+  from nnx_bridge.collectionlib import variable_type as variable_type
+  from nnx_bridge.derive import MappingError as MappingError
+  from nnx_bridge.derive import derive_mapping as derive_mapping
+  from nnx_bridge.derive import mapping_by_path as mapping_by_path
+  from nnx_bridge.errors import BridgeError as BridgeError
+  from nnx_bridge.errors import ImmutableCollectionError as ImmutableCollectionError
+  from nnx_bridge.errors import LossyConversionError as LossyConversionError
+  from nnx_bridge.errors import MissingRngError as MissingRngError
+  from nnx_bridge.errors import StateMismatchError as StateMismatchError
+  from nnx_bridge.layer_table import MODE_ARGUMENTS as MODE_ARGUMENTS
+  from nnx_bridge.layer_table import ModeArgument as ModeArgument
+  from nnx_bridge.linen_in_nnx import LinenModule as LinenModule
+  from nnx_bridge.linen_in_nnx import from_linen as from_linen
+  from nnx_bridge.nnx_in_linen import ToLinen as ToLinen
+  from nnx_bridge.nnx_in_linen import to_linen as to_linen
+  from nnx_bridge.parity import ParityReport as ParityReport
+  from nnx_bridge.parity import compare as compare
+  from nnx_bridge.transfer import linen_to_nnx as linen_to_nnx
+  from nnx_bridge.transfer import nnx_to_linen as nnx_to_linen
+  from nnx_bridge.transfer import optimizer_state_to_linen as optimizer_state_to_linen
+  from nnx_bridge.transfer import optimizer_state_to_nnx as optimizer_state_to_nnx
+  from nnx_bridge.treemap import LeafRule as LeafRule
+  from nnx_bridge.treemap import TreeMapping as TreeMapping
+
+__version__ = importlib.metadata.version('linen2nnx')
+
+_DEFINED_IN = {
+    'collection_name': 'collectionlib',
+    'register_collection': 'collectionlib',
+    'variable_type': 'collectionlib',
+    'MappingError': 'derive',
+    'derive_mapping': 'derive',
+    'mapping_by_path': 'derive',
+    'BridgeError': 'errors',
+    'ImmutableCollectionError': 'errors',
+    'LossyConversionError': 'errors',
+    'MissingRngError': 'errors',
+    'StateMismatchError': 'errors',
+    'MODE_ARGUMENTS': 'layer_table',
+    'ModeArgument': 'layer_table',
+    'LinenModule': 'linen_in_nnx',
+    'from_linen': 'linen_in_nnx',
+    'ToLinen': 'nnx_in_linen',
+    'to_linen': 'nnx_in_linen',
+    'ParityReport': 'parity',
+    'compare': 'parity',
+    'linen_to_nnx': 'transfer',
+    'nnx_to_linen': 'transfer',
+    'optimizer_state_to_linen': 'transfer',
+    'optimizer_state_to_nnx': 'transfer',
+    'LeafRule': 'treemap',
+    'TreeMapping': 'treemap',
+}
+"""The submodule of `nnx_bridge` defining each public name."""
 
 __all__ = [
     'LeafRule',
@@ -55,3 +95,17 @@ __all__ = [
     'to_linen',
     'variable_type',
 ]
+
+
+def __getattr__(name: str) -> tp.Any:
+  """Imports the submodule defining a public name on first use and caches the name here."""
+  module = _DEFINED_IN.get(name)
+  if module is None:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  value = getattr(importlib.import_module(f'{__name__}.{module}'), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted({*globals(), *__all__})

@@ -25,6 +25,7 @@ from flax import nnx
 
 from nnx_bridge import collectionlib
 from nnx_bridge import linen_state
+from nnx_bridge import linen_trace
 from nnx_bridge.errors import BridgeError
 from nnx_bridge.layer_params import row_mapping
 from nnx_bridge.layer_table import LAYERS, MODE_ARGUMENTS, LayerSpec, find_layer_of_class
@@ -39,7 +40,6 @@ class MappingError(BridgeError, ValueError):
   """The Linen variables and the NNX state cannot be paired leaf by leaf without guessing."""
 
 
-_LINEN_RNG_STREAMS = ('params', 'dropout')
 _EXPLICIT = (
     'Write the mapping explicitly instead: a JSON file of "collection/linen/path": "nnx/path" '
     "entries in TreeMapping.to_json's format, read with TreeMapping.load (TreeMapping.save "
@@ -230,29 +230,7 @@ def _nnx_layers(model: nnx.Module) -> dict[Path, _Layer]:
   }
 
 
-# --- Tracing the call order --------------------------------------------------------------------
-
-
-def _trace_linen(
-    module: nn.Module, inputs: tuple[tp.Any, ...], method: Method, call_kwargs: dict[str, tp.Any]
-) -> tuple[tp.Any, list[Path], dict[Path, type]]:
-  """Abstract variables, the paths of `__call__`s in order, and each module path's class."""
-  calls: list[Path] = []
-  classes: dict[Path, type] = {}
-
-  def interceptor(next_fun, args, kwargs, context):
-    path = tuple(context.module.path)
-    classes.setdefault(path, type(context.module))
-    if context.method_name == '__call__':
-      calls.append(path)
-    return next_fun(*args, **kwargs)
-
-  def init(*xs):
-    rngs = {name: jax.random.key(index) for index, name in enumerate(_LINEN_RNG_STREAMS)}
-    with nn.intercept_methods(interceptor):
-      return module.init(rngs, *xs, method=method, **call_kwargs)
-
-  return jax.eval_shape(init, *inputs), calls, classes
+# --- Tracing the NNX call order (the Linen one: linen_trace.trace_linen) ---------------------
 
 
 _UNSET = object()
@@ -555,7 +533,8 @@ def derive_mapping(
   While it runs, the `__call__` of the NNX model's module classes is wrapped to record calls,
   so it must not run concurrently with other code calling those classes.
   """
-  variables, linen_calls, classes = _trace_linen(linen_module, inputs, method, call_kwargs)
+  trace = linen_trace.trace_linen(linen_module, inputs, call_kwargs, method=method)
+  variables, linen_calls, classes = trace.variables, trace.call_paths, trace.classes
   if not layer_pairs:
     try:
       return mapping_by_path(variables, nnx.state(nnx_model))

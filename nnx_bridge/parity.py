@@ -199,6 +199,112 @@ def _sharding_rows(linen_abstract, nnx_model, mapping: TreeMapping, rules) -> tu
   return tuple(rows)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  """What both models are called with in every check, and the tolerances their results must meet.
+
+  `mutable` are the Linen collections other than params (a counter may be written even in eval
+  mode); `streams` the keys of the Linen model's other rng streams.
+  """
+
+  inputs: tuple[tp.Any, ...]
+  kwargs: dict[str, tp.Any]
+  mutable: list[str]
+  streams: dict[str, jax.Array]
+  atol: float
+  rtol: float
+
+
+def _compare_eval_outputs(
+    eval_module: nn.Module, eval_kwargs: dict[str, bool], variables: tp.Mapping[str, tp.Any], model: nnx.Module,
+    call: _Call,
+) -> list[Difference]:
+  """The eval-mode forward outputs, on a fresh copy of the transferred model."""
+  linen_out, _ = eval_module.apply(variables, *call.inputs, **eval_kwargs, **call.kwargs, mutable=call.mutable,
+                                   rngs=call.streams)
+  eval_model = nnx.clone(model)
+  eval_model.eval()
+  nnx_out = eval_model(*call.inputs, **call.kwargs)
+  want, got = _flat_outputs(linen_out), _flat_outputs(nnx_out)
+  differences = []
+  for name in sorted(want.keys() | got.keys()):
+    if name not in want or name not in got:
+      differences.append(Difference('output', name, 'output', (), float('inf'), float('inf'), False))
+    else:
+      differences.append(_difference('output', name, 'output', got[name], want[name], call.atol, call.rtol))
+  return differences
+
+
+def _compare_gradients(
+    eval_module: nn.Module, eval_kwargs: dict[str, bool], variables: tp.Mapping[str, tp.Any], model: nnx.Module,
+    mapping: TreeMapping, by_nnx: dict[tuple[str, ...], str], call: _Call,
+) -> list[Difference]:
+  """The gradients of one scalar loss for every parameter, in eval mode, on a fresh copy of the model."""
+  params = variables['params']
+  rest = {k: v for k, v in variables.items() if k != 'params'}
+  linen_grads = jax.grad(
+      lambda p: _loss(eval_module.apply({'params': p, **rest}, *call.inputs, **eval_kwargs, **call.kwargs,
+                                      mutable=call.mutable, rngs=call.streams)[0])
+  )(params)
+  want_grads = mapping.only('params').linen_to_nnx(
+      transfer.flat_linen({'params': linen_grads}), allow_lossy=True
+  )
+  grad_model = nnx.clone(model)
+  grad_model.eval()
+  nnx_grads = nnx.grad(lambda m: _loss(m(*call.inputs, **call.kwargs)))(grad_model)
+  got_grads = {normalize_path(p): v.get_value() for p, v in nnx.to_flat_state(nnx_grads)}
+  return [
+      _difference(
+          'gradient', path_str(path), by_nnx[path], got_grads.get(path, np.full(np.shape(want_grads[path]), np.nan)),
+          want_grads[path], call.atol, call.rtol,
+      )
+      for path in sorted(want_grads)
+  ]
+
+
+def _compare_train_call(
+    linen_module: nn.Module, arguments: modes.ModeArguments, variables: tp.Mapping[str, tp.Any], model: nnx.Module,
+    mapping: TreeMapping, by_nnx: dict[tuple[str, ...], str], dropout_seed: int, call: _Call,
+) -> list[Difference]:
+  """One train-mode call with dropout off on both sides: outputs and updated state. Leaves `model` in train mode."""
+  train_module, train_kwargs = modes.for_mode(linen_module, None, arguments, **modes.TRAIN)
+  with nn.intercept_methods(_identity_dropout):
+    linen_train_out, updates = train_module.apply(
+        variables, *call.inputs, **train_kwargs, **call.kwargs, mutable=call.mutable,
+        rngs={**call.streams, 'dropout': jax.random.key(dropout_seed)},
+    )
+  model.train()
+  model.set_attributes(nnx.Dropout, deterministic=True, raise_if_not_found=False)
+  with nn.intercept_methods(_identity_dropout):  # Linen Dropouts inside nnx_bridge.from_linen wrappers too
+    nnx_train_out = model(*call.inputs, **call.kwargs)
+  want, got = _flat_outputs(linen_train_out), _flat_outputs(nnx_train_out)
+  differences = [
+      _difference('train output', name, 'output', got[name], want[name], call.atol, call.rtol)
+      for name in sorted(want.keys() & got.keys())
+  ]
+  updated = transfer.flat_linen({**variables, **updates})
+  state_mapping = TreeMapping(
+      tuple(r for r in mapping.rules if any(key[0] != 'params' for key in r.linen))
+  )
+  want_state = state_mapping.linen_to_nnx({k: v for k, v in updated.items() if k in state_mapping.linen_keys})
+  got_state = {p: v.get_value() for p, v in transfer.flat_nnx_variables(model).items()}
+  differences += [
+      _difference('train state', path_str(path), by_nnx[path], got_state[path], want_state[path], call.atol, call.rtol)
+      for path in sorted(want_state)
+  ]
+  return differences
+
+
+def _params_table(model: nnx.Module, by_nnx: dict[tuple[str, ...], str]) -> tuple[ParamRow, ...]:
+  """The NNX parameters the mapping fills, with their Linen sources, shapes and dtypes."""
+  return tuple(
+      ParamRow(by_nnx[path], path_str(path), tuple(var.shape), str(var.dtype))
+      for path, var in sorted(
+          (p, v.get_value()) for p, v in transfer.flat_nnx_variables(model).items() if p in by_nnx
+      )
+  )
+
+
 def compare(
     linen_module: nn.Module,
     variables: tp.Mapping[str, tp.Any],
@@ -233,69 +339,16 @@ def compare(
   transfer.linen_to_nnx(variables, model, mapping)
   arguments = modes.mode_arguments_of(linen_module)
   by_nnx = {rule.nnx: ', '.join(map(path_str, rule.linen)) for rule in mapping.rules}
-  differences: list[Difference] = []
-  notes: list[str] = []
-
-  # Eval-mode forward. Collections other than params are mutable on the Linen side (a counter
-  # may be written even in eval mode); each NNX check runs on a fresh copy of the transferred
-  # model, so that state written by one check does not leak into the next.
-  eval_module, eval_kwargs = modes.for_mode(linen_module, None, arguments, **modes.EVAL)
-  mutable = [c for c in variables if c != 'params']
-  streams = {name: jax.random.key(dropout_seed + 1 + i) for i, name in enumerate(rng_streams)}
-  linen_out, _ = eval_module.apply(variables, *inputs, **eval_kwargs, **call_kwargs, mutable=mutable, rngs=streams)
-  eval_model = nnx.clone(model)
-  eval_model.eval()
-  nnx_out = eval_model(*inputs, **call_kwargs)
-  want, got = _flat_outputs(linen_out), _flat_outputs(nnx_out)
-  for name in sorted(want.keys() | got.keys()):
-    if name not in want or name not in got:
-      differences.append(Difference('output', name, 'output', (), float('inf'), float('inf'), False))
-    else:
-      differences.append(_difference('output', name, 'output', got[name], want[name], atol, rtol))
-
-  # Gradients of one scalar loss, in eval mode.
-  params = variables['params']
-  rest = {k: v for k, v in variables.items() if k != 'params'}
-  linen_grads = jax.grad(
-      lambda p: _loss(eval_module.apply({'params': p, **rest}, *inputs, **eval_kwargs, **call_kwargs, mutable=mutable,
-                                      rngs=streams)[0])
-  )(params)
-  want_grads = mapping.only('params').linen_to_nnx(
-      transfer.flat_linen({'params': linen_grads}), allow_lossy=True
+  call = _Call(
+      inputs, call_kwargs, [c for c in variables if c != 'params'],
+      {name: jax.random.key(dropout_seed + 1 + i) for i, name in enumerate(rng_streams)}, atol, rtol,
   )
-  grad_model = nnx.clone(model)
-  grad_model.eval()
-  nnx_grads = nnx.grad(lambda m: _loss(m(*inputs, **call_kwargs)))(grad_model)
-  got_grads = {normalize_path(p): v.get_value() for p, v in nnx.to_flat_state(nnx_grads)}
-  for path in sorted(want_grads):
-    differences.append(_difference(
-        'gradient', path_str(path), by_nnx[path], got_grads.get(path, np.full(np.shape(want_grads[path]), np.nan)),
-        want_grads[path], atol, rtol,
-    ))
-
-  # One train-mode call: outputs and updated state.
+  eval_module, eval_kwargs = modes.for_mode(linen_module, None, arguments, **modes.EVAL)
+  differences = _compare_eval_outputs(eval_module, eval_kwargs, variables, model, call)
+  differences += _compare_gradients(eval_module, eval_kwargs, variables, model, mapping, by_nnx, call)
+  notes: list[str] = []
   if train and arguments:
-    train_module, train_kwargs = modes.for_mode(linen_module, None, arguments, **modes.TRAIN)
-    with nn.intercept_methods(_identity_dropout):
-      linen_train_out, updates = train_module.apply(
-          variables, *inputs, **train_kwargs, **call_kwargs, mutable=mutable,
-          rngs={**streams, 'dropout': jax.random.key(dropout_seed)},
-      )
-    model.train()
-    model.set_attributes(nnx.Dropout, deterministic=True, raise_if_not_found=False)
-    with nn.intercept_methods(_identity_dropout):  # Linen Dropouts inside nnx_bridge.from_linen wrappers too
-      nnx_train_out = model(*inputs, **call_kwargs)
-    want, got = _flat_outputs(linen_train_out), _flat_outputs(nnx_train_out)
-    for name in sorted(want.keys() & got.keys()):
-      differences.append(_difference('train output', name, 'output', got[name], want[name], atol, rtol))
-    updated = transfer.flat_linen({**variables, **updates})
-    state_mapping = TreeMapping(
-        tuple(r for r in mapping.rules if any(key[0] != 'params' for key in r.linen))
-    )
-    want_state = state_mapping.linen_to_nnx({k: v for k, v in updated.items() if k in state_mapping.linen_keys})
-    got_state = {p: v.get_value() for p, v in transfer.flat_nnx_variables(model).items()}
-    for path in sorted(want_state):
-      differences.append(_difference('train state', path_str(path), by_nnx[path], got_state[path], want_state[path], atol, rtol))
+    differences += _compare_train_call(linen_module, arguments, variables, model, mapping, by_nnx, dropout_seed, call)
     notes.append('the train-mode call runs with dropout off on both sides')
   elif train:
     notes.append('no train/eval argument found on the Linen module: train-mode call skipped')
@@ -304,15 +357,9 @@ def compare(
   linen_abstract = jax.eval_shape(
       lambda: eval_module.init(jax.random.key(0), *inputs, **eval_kwargs, **call_kwargs)
   )
-  params_table = tuple(
-      ParamRow(by_nnx[path], path_str(path), tuple(var.shape), str(var.dtype))
-      for path, var in sorted(
-          (p, v.get_value()) for p, v in transfer.flat_nnx_variables(model).items() if p in by_nnx
-      )
-  )
   return ParityReport(
       tuple(differences),
-      params_table,
+      _params_table(model, by_nnx),
       _sharding_rows(linen_abstract, model, mapping, logical_axis_rules),
       atol,
       rtol,

@@ -53,7 +53,7 @@ def test_cached_decoding_and_method_calls_run_as_in_linen(migrated):
 
   import nnx_bridge
   from codemods import examples as example_traces
-  from codemods.commands import model_refs
+  from codemods.ports import model_refs
 
   linen_dir, nnx_dir, report, _ = migrated
   with demo._importable(linen_dir), demo._migrated_imports():

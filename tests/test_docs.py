@@ -37,3 +37,42 @@ def test_rule_examples_are_the_fixture_files():
   for case, before, after in cases:
     assert before == (ROOT / f'{case}.in.py').read_text(), case
     assert after == (ROOT / f'{case}.out.py').read_text(), case
+
+
+RULE_DOC_SECTIONS = ('## What it does', '## Why', '## Example', '## What stays a TODO')
+
+
+def _rule_doc(rule) -> str:
+  """The docstring of the module or package a rule lives in (`codemods.rules.l2n002` for its `rule` module)."""
+  import importlib
+
+  return importlib.import_module('.'.join(rule.__module__.split('.')[:3])).__doc__ or ''
+
+
+def missing_doc_sections(doc: str) -> list[str]:
+  """The ruff-style headings a rule's docstring lacks, or has out of order."""
+  lines = doc.splitlines()
+  positions = [lines.index(h) if h in lines else -1 for h in RULE_DOC_SECTIONS]
+  missing = [h for h, at in zip(RULE_DOC_SECTIONS, positions) if at < 0]
+  present = [at for at in positions if at >= 0]
+  return missing or ([] if present == sorted(present) else ['(headings out of order)'])
+
+
+def test_every_rule_doc_has_the_four_sections_and_its_row_in_the_rule_table():
+  from codemods.rules import ALL_RULES
+
+  table = (ROOT / 'docs' / 'migrate.md').read_text()
+  for rule in ALL_RULES:
+    doc = _rule_doc(rule)
+    assert not missing_doc_sections(doc), (rule.CODE, missing_doc_sections(doc))
+    code, _, summary = doc.splitlines()[0].partition(': ')
+    assert code == rule.CODE, (rule.CODE, doc.splitlines()[0])
+    rows = re.findall(rf'^\| {rule.CODE} \| [^|]+ \| (.+) \|$', table, re.MULTILINE)
+    assert rows == [summary], f'docs/migrate.md: the rule table row of {rule.CODE} must say {summary!r}, says {rows}'
+
+
+def test_the_doc_checker_rejects_missing_and_misordered_sections():
+  assert missing_doc_sections('L2N9: x\n\n## What it does\n## Why\n## Example\n## What stays a TODO\n') == []
+  assert missing_doc_sections('L2N9: x\n\n## What it does\n## Example\n') == ['## Why', '## What stays a TODO']
+  assert missing_doc_sections('## Why\n## What it does\n## Example\n## What stays a TODO\n') == [
+      '(headings out of order)']

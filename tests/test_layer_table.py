@@ -342,6 +342,19 @@ def test_layer_table_imports_without_jax():
   assert result.returncode == 0, result.stderr
 
 
+def test_recorded_signatures_are_the_installed_flax_ones():
+  """The codemod reads the table classes' constructor signatures from `layer_signatures` (no flax import)."""
+  from nnx_bridge import layer_signatures
+  from nnx_bridge.layer_table import WRAPPERS
+
+  assert set(layer_signatures.LINEN_FIELDS) == {s.linen for s in LAYERS} | {w.linen for w in WRAPPERS}
+  assert set(layer_signatures.NNX_ARGUMENTS) == {s.nnx for s in LAYERS if s.nnx} | {w.nnx for w in WRAPPERS}
+  for name, fields in layer_signatures.LINEN_FIELDS.items():
+    assert fields == layer_signatures.installed_linen_fields(name), name
+  for name, arguments in layer_signatures.NNX_ARGUMENTS.items():
+    assert arguments == layer_signatures.installed_nnx_arguments(name), name
+
+
 def test_docs_table_is_generated_from_the_rows():
   text = (ROOT / 'docs' / 'layer_table.md').read_text()
   assert text == render_markdown(), 'regenerate docs/layer_table.md from render_markdown()'

@@ -13,7 +13,7 @@ from flax import nnx
 import nnx_bridge
 from codemods import rules as registry
 from codemods.engine import migrate
-from codemods.hierarchy import build_hierarchy
+from codemods.analysis.hierarchy import build_hierarchy
 
 RULES = registry.select_rules(['L2N002'])
 BASE = '''\
@@ -76,8 +76,9 @@ def imports(tmp_path, monkeypatch):
     return importlib.import_module(name)
 
   yield load
-  for module in set(sys.modules) - before:
-    del sys.modules[module]
+  for name in set(sys.modules) - before:  # the project's modules only: flax, jax and the stdlib stay loaded
+    if str(getattr(sys.modules[name], '__file__', None) or '').startswith(str(tmp_path)):
+      del sys.modules[name]
 
 
 def _migrated(root: pathlib.Path, order: list[pathlib.Path], jobs: int) -> dict[str, tuple]:

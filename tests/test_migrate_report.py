@@ -13,7 +13,7 @@ from flax import nnx
 
 from codemods import cli
 from codemods import report
-from codemods.commands import model_refs
+from codemods.ports import model_refs
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / 'fixtures' / 'L2N002'
 
@@ -273,7 +273,7 @@ def test_a_shared_module_may_be_mapped_through_any_of_its_paths():
   differ only when they lead to the very same object; two equal-looking modules are still told apart."""
   from flax import nnx
 
-  from codemods.commands.migrate_report import _same_object
+  from codemods.ports.migrate_report import _same_object
 
   class Pair(nnx.Module):
     def __init__(self, rngs):

@@ -3,9 +3,6 @@ convertible itself) stays Linen, and a converted class building it wraps it with
 nnx_bridge.from_linen, initialised from example inputs given to the constructor. The converted
 program runs and matches Linen: outputs and gradients, train mode with the same dropout masks."""
 
-import pathlib
-import runpy
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,50 +11,42 @@ from flax import nnx
 import nnx_bridge
 from codemods import rules as registry
 from codemods.transform import transform_source
+from tests import test_fixture_parity as fixture_parity
 from tests import training_parity as parity
-
-FIXTURES = pathlib.Path(__file__).resolve().parent.parent / 'fixtures' / 'L2N002'
-X = jax.random.normal(jax.random.key(1), (2, 6))
-
-
-def _load(suffix: str) -> dict:
-  return runpy.run_path(str(FIXTURES / f'map_variables_bridge.{suffix}.py'))
 
 
 def _models():
-  linen_module = _load('in')['Model'](8, 3)
-  variables = linen_module.init(jax.random.key(0), X)
-  model = _load('out')['Model'](8, 3, linear_in_features=8, map_variables_block_example_inputs=(X,), rngs=nnx.Rngs(4))
-  return linen_module, variables, model
+  """The Linen model, its variables, the converted model and the input, as the fixture's parity spec builds them."""
+  case = 'L2N002/map_variables_bridge'
+  linen_module, variables, model, (x,) = fixture_parity.models(case, fixture_parity.spec(case))
+  return linen_module, variables, model, x
 
 
-def test_map_variables_block_is_wrapped_and_matches_linen():
-  linen_module, variables, model = _models()
+def test_map_variables_block_is_wrapped():
+  """Parity with Linen (outputs and the 4 gradients): fixtures/L2N002/map_variables_bridge.parity.json."""
+  _, _, model, _ = _models()
   assert isinstance(model.map_variables_block, nnx_bridge.LinenModule)
   assert model.map_variables_block.deterministic  # Linen's train=False default: the wrapper starts in eval mode
-  report = nnx_bridge.compare(linen_module, variables, model, X)
-  assert report.ok, report.to_text()
-  assert len([d for d in report.differences if d.check == 'gradient']) == 4
 
 
 def test_wrapped_block_matches_in_train_mode_with_the_same_masks():
-  linen_module, variables, model = _models()
-  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, X))
+  linen_module, variables, model, x = _models()
+  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, x))
   model.train()
   with parity.same_masks():
-    want = linen_module.apply(variables, X, train=True, rngs={'dropout': jax.random.key(2)})
-    got = model(X)
+    want = linen_module.apply(variables, x, train=True, rngs={'dropout': jax.random.key(2)})
+    got = model(x)
   np.testing.assert_allclose(got, want, atol=1e-5)
-  assert not np.allclose(got, linen_module.apply(variables, X), atol=1e-4)  # dropout really ran
+  assert not np.allclose(got, linen_module.apply(variables, x), atol=1e-4)  # dropout really ran
 
 
 def test_a_wrong_transfer_is_caught():
   """Swapping the wrapped block's kernel for another of the same shape changes the outputs."""
-  linen_module, variables, model = _models()
-  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, X))
+  linen_module, variables, model, x = _models()
+  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, x))
   model.map_variables_block.Dense_0['kernel'][...] = -model.map_variables_block.Dense_0['kernel'][...]
   model.eval()
-  assert not np.allclose(model(X), linen_module.apply(variables, X), atol=1e-3)
+  assert not np.allclose(model(x), linen_module.apply(variables, x), atol=1e-3)
 
 
 UNCONVERTIBLE = '''import flax.linen as nn

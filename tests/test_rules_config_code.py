@@ -3,45 +3,34 @@ arguments, and layers created under a construction-time `if` (a config flag) exi
 the flag says so. Both settings of the flag match Linen (outputs, gradients, train mode with the same
 dropout masks); tests on the call (its inputs, a train/eval switch) stay Linen with a TODO."""
 
-import pathlib
-import runpy
-
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 import nnx_bridge
 from codemods import rules as registry
 from codemods.transform import transform_source
+from tests import test_fixture_parity as fixture_parity
 from tests import training_parity as parity
 
-FIXTURES = pathlib.Path(__file__).resolve().parent.parent / 'fixtures' / 'L2N002'
 RULES = registry.select_rules(['L2N002'])
-X = jax.random.normal(jax.random.key(1), (3, 6))
-
-
-def _load(suffix: str) -> dict:
-  return runpy.run_path(str(FIXTURES / f'config_partial_conditional.{suffix}.py'))
+CASE = 'L2N002/config_partial_conditional'
 
 
 @pytest.mark.parametrize('use_norm', [True, False])
-def test_both_settings_of_the_flag_match_linen(use_norm):
-  linen, converted = _load('in'), _load('out')
-  linen_module = linen['Classifier'](linen['Config'](use_norm=use_norm, dropout=0.5))
-  variables = linen_module.init(jax.random.key(0), X)
-  model = converted['Classifier'](converted['Config'](use_norm=use_norm, dropout=0.5), linear1_in_features=6,
-                                  rngs=nnx.Rngs(2))
+def test_both_settings_of_the_flag_build_what_linen_builds_and_train_alike(use_norm):
+  """Eval-mode parity for both settings: fixtures/L2N002/config_partial_conditional.parity.json; here the layers
+  each setting builds and a train-mode call with the same dropout masks."""
+  entry = fixture_parity.spec(CASE, entry_id='norm' if use_norm else 'no-norm')
+  linen_module, variables, model, (x,) = fixture_parity.models(CASE, entry)
   assert (model.layer_norm is None) != use_norm and (model.dropout is None) == use_norm
   assert model.linear1.bias is None  # use_bias=False from the partial
-  report = nnx_bridge.compare(linen_module, variables, model, X)
-  assert report.ok, report.to_text()
-  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, X))
+  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, x))
   model.train()
   with parity.same_masks():
-    want = linen_module.apply(variables, X, train=True, rngs={'dropout': jax.random.key(3)})
-    np.testing.assert_allclose(model(X), want, atol=1e-5)
-  assert use_norm or not np.allclose(want, linen_module.apply(variables, X))  # dropout ran without the norm
+    want = linen_module.apply(variables, x, train=True, rngs={'dropout': jax.random.key(3)})
+    np.testing.assert_allclose(model(x), want, atol=1e-5)
+  assert use_norm or not np.allclose(want, linen_module.apply(variables, x))  # dropout ran without the norm
 
 
 SOURCE = '''import functools

@@ -4,6 +4,8 @@
 cache pattern (`self.has_variable('cache', ...)`); `decode_cache_attention` uses flax's
 `nn.MultiHeadDotProductAttention(decode=...)`. Linen decodes with its `cache` collection (init
 with decode on, then apply with mutable=['cache']); NNX after `init_cache(...)`.
+Each fixture's parity spec (`<case>.parity.json`, also compared by tests/test_fixture_parity.py) names
+the LM class and the Linen and NNX paths of each attention holding a cache.
 """
 
 import json
@@ -22,22 +24,22 @@ from codemods.report import FileOutcome
 from codemods.report import MigrationResult
 from codemods.report import converted_classes_from_json
 from codemods.transform import transform_source
+from tests import test_fixture_parity as fixture_parity
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / 'fixtures' / 'L2N002'
 RULES = registry.select_rules(['L2N002'])
 VOCAB, BATCH, MAX_LEN = 13, 2, 7
 ATOL = 1e-5
 
-# case -> the LM class, the Linen module path of each attention holding a cache, its NNX path
-CASES = {
-    'decode_cache': ('TinyLM', {
-        ('Block_0', 'CausalSelfAttention_0'): ('block1', 'causal_self_attention'),
-        ('Block_1', 'CausalSelfAttention_0'): ('block2', 'causal_self_attention'),
-    }),
-    'decode_cache_attention': ('AttentionLM', {
-        ('DecoderBlock_0', 'MultiHeadDotProductAttention_0'): ('decoder_block', 'multi_head_attention'),
-    }),
-}
+CASES = ('decode_cache', 'decode_cache_attention')
+
+
+def _spec(case: str) -> tuple[str, dict[tuple[str, ...], tuple[str, ...]]]:
+  """The LM class, and the Linen module path of each attention holding a cache with its NNX path (the parity spec)."""
+  entry = fixture_parity.spec(f'L2N002/{case}')
+  return entry['class'], {tuple(linen): tuple(port) for linen, port in entry['decode_caches']}
+
+
 LEAVES = ('cached_key', 'cached_value', 'cache_index')
 
 
@@ -51,7 +53,7 @@ def _tokens(key: int, length: int = MAX_LEN) -> jax.Array:
 
 def _pair(case: str):
   """The Linen LM and its variables, and the converted NNX LM holding the same parameters."""
-  name, _ = CASES[case]
+  name, _ = _spec(case)
   linen_lm = _load(case, 'in')[name](VOCAB)
   variables = linen_lm.init(jax.random.key(1), _tokens(0))
   model = _load(case, 'out')[name](VOCAB, rngs=nnx.Rngs(0))
@@ -69,7 +71,7 @@ class _LinenDecoder:
   """Linen decoding: a cache from init with decode on, then one apply per step with mutable=['cache']."""
 
   def __init__(self, case: str, params) -> None:
-    self.module = _load(case, 'in')[CASES[case][0]](VOCAB, decode=True)
+    self.module = _load(case, 'in')[_spec(case)[0]](VOCAB, decode=True)
     self.params = params
     self.cache = self.module.init(jax.random.key(1), jnp.ones((BATCH, MAX_LEN), jnp.int32))['cache']
 
@@ -90,7 +92,7 @@ def _nnx_decoder(model):
   return lambda token: _nnx_step(model, token)
 
 
-@pytest.mark.parametrize('case', sorted(CASES))
+@pytest.mark.parametrize('case', CASES)
 def test_full_sequence_forward_matches_linen(case):
   linen_lm, variables, model = _pair(case)
   tokens = _tokens(5)
@@ -98,12 +100,12 @@ def test_full_sequence_forward_matches_linen(case):
   assert not jax.tree.leaves(nnx.state(model, nnx.Cache))  # no cache until init_cache, as Linen without decode
 
 
-@pytest.mark.parametrize('case', sorted(CASES))
+@pytest.mark.parametrize('case', CASES)
 def test_init_cache_makes_the_caches_linen_init_makes(case):
   _, variables, model = _pair(case)
   linen_cache = _LinenDecoder(case, variables['params']).cache
   model.init_cache((BATCH, MAX_LEN))
-  for linen_path, nnx_path in CASES[case][1].items():
+  for linen_path, nnx_path in _spec(case)[1].items():
     for leaf in LEAVES:
       want, got = _node(linen_cache, (*linen_path, leaf)), _node(model, (*nnx_path, leaf))
       assert isinstance(got, nnx.Cache)
@@ -111,7 +113,7 @@ def test_init_cache_makes_the_caches_linen_init_makes(case):
       np.testing.assert_array_equal(got[...], want)
 
 
-@pytest.mark.parametrize('case', sorted(CASES))
+@pytest.mark.parametrize('case', CASES)
 def test_token_by_token_decoding_matches_linen_and_the_caches_agree(case):
   linen_lm, variables, model = _pair(case)
   tokens = _tokens(3)
@@ -121,14 +123,14 @@ def test_token_by_token_decoding_matches_linen_and_the_caches_agree(case):
     want, got = linen_step(tokens[:, t:t + 1]), nnx_step(tokens[:, t:t + 1])
     np.testing.assert_allclose(got, want, atol=ATOL, err_msg=f'step {t}')
     np.testing.assert_allclose(got[:, 0], full[:, t], atol=ATOL, err_msg=f'step {t}')  # decoding is causal attention
-  for linen_path, nnx_path in CASES[case][1].items():
+  for linen_path, nnx_path in _spec(case)[1].items():
     for leaf in LEAVES:
       np.testing.assert_allclose(_node(model, (*nnx_path, leaf))[...], _node(linen_step.cache, (*linen_path, leaf)),
                                  atol=ATOL, err_msg=f'{linen_path} {leaf}')
   assert int(_node(model, (*nnx_path, 'cache_index'))[...]) == MAX_LEN
 
 
-@pytest.mark.parametrize('case', sorted(CASES))
+@pytest.mark.parametrize('case', CASES)
 def test_greedy_generation_gives_the_same_tokens(case):
   _, variables, model = _pair(case)
   prompt = _tokens(4, length=3)
@@ -187,7 +189,7 @@ def test_the_report_records_init_cache_and_survives_json():
   assert converted_classes_from_json(document) == {'lm.py': result.classes}
 
 
-@pytest.mark.parametrize('case', sorted(CASES))
+@pytest.mark.parametrize('case', CASES)
 def test_the_converted_code_needs_only_flax_and_jax(case):
   source = (FIXTURES / f'{case}.out.py').read_text()
   imports = [line for line in source.splitlines() if line.startswith(('import ', 'from '))]

@@ -1,14 +1,13 @@
 """L2N002 on sizes read off the input at call time (`d = x.shape[-1]`, `n, _, d = x.shape`, `nn.Dense(x.shape[-1])`,
 big_vision's `nn.Dense(self.mlp_dim or 4 * d)`),
 chained config aliases, a tiled probe and the carry of a scan over layers: the sizes are derived from the code, the
-converted classes match Linen on transferred params (outputs and every gradient), and a port whose output
-projection ignores the input's width is caught."""
+converted classes match Linen on transferred params (outputs and every gradient: the fixture's parity spec,
+tests/test_fixture_parity.py), and a port whose output projection ignores the input's width is caught."""
 
 import pathlib
 import runpy
 
 import jax
-import jax.numpy as jnp
 import pytest
 from flax import nnx
 
@@ -27,25 +26,6 @@ def linen():
 @pytest.fixture(scope='module')
 def ported():
   return runpy.run_path(str(FIXTURES / 'input_size_locals.out.py'))
-
-
-@pytest.mark.parametrize('name, build, nnx_kwargs, x', [
-    ('MlpBlock', lambda ns: ns['MlpBlock'](12), {'linear1_in_features': 6}, TOKENS),
-    ('Gate', lambda ns: ns['Gate'](), {'gate_features': 6}, TOKENS),
-    ('DefaultWidthMlp', lambda ns: ns['DefaultWidthMlp'](), {'linear1_features': 6}, TOKENS),
-    ('DefaultWidthMlp', lambda ns: ns['DefaultWidthMlp'](10), {'linear1_features': 6}, TOKENS),
-    ('PoolingHead', lambda ns: ns['PoolingHead'](2), {'probe_features': 6}, TOKENS),
-    ('Encoder', lambda ns: ns['Encoder'](ns['Config']()), {'embedding_in_features': 3}, IMAGES),
-])
-def test_converted_classes_match_linen(linen, ported, name, build, nnx_kwargs, x):
-  linen_module = build(linen)
-  variables = linen_module.init(jax.random.key(0), x)
-  nnx_class = ported[name]
-  args = [getattr(linen_module, f) for f in linen[name].__dataclass_fields__ if f not in ('parent', 'name')]
-  model = nnx_class(*args, **nnx_kwargs, rngs=nnx.Rngs(1))
-  report = nnx_bridge.compare(linen_module, variables, model, x)
-  assert report.ok, report.to_text()
-  assert len(nnx.to_flat_state(nnx.state(model, nnx.Param))) == len(jax.tree.leaves(variables['params']))
 
 
 def test_the_sizes_come_from_the_code(ported):

@@ -1,9 +1,9 @@
 """L2N002 on layers built in loops: an MLP over its hidden sizes, a transformer encoder stacking
 named blocks by config depth, a ResNet-style stage and a setup() list become nnx.List attributes.
-Outputs and every gradient match Linen on transferred params, with as many param leaves; a port
+Outputs and every gradient match Linen on transferred params, with as many param leaves (the fixture's
+parity spec, tests/test_fixture_parity.py); the Linen names keep their order, a port
 whose list entries are swapped is caught, and loops that cannot be converted keep a precise TODO."""
 
-import pathlib
 import runpy
 
 import jax
@@ -15,52 +15,15 @@ from flax import nnx
 import nnx_bridge
 from codemods import rules as registry
 from codemods.transform import transform_source
+from tests import test_fixture_parity as fixture_parity
 
-FIXTURES = pathlib.Path(__file__).resolve().parent.parent / 'fixtures' / 'L2N002'
 X = jnp.linspace(-1.0, 1.0, 2 * 6).reshape(2, 6)
-TOKENS = jnp.array([[1, 4, 2, 7], [3, 3, 0, 5]])
-
-
-def _load(suffix: str) -> dict:
-  return runpy.run_path(str(FIXTURES / f'layer_loops.{suffix}.py'))
-
-
-def _models(name: str):
-  """(Linen module, its variables, the converted NNX model, the input) for one class of the fixture."""
-  linen, converted = _load('in'), _load('out')
-  if name == 'MLP':
-    return linen['MLP']((8, 5, 3)), converted['MLP']((8, 5, 3), linears_in_features=6, rngs=nnx.Rngs(1)), X
-  if name == 'Encoder':
-    return (linen['Encoder'](linen['Config']()), converted['Encoder'](converted['Config'](), rngs=nnx.Rngs(1)),
-            TOKENS)
-  if name == 'ResNetStage':
-    return (linen['ResNetStage']((4, 7)), converted['ResNetStage']((4, 7), projs_in_features=6, rngs=nnx.Rngs(1)),
-            X)
-  if name == 'SetupMLP':
-    return (linen['SetupMLP']((8, 5, 3)), converted['SetupMLP']((8, 5, 3), layers_in_features=6, rngs=nnx.Rngs(1)),
-            X)
-  if name == 'AppendMLP':
-    return (linen['AppendMLP']((8, 5, 3)), converted['AppendMLP']((8, 5, 3), layers_in_features=6, rngs=nnx.Rngs(1)),
-            X)
-  if name == 'SetupStack':
-    return linen['SetupStack'](5, 3), converted['SetupStack'](5, 3, embed_in_features=6, rngs=nnx.Rngs(1)), X
-  raise KeyError(name)
-
-
-@pytest.mark.parametrize('name', ['MLP', 'Encoder', 'ResNetStage', 'SetupMLP', 'SetupStack', 'AppendMLP'])
-def test_layer_loops_match_linen(name):
-  linen_module, model, x = _models(name)
-  variables = linen_module.init(jax.random.key(0), x)
-  report = nnx_bridge.compare(linen_module, variables, model, x)
-  assert report.ok, report.to_text()
-  linen_leaves = len(jax.tree.leaves(variables['params']))
-  assert len(nnx.to_flat_state(nnx.state(model, nnx.Param))) == linen_leaves
+CASE = 'L2N002/layer_loops'
 
 
 def test_the_encoder_keeps_linen_names_in_order():
   """`name=f'layer_{i}'`: Linen's layer_0, layer_1, layer_2 pair with self.layers[0], [1], [2]."""
-  linen_module, model, x = _models('Encoder')
-  variables = linen_module.init(jax.random.key(0), x)
+  linen_module, variables, model, (x,) = fixture_parity.models(CASE, fixture_parity.spec(CASE, 'Encoder'))
   assert [k for k in variables['params'] if k.startswith('layer_')] == ['layer_0', 'layer_1', 'layer_2']
   mapping = nnx_bridge.derive_mapping(linen_module, model, x)
   pairs = {rule.nnx[:2]: rule.linen[0][1] for rule in mapping.rules if rule.nnx[0] == 'layers'}
@@ -69,8 +32,7 @@ def test_the_encoder_keeps_linen_names_in_order():
 
 def test_swapped_list_entries_are_caught():
   """Params of two same-shaped list entries exchanged: the outputs no longer match Linen's."""
-  linen_module, model, x = _models('Encoder')
-  variables = linen_module.init(jax.random.key(0), x)
+  linen_module, variables, model, (x,) = fixture_parity.models(CASE, fixture_parity.spec(CASE, 'Encoder'))
   nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, x))
   expected = linen_module.apply(variables, x)
   model.eval()

@@ -86,8 +86,8 @@ def test_decode_view_generates_the_same_tokens_from_the_same_parameters():
 
 
 def test_kept_train_state_trains_to_the_same_parameters():
-  """`--train-state keep` (fixtures/L2N003/keep_train_state): the TrainState stays, around nnx.split state."""
-  kept = str(FIXTURES / 'keep_train_state' / 'guide_train_state.out.py')
+  """`--train-state keep` (guide_train_state.train-state=keep.out.py): the TrainState stays, around nnx.split state."""
+  kept = str(FIXTURES / 'guide_train_state.train-state=keep.out.py')
   linen, linen_globals, ported, nnx_globals = _run_both('guide_train_state', 'Dense', 'Linear', kept)
   state = nnx_globals['state']
   assert type(state).__name__ == 'NNXTrainState' and int(state.step) == int(linen_globals['state'].step) == 3
@@ -98,7 +98,7 @@ def test_kept_train_state_trains_to_the_same_parameters():
 
 
 def test_kept_train_state_refuses_a_model_with_train_eval_state():
-  source = (FIXTURES / 'keep_train_state' / 'guide_train_state.in.py').read_text().replace(
+  source = (FIXTURES / 'guide_train_state.in.py').read_text().replace(
       'model = nn.Dense(features=10)', 'model = Net()').replace(
       'sample_x = jnp.ones((1, 784))', 'class Net(nn.Module):\n  @nn.compact\n  def __call__(self, x, train: bool = False):\n'
       '    return nn.Dropout(0.5, deterministic=not train)(nn.Dense(10)(x))\n\n\nsample_x = jnp.ones((1, 784))')

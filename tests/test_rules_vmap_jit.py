@@ -1,9 +1,9 @@
 """L2N002 on nn.vmap ensembles, nn.jit submodules and scans with metadata_params: the converted code holds
-Linen's stacked params with the same shapes, and outputs and gradients match; train/eval arguments a
+Linen's stacked params with the same shapes, and outputs and gradients match (the fixture's parity spec,
+tests/test_fixture_parity.py); a swapped ensemble member is caught; train/eval arguments a
 lifted call drops leave static_argnums renumbered; other options stay Linen with a TODO naming them."""
 
 import pathlib
-import runpy
 
 import jax
 import jax.numpy as jnp
@@ -14,54 +14,24 @@ from flax import nnx
 import nnx_bridge
 from codemods import rules as registry
 from codemods.transform import transform_source
+from tests import test_fixture_parity as fixture_parity
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / 'fixtures' / 'L2N002'
 RULES = registry.select_rules(['L2N002'])
-X = jax.random.normal(jax.random.key(1), (2, 6))
-CASES = {  # class -> (Linen fields, the NNX size arguments for X, Linen's child holding the params)
-    'Ensemble': ((3, 8, 4), {'heads_linear1_in_features': 6}, 'VmapHead_0'),
-    'Jitted': ((8,), {'head_linear1_in_features': 6}, 'JitHead_0'),
-    'Stack': ((6, 3), {}, 'ScanBlock_0'),
-}
-
-
-def _load(suffix: str) -> dict:
-  return runpy.run_path(str(FIXTURES / f'vmap_jit_stack.{suffix}.py'))
-
-
-@pytest.mark.parametrize('name', CASES)
-def test_lifted_children_match_linen_outputs_and_gradients(name):
-  fields, sizes, child = CASES[name]
-  linen_module = _load('in')[name](*fields)
-  variables = linen_module.init(jax.random.key(0), X)
-  model = _load('out')[name](*fields, **sizes, rngs=nnx.Rngs(3))
-  mapping = nnx_bridge.derive_mapping(linen_module, model, X)
-  assert {rule.linen[0][1] for rule in mapping.rules} == {child}
-  flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-  for rule in mapping.rules:  # the stacked layout transfers as it is
-    linen_leaf = variables['params']
-    for key in rule.linen[0][1:]:
-      linen_leaf = linen_leaf[key]
-    assert flat[rule.nnx][...].shape == linen_leaf.shape, rule
-  report = nnx_bridge.compare(linen_module, variables, model, X, mapping=mapping)
-  assert report.ok, report.to_text()
-  assert len([d for d in report.differences if d.check == 'gradient']) == len(mapping.rules)
+CASE = 'L2N002/vmap_jit_stack'
 
 
 def test_ensemble_members_differ_and_a_swapped_member_is_caught():
   """Each member has its own params (split_rngs params), and the parity check sees a reordered ensemble only
   through the mean: swapping two members' first kernels changes the output."""
-  fields, sizes, _ = CASES['Ensemble']
-  linen_module = _load('in')['Ensemble'](*fields)
-  variables = linen_module.init(jax.random.key(0), X)
+  linen_module, variables, model, (x,) = fixture_parity.models(CASE, fixture_parity.spec(CASE, 'Ensemble'))
   kernel = variables['params']['VmapHead_0']['Dense_0']['kernel']
   assert not np.allclose(kernel[0], kernel[1])
-  model = _load('out')['Ensemble'](*fields, **sizes, rngs=nnx.Rngs(3))
-  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, X))
-  np.testing.assert_allclose(model(X), linen_module.apply(variables, X), atol=1e-5)
+  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, x))
+  np.testing.assert_allclose(model(x), linen_module.apply(variables, x), atol=1e-5)
   swapped = model.heads.linear1.kernel[...]
   model.heads.linear1.kernel[...] = swapped[jnp.array([1, 0, 2])]
-  assert not np.allclose(model(X), linen_module.apply(variables, X), atol=1e-3)
+  assert not np.allclose(model(x), linen_module.apply(variables, x), atol=1e-3)
 
 
 def test_metadata_params_become_transform_metadata():

@@ -272,7 +272,7 @@ def test_nnx_jit_style_writes_what_the_rule_always_wrote():
 
 
 def test_keep_train_state_and_pmap_steps_say_why_no_style_applies():
-  keep = l2n003((ROOT / 'fixtures' / 'L2N003' / 'keep_train_state' / 'guide_train_state.in.py').read_text(),
+  keep = l2n003((ROOT / 'fixtures' / 'L2N003' / 'guide_train_state.in.py').read_text(),
                 'cached', train_state='keep')
   assert notes(keep) == ['train_step: stays a jax.jit step over the kept TrainState (--train-state keep); step style '
                          'cached not applied']

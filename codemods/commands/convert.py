@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from codemods.commands import migrate_report
-from codemods.commands import model_refs
+from codemods.ports import model_arguments
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 
@@ -41,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
   parser.add_argument('--mapping', metavar='FILE.json', help='use this leaf mapping instead of deriving one')
   parser.add_argument('--write-mapping', metavar='FILE.json', help='write the mapping used, for review')
   parser.add_argument('--allow-lossy', action='store_true', help='convert even if a non-zero leaf has no NNX place')
-  model_refs.add_model_arguments(parser)
+  model_arguments.add_model_arguments(parser)
   parser.set_defaults(run=run)
 
 
@@ -49,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
   import jax
   from flax import nnx
 
+  from codemods.ports import migrate_report
+  from codemods.ports import model_refs
   from nnx_bridge import checkpoint
   from nnx_bridge import derive
   from nnx_bridge import modes

@@ -152,8 +152,8 @@ def build_port(linen: tp.Any, inputs: tuple, kwargs: dict, linen_dir: pathlib.Pa
                report_path: pathlib.Path) -> tuple[tp.Any, tp.Any]:
   """The migrated class of a Linen example model, built as `linen2nnx verify --migrate-report` builds it:
   (NNX model, the report's record of it). Call it where `check_models` does, with both copies importable."""
-  from codemods.commands import migrate_report
-  from codemods.commands import model_refs
+  from codemods.ports import migrate_report
+  from codemods.ports import model_refs
 
   nnx_class = model_refs.load_object(f'{_migrated_file(type(linen), linen_dir, nnx_dir)}:{type(linen).__name__}')
   port = migrate_report.load_port(str(report_path), nnx_class, linen, inputs, kwargs)
@@ -168,8 +168,8 @@ def _check_model(name: str, linen: tp.Any, inputs: tuple, kwargs: dict, linen_di
   import jax
   from flax import nnx
 
-  from codemods.commands import model_refs
   from codemods.commands import verify
+  from codemods.ports import model_refs
 
   linen_class = type(linen)
   model, port = build_port(linen, inputs, kwargs, linen_dir, nnx_dir, report_path)
@@ -213,7 +213,7 @@ def _migrated_file(linen_class: type, linen_dir: pathlib.Path, nnx_dir: pathlib.
 
 def _migrated_fields(linen: tp.Any, linen_dir: pathlib.Path, nnx_dir: pathlib.Path) -> dict[str, tp.Any]:
   """Fields holding a Linen class of the project (`block_cls=ResNetBlock`) get the migrated class instead."""
-  from codemods.commands import model_refs
+  from codemods.ports import model_refs
 
   package = type(linen).__module__.partition('.')[0]
   fields = {}
@@ -245,7 +245,7 @@ class _importable:
 def _migrated_imports() -> tp.Iterator[None]:
   """The migrated files are imported by path (`model_refs.load_object`); forget them before and after, as
   they may have changed on disk in between."""
-  from codemods.commands import model_refs
+  from codemods.ports import model_refs
 
   _forget(lambda name: name.startswith(model_refs.USER_MODULE_PREFIX))
   try:

@@ -7,8 +7,11 @@ import json
 import sys
 import typing as tp
 
-from codemods.commands import migrate_report
-from codemods.commands import model_refs
+from codemods.ports import model_arguments
+
+if tp.TYPE_CHECKING:
+  from codemods.ports import migrate_report
+  from codemods.ports import model_refs
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 
@@ -37,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
   )
   parser.add_argument('linen', metavar='LINEN', help='the Linen class, or - with --examples')
   parser.add_argument('nnx', metavar='NNX', help='the NNX class')
-  model_refs.add_model_arguments(parser)
+  model_arguments.add_model_arguments(parser)
   parser.add_argument('--atol', type=float, default=1e-5, help='absolute tolerance (default 1e-5)')
   parser.add_argument('--rtol', type=float, default=1e-5, help='relative tolerance (default 1e-5)')
   parser.add_argument('--no-train-step', action='store_true', help='skip the train-mode call')
@@ -60,6 +63,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
   import flax.errors
 
+  from codemods.ports import model_refs
   from nnx_bridge.errors import BridgeError
   from nnx_bridge.treemap import TreeMapping
 
@@ -107,6 +111,7 @@ def check_port(example: model_refs.Example, nnx_model: tp.Any, port: migrate_rep
   """
   import jax
 
+  from codemods.ports import migrate_report
   from nnx_bridge import derive
   from nnx_bridge import modes
   from nnx_bridge import parity

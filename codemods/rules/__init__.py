@@ -6,8 +6,8 @@ import typing as tp
 
 from codemods.rule import MigrationRule
 from codemods.rules.l2n001_convert_initializers import ConvertInitializersRule
-from codemods.rules.l2n002_module_definitions import ConvertModuleDefinitionsRule
-from codemods.rules.l2n003_init_apply import ConvertInitApplyRule
+from codemods.rules.l2n002 import ConvertModuleDefinitionsRule
+from codemods.rules.l2n003 import ConvertInitApplyRule
 
 ALL_RULES: tuple[type[MigrationRule], ...] = (ConvertInitializersRule, ConvertModuleDefinitionsRule, ConvertInitApplyRule)
 

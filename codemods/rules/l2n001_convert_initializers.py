@@ -1,19 +1,27 @@
 """L2N001: `flax.linen.initializers.X` -> `nnx.initializers.X`.
 
 ## What it does
-Rewrites every reference to a Linen initializer (`nn.initializers.lecun_normal`,
-`linen.initializers.zeros`, `I.ones` after `from flax.linen import initializers as I`,
-`flax.linen.initializers.normal`, `nn.zeros_init`, or a name imported from
-`flax.linen.initializers`) into `nnx.initializers.X`, adds `from flax import nnx` and removes
-the Linen import it went through once nothing else uses it.
+Rewrites every reference to a Linen initializer (`nn.initializers.lecun_normal`, `I.ones` after
+`from flax.linen import initializers as I`, `nn.zeros_init`, a name imported from `flax.linen.initializers`)
+into `nnx.initializers.X`, adds `from flax import nnx` and removes the Linen import it went through once nothing
+else uses it.
 
 ## Why
-`flax.nnx.initializers` exports the same functions (the same objects, except `zeros_init` and
-`ones_init`, which are identical copies), so the rewrite does not change any value.
+`flax.nnx.initializers` exports the same functions (the same objects, except `zeros_init` and `ones_init`,
+which are identical copies), so the rewrite changes no value, and NNX code no longer needs `flax.linen`.
 
-## Left as a TODO
-A name `flax.nnx.initializers` lacks, a reference that is assigned or deleted, and code where
-the name `nnx` is already bound to something else than `flax.nnx`.
+## Example
+```python
+layer = nn.Dense(4, kernel_init=nn.initializers.lecun_normal(), bias_init=nn.zeros_init())
+```
+becomes
+```python
+layer = nn.Dense(4, kernel_init=nnx.initializers.lecun_normal(), bias_init=nnx.initializers.zeros_init())
+```
+
+## What stays a TODO
+A name `flax.nnx.initializers` lacks, a reference that is assigned or deleted, and code where the name `nnx` is
+already bound to something else than `flax.nnx`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,59 @@
+"""L2N002: `flax.linen.Module` classes (setup style and `@nn.compact`) -> `nnx.Module`.
+
+## What it does
+Converts each module-level Linen class of a file into an NNX class: an `__init__(self, <fields>, *,
+<sizes>, rngs: nnx.Rngs)` that stores the fields, runs the `setup()` body and builds every layer,
+`self.param` and `self.variable` the `@nn.compact` method creates (layers from the layer table,
+`nnx_bridge.layer_table`), and a `__call__` that uses them. Sizes NNX needs up front are derived
+from the code or become keyword-only constructor arguments, each reported with its source;
+train/eval switches go (`model.train()` / `model.eval()` set them); decode caches get an
+`init_cache`; `nn.scan` / `nn.vmap` / `nn.remat` / `nn.jit` over classes of the file, control
+flow, layers built in loops, module factories and tied weights have NNX counterparts.
+docs/migrate.md describes each case.
+
+## Why
+NNX modules are plain Python objects that own their state: variables exist from `__init__` on,
+so the lazy shape inference of `@nn.compact` and the scope APIs have no counterpart, and the
+layer sizes Linen infers on the first call must be known when the module is built.
+
+## Example
+```python
+class MLP(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.features)(x)
+```
+becomes
+```python
+class MLP(nnx.Module):
+  def __init__(self, features: int, *, linear_in_features: int, rngs: nnx.Rngs):
+    self.features = features
+    self.linear = nnx.Linear(in_features=linear_in_features, out_features=self.features, rngs=rngs)
+
+  def __call__(self, x):
+    return self.linear(x)
+```
+
+## What stays a TODO
+A class the rule cannot convert whole is left as Linen, with a TODO saying why: scope APIs other
+than param / variable / make_rng / sow / is_initializing and the decode-cache pattern, Linen names
+without an NNX counterpart, constructions NNX cannot build in `__init__` (under conditions on the
+call, in loops other than the converted ones, in nested functions), sizes or shapes the code does
+not fix where NNX needs them, and train/eval switches used other than to set train/eval arguments.
+
+## Layout
+Analyse: `facts.py` (`FileFacts`, once per file, with `factories.scan_factories`). Decide:
+`planner.py` fills a fresh `plan.ClassRewrite` per class from the passes mixed into it (`scope.py`,
+`children.py`, `lifted.py`, `modes.py`, `sizes.py`, `decode_cache.py`) and their helpers
+(`loops.py`, `factories.py`, the size/shape interpreter `dims.py`, `nodes.py`); a class that
+fails is dropped whole. Rewrite: `rule.py` applies the converted classes' `plan.FileRewrite`,
+with `emit.py` (the NNX code) and `entries.py` (the report).
+"""
+
+from codemods.rules.l2n002.rule import (
+    ConvertModuleDefinitionsRule as ConvertModuleDefinitionsRule,
+)
+
+__all__ = ('ConvertModuleDefinitionsRule',)

@@ -1,0 +1,178 @@
+"""What L2N002 knows of a file before it plans any class: `FileFacts`, computed once in `visit_Module`.
+
+The facts hold the file's Linen classes and what is said of them across the file (the classes some
+nn.scan runs, those Linen-only code keeps Linen, the factory fields and what each makes), and wrap
+the libcst metadata the passes read (qualified names, parents, scopes, positions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+import libcst as cst
+from libcst.metadata import CodePosition
+from libcst.metadata import ParentNodeProvider
+from libcst.metadata import PositionProvider
+from libcst.metadata import QualifiedName
+from libcst.metadata import QualifiedNameProvider
+from libcst.metadata import Scope
+from libcst.metadata import ScopeProvider
+
+from codemods.analysis.hierarchy import LinenHierarchy
+from codemods.nodes import descendants
+from codemods.options import MigrationOptions
+from codemods.vocabulary import CONTROL_FLOW
+from codemods.vocabulary import JIT_NAMES
+from codemods.vocabulary import MODULE_NAMES
+from codemods.vocabulary import REMAT_NAMES
+from codemods.vocabulary import SCAN_NAMES
+from codemods.vocabulary import VMAP_NAMES
+
+if tp.TYPE_CHECKING:
+  from codemods.rules.l2n002.factories import FactoryFields
+
+Metadata = tp.Callable[..., tp.Any]
+"""`MetadataDependent.get_metadata`: (provider, node, default) -> the node's metadata."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FileFacts:
+  """One file as L2N002 sees it."""
+
+  module: cst.Module
+  metadata: Metadata = dataclasses.field(repr=False)  # the rule's libcst metadata lookup
+  filename: str | None
+  options: MigrationOptions
+  hierarchy: LinenHierarchy
+  linen_classes: frozenset[str] = frozenset()  # module-level Linen classes of the file
+  class_defs: tp.Mapping[str, cst.ClassDef] = dataclasses.field(default_factory=dict)  # module-level classes
+  global_names: frozenset[str] = frozenset()  # names bound at module level
+  scanned_cells: frozenset[str] = frozenset()  # classes of the file some nn.scan(<class>, ...) runs
+  kept_linen: tp.Mapping[str, str] = dataclasses.field(default_factory=dict)  # classes that stay Linen -> why
+  factories: FactoryFields | None = None  # ModuleDef / partial factory fields and what they make
+
+  # --- metadata --------------------------------------------------------------------------------
+
+  def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+    return self.metadata(ParentNodeProvider, node, None)
+
+  def qualified_names(self, node: cst.CSTNode) -> tp.Collection[QualifiedName]:
+    return self.metadata(QualifiedNameProvider, node, set())
+
+  def scope(self, node: cst.CSTNode) -> Scope | None:
+    return self.metadata(ScopeProvider, node, None)
+
+  def position(self, node: cst.CSTNode) -> CodePosition:
+    """Where `node` starts in the original file."""
+    return self.metadata(PositionProvider, node).start
+
+  def code(self, node: cst.CSTNode) -> str:
+    return self.module.code_for_node(node)
+
+  def has_name(self, node: cst.CSTNode, names: tp.Collection[str]) -> bool:
+    return any(q.name in names for q in self.qualified_names(node))
+
+  def is_linen_name(self, node: cst.CSTNode) -> bool:
+    """Whether `node` names something of flax.linen."""
+    return isinstance(node, (cst.Name, cst.Attribute)) and any(
+        q.name == 'flax.linen' or q.name.startswith('flax.linen.') for q in self.qualified_names(node))
+
+  def ancestors(self, node: cst.CSTNode) -> tp.Iterator[cst.CSTNode]:
+    """The nodes above `node` up to its statement, that one included."""
+    parent = self.parent(node)
+    while parent is not None and not isinstance(parent, (cst.BaseStatement, cst.BaseSmallStatement)):
+      yield parent
+      parent = self.parent(parent)
+    if parent is not None:
+      yield parent
+
+  def local_call(self, name: cst.Name, funcs: tp.Collection[str]
+                 ) -> tuple[cst.SimpleStatementLine, cst.metadata.Assignment, cst.Call] | None:
+    """The statement `name = f(...)` binding a function-scope local once, with `f` one of `funcs`: the statement,
+    the local's assignment and the call; None otherwise."""
+    scope = self.scope(name)
+    if scope is None or isinstance(scope, (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)):
+      return None
+    assignments = list(scope[name.value])
+    if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
+      return None
+    target = self.parent(assignments[0].node)
+    assign = self.parent(target) if isinstance(target, cst.AssignTarget) else None
+    line = self.parent(assign) if isinstance(assign, cst.Assign) else None
+    if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and len(assign.targets) == 1
+            and isinstance(assign.value, cst.Call) and isinstance(assign.value.func, (cst.Name, cst.Attribute))
+            and self.has_name(assign.value.func, funcs)):
+      return None
+    return line, assignments[0], assign.value
+
+  def unremat(self, node: cst.CSTNode) -> cst.CSTNode:
+    """`Block` for `nn.remat(Block, ...)`; `node` itself otherwise."""
+    if isinstance(node, cst.Call) and self.has_name(node.func, REMAT_NAMES) and node.args:
+      return node.args[0].value
+    return node
+
+  def nnx_is_free(self, node: cst.CSTNode) -> bool:
+    """Whether the name `nnx` at `node` is unbound or bound to `flax.nnx`."""
+    return self.names_of(node, 'nnx') <= {'flax.nnx'} if self.scope(node) is not None else False
+
+  def names_of(self, node: cst.CSTNode, name: str) -> set[str]:
+    """The qualified names `name` is bound to at `node` (empty: unbound)."""
+    scope = self.scope(node)
+    return {q.name for a in scope[name] for q in a.get_qualified_names_for(name)} if scope is not None else set()
+
+  # --- classes ---------------------------------------------------------------------------------
+
+  def project_base(self, node: cst.ClassDef) -> str | None:
+    """The fully qualified name of the only base of `node`, when it is a Linen class of the run, else None."""
+    if len(node.bases) != 1:
+      return None
+    names = self.qualified_names(node.bases[0].value)
+    return next((found for q in names if (found := self.hierarchy.resolve(q.name)) is not None), None)
+
+  def is_linen_class(self, node: cst.ClassDef) -> bool:
+    """Whether a base is flax.linen.Module or, with one base, a Linen class of the run (`codemods/analysis/hierarchy.py`)."""
+    return any(self.has_name(base.value, MODULE_NAMES) for base in node.bases) or self.project_base(node) is not None
+
+
+def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, options: MigrationOptions,
+                 hierarchy: LinenHierarchy) -> FileFacts:
+  """The facts of one file, with its factory fields (`factories.scan_factories`)."""
+  from codemods.rules.l2n002.factories import scan_factories
+
+  facts = FileFacts(module, metadata, filename, options, hierarchy)
+  linen = frozenset(s.name.value for s in module.body if isinstance(s, cst.ClassDef) and facts.is_linen_class(s))
+  scanned = frozenset(
+      target.value for sub in descendants(module)
+      if isinstance(sub, cst.Call) and sub.args and facts.has_name(sub.func, SCAN_NAMES)
+      and isinstance(target := facts.unremat(sub.args[0].value), cst.Name) and target.value in linen)
+  scope = facts.scope(module)
+  global_names = frozenset(a.name for a in scope.assignments) if scope is not None else frozenset()
+  class_defs = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
+  facts = dataclasses.replace(facts, linen_classes=linen, class_defs=class_defs, global_names=global_names,
+                              scanned_cells=scanned)
+  facts = dataclasses.replace(facts, kept_linen=_linen_only_uses(facts))
+  return dataclasses.replace(facts, factories=scan_factories(facts))
+
+
+def _linen_only_uses(facts: FileFacts) -> dict[str, str]:
+  """Classes of the file that Linen-only code uses (`nn.map_variables(Block, ...)`, a Linen function NNX has no
+  counterpart of, given the class itself), and the classes those use: they stay Linen, so that code keeps
+  running on Linen modules; a converted class building one wraps it with nnx_bridge.from_linen."""
+  converted = SCAN_NAMES | REMAT_NAMES | JIT_NAMES | VMAP_NAMES | set(CONTROL_FLOW)
+  kept: dict[str, str] = {}
+  for call in descendants(facts.module):
+    if not (isinstance(call, cst.Call) and isinstance(call.func, (cst.Name, cst.Attribute))) \
+        or not facts.is_linen_name(call.func) or facts.has_name(call.func, converted):
+      continue
+    for arg in call.args:
+      if arg.keyword is None and isinstance(arg.value, cst.Name) and arg.value.value in facts.linen_classes:
+        kept.setdefault(arg.value.value, f'{facts.code(call.func)} has no NNX counterpart')
+  pending = list(kept)
+  while pending:  # what a kept class builds stays Linen with it
+    user = pending.pop()
+    for sub in descendants(facts.class_defs[user]):
+      if isinstance(sub, cst.Name) and sub.value in facts.linen_classes and sub.value not in kept:
+        kept[sub.value] = f'the Linen class {user}, kept as Linen, uses it'
+        pending.append(sub.value)
+  return kept

@@ -1,0 +1,741 @@
+"""Layers built in `for` loops, for rule L2N002.
+
+An `@nn.compact` loop over `range(<fields, config, literals>)`, `enumerate(<field>)` or a field
+(`for f in self.features[:-1]:`) whose body is simple statements constructing table layers or
+classes of the file, called where they are built (`x = nn.Dense(f)(x)`), becomes one `nnx.List`
+attribute per construction site, built in `__init__` by a list comprehension over the same
+iterator, and the same loop in `__call__` indexing it (`x = self.linears[i](x)`; the loop gets an
+index through `enumerate` when it has none).
+
+Sizes: the planner's size walk goes through the body twice, first with what the code says
+before the loop (the first iteration), then with what the first pass left, shifted back one iteration (`f` -> `S[i - 1]`,
+`i` -> `(i - 1)`): the later iterations. A size the two passes agree on is used for every
+element; else `<first> if i == 0 else <later>`, a first size the code does not fix becoming a
+constructor argument. A later size the code cannot express (an input that grows every iteration)
+keeps the class Linen. After the loop a name has its last iteration's size (`S[-1]`), the loop
+assumed to run at least once.
+
+Linen names: auto-named layers count across iterations (`Dense_0`, `Dense_1`, ...: `Dense_{i}`, or
+`Dense_{2 * i + 1}` for the second of two per iteration) and shift the ones after the loop;
+`name=f'layer_{i}'` gives `layer_{i}` (the attribute: `layers`).
+
+setup() lists: `self.layers = [nn.Dense(f) for f in self.features]`, or `layers = []`, `for f in ...:
+layers.append(nn.Dense(f))`, `self.layers = layers` (Linen's `layers_0`, `layers_1`, ...), become
+`nnx.List([...])`, sized by walking the `for layer in self.layers:` loops of `__call__` as above; any
+other use of the list (`self.layers[-1]`, a slice) keeps the class Linen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing as tp
+
+import libcst as cst
+
+from codemods.nodes import descendants
+from codemods.report import ChildName
+from codemods.rules.l2n002.dims import Dim
+from codemods.rules.l2n002.dims import Known
+from codemods.rules.l2n002.plan import Child
+from codemods.rules.l2n002.plan import ClassRewrite
+from codemods.rules.l2n002.plan import Unsupported
+
+if tp.TYPE_CHECKING:
+  from codemods.rules.l2n002.planner import ClassPlanner
+LOOP_STOPS = (cst.Break, cst.Continue, cst.Return, cst.Yield, cst.Await)
+
+
+@dataclasses.dataclass(eq=False)
+class Loop:
+  """One `for` loop of an @nn.compact method that builds layers (or only runs plain code)."""
+
+  node: cst.For | cst.CompFor  # the loop that builds the layers
+  index: str  # the loop's index in __call__ (after the rewrite)
+  element: str | None  # the element name of a loop over a sequence; None for range(n), whose element is the index
+  sequence: cst.BaseExpression | None  # S of `for f in S` / `enumerate(S)`; None for range(n)
+  count: cst.BaseExpression | None  # n of range(n)
+  names: frozenset[str]  # the names the original target binds
+  sites: list[Site] = dataclasses.field(default_factory=list)
+  active: bool = False
+  sequence_code: str = ''  # S / n as code valid in __init__
+  comprehension: cst.ListComp | None = None  # a setup() list's `[<layer> for ...]`
+  stop: str | None = None  # b of a sequence range(a, b), as code valid in __init__: its element shifts by 1
+
+  def _names(self) -> dict[str, str]:
+    """Loop name -> its role ('index' / 'element')."""
+    roles = {self.index: 'index'}
+    if self.element is not None:
+      roles[self.element] = 'element'
+    return roles
+
+  def uses(self, code: str, name: str | None) -> bool:
+    return name is not None and re.search(_word(name), code) is not None
+
+  def shift(self, dim: Dim) -> Dim:
+    """What the previous iteration's `dim` is, in terms of this iteration's index."""
+    if not isinstance(dim, Known):
+      return dim
+    code = dim.code
+    if self.element is not None and self.uses(code, self.element) and self.stop is not None:  # range(a, b)
+      code = re.sub(_word(self.element), f'({self.element} - 1)', code)
+    elif self.element is not None and self.uses(code, self.element):
+      code = re.sub(_word(self.element), lambda _: _item(self.sequence_code, f'{self.index} - 1'), code)
+    if self.uses(dim.code, self.index):
+      code = re.sub(_word(self.index), f'({self.index} - 1)', code)
+    return Known(code)
+
+  def last(self, dim: Dim) -> Dim:
+    """`dim` at the last iteration, for the code after the loop."""
+    if not isinstance(dim, Known):
+      return dim
+    code = dim.code
+    length = self.length()
+    if self.element is not None and self.uses(code, self.element) and self.stop is not None:  # range(a, b)
+      code = re.sub(_word(self.element), f'({self.stop} - 1)', code)
+    elif self.element is not None and self.uses(code, self.element):
+      code = re.sub(_word(self.element), lambda _: _item(self.sequence_code, '-1'), code)
+    if self.uses(dim.code, self.index):
+      code = re.sub(_word(self.index), f'({length} - 1)', code)
+    return Known(code)
+
+  def length(self) -> str:
+    return self.sequence_code if self.sequence is None else f'len({self.sequence_code})'
+
+
+@dataclasses.dataclass(eq=False)
+class Site:
+  """A construction in a loop: one nnx.List attribute."""
+
+  loop: Loop
+  ctor: cst.Call
+  pattern: str | None = None  # the Linen name an f-string name= gives, `layer_{i}`
+  seen: list[tuple[cst.Call, list[Dim]]] = dataclasses.field(default_factory=list)
+
+
+class Loops:
+  """The loops of the class being converted; the planner's hooks call into it."""
+
+  def __init__(self) -> None:
+    self.loops: dict[cst.For, Loop] = {}
+    self.sites: dict[cst.Call, Site] = {}
+    self.refs: set[cst.Name] = set()  # loop names read in constructor arguments: valid in the comprehension
+    self._empty: set[cst.BaseStatement] = set()  # `layers = []` of a setup() list built by appending
+    self._appends: dict[cst.Name, cst.For] = {}  # `layers` of `self.layers = layers` -> the loop appending to it
+
+  # --- planning --------------------------------------------------------------------------------
+
+  def plan(self, planner: ClassPlanner, statement: cst.For, built: set[cst.Call]) -> None:
+    """Checks a for loop of the @nn.compact body and registers it; raises Unsupported with why not."""
+    fail = lambda node, why: Unsupported(node, f'a for loop {why}')
+    ctors = [c for c in descendants(statement.body) if c in built]
+    if statement.orelse is not None or statement.asynchronous is not None:
+      raise fail(statement, 'with an else or async for')
+    if any(isinstance(s, cst.For) for s in statement.body.body):
+      raise fail(statement, 'holding a nested for loop (layers built in nested loops, an nnx.List of nnx.Lists, are '
+                            'not converted yet)')
+    if any(not isinstance(s, cst.SimpleStatementLine) for s in statement.body.body):
+      raise fail(statement, 'whose body holds nested blocks (if, for, while, with, try): only simple statements in '
+                            'a loop are converted')
+    for sub in descendants(statement.body):
+      if isinstance(sub, LOOP_STOPS):
+        raise fail(sub, f'holding {type(sub).__name__.lower()}: the number of iterations must be its iterator\'s')
+      if isinstance(sub, cst.Call) and isinstance(sub.func, cst.Attribute) and isinstance(sub.func.value, cst.Name) \
+          and sub.func.value.value == 'self' and sub.func.attr.value in ('param', 'variable', 'sow', 'make_rng',
+                                                                         'has_variable', 'is_initializing'):
+        raise fail(sub, f'calling self.{sub.func.attr.value}: NNX creates variables and rng streams in __init__; '
+                        'move it out of the loop or write the NNX code by hand')
+    methods = _class_methods(planner, statement)
+    for sub in descendants(statement.body):
+      if isinstance(sub, cst.Call) and isinstance(sub.func, cst.Attribute) and isinstance(sub.func.value, cst.Name) \
+          and sub.func.value.value == 'self' and sub.func.attr.value in methods:
+        raise fail(sub, f'calling self.{sub.func.attr.value}(), which may build layers in every iteration')
+    loop = self._target(planner, statement, bool(ctors))
+    assigned = {n.value for sub in descendants(statement.body) if isinstance(sub, (cst.AssignTarget, cst.AugAssign,
+                                                                                   cst.AnnAssign))
+                for n in (sub.target, *descendants(sub.target)) if isinstance(n, cst.Name)}
+    if assigned & loop.names:
+      raise fail(statement, f'assigning its loop variable {sorted(assigned & loop.names)[0]}')
+    for ctor in ctors:
+      parent = planner.facts.parent(ctor)
+      if not (isinstance(parent, cst.Call) and parent.func is ctor):
+        raise fail(ctor, 'building a submodule not called where it is built (bind it outside the loop, or call it '
+                         'at once)')
+      loop.sites.append(Site(loop, ctor))
+      self.sites[ctor] = loop.sites[-1]
+    if ctors:
+      self.refs |= {n for n in descendants(statement.body) if isinstance(n, cst.Name) and n.value in loop.names}
+      self._body_locals(planner, statement, ctors)
+      try:
+        planner.check_hoistable(loop.sequence if loop.sequence is not None else loop.count)
+      except Unsupported:
+        raise fail(statement.iter, f'over {planner.facts.code(statement.iter)}, which __init__ cannot '
+                                   'evaluate (it uses an input or a local): NNX builds the layers in __init__') from None
+    self.loops[statement] = loop
+
+  def _body_locals(self, planner: ClassPlanner, statement: cst.For, ctors: list[cst.Call]) -> None:
+    """`strides = (2, 2) if i > 0 else (1, 1)` in the loop body, read by a construction: its value is written into
+    the comprehension in __init__ (the statement goes when only constructions read it)."""
+    method = _enclosing(planner, statement, cst.FunctionDef)
+    bound: dict[str, list[cst.CSTNode]] = {}
+    for sub in descendants(method):
+      for target in (getattr(sub, 'target', None),) if isinstance(sub, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign,
+                                                                         cst.For, cst.CompFor, cst.NamedExpr)) else ():
+        for name in (target, *descendants(target)):
+          if isinstance(name, cst.Name):
+            bound.setdefault(name.value, []).append(sub)
+    lines = list(statement.body.body)
+    inside = {n for ctor in ctors for n in descendants(ctor)}
+    for line in lines:
+      name = _assigned(line)
+      if name is None or len(bound.get(name, ())) != 1:
+        continue
+      reads = [n for n in descendants(statement.body) if isinstance(n, cst.Name) and n.value == name
+               and n is not line.body[0].targets[0].target
+               and not (isinstance(planner.facts.parent(n), cst.Attribute) and planner.facts.parent(n).attr is n)]
+      used = [n for n in reads if n in inside]
+      later = {n for l in lines[lines.index(line) + 1:] for n in descendants(l)}
+      if not used or any(n not in later for n in used):
+        continue
+      value = line.body[0].value
+      try:
+        planner.check_hoistable(value)
+      except Unsupported:
+        continue  # it reads an input or another local: the construction's own check refuses it
+      code = planner.code(value)
+      for node in used:
+        self.refs.add(node)
+        planner.plan.aliases[node] = code if re.fullmatch(r'[\w.]+', code) else f'({code})'
+      if len(used) == len(reads) and all(n in later for n in reads):
+        planner.plan.removed.add(line)
+
+  def _target(self, planner: ClassPlanner, statement: cst.For | cst.CompFor, rewrite: bool) -> Loop:
+    """The loop's index, element and iterator: `for i in range(n)`, `for i, f in enumerate(S)`, `for f in S`."""
+    code = planner.facts.code
+    target, it = statement.target, statement.iter
+    what = 'a for loop' if isinstance(statement, cst.For) else 'a list comprehension'
+    fail = lambda why: Unsupported(statement, f'{what} {why}')
+    fresh = lambda: _fresh(planner, statement)
+    if isinstance(it, cst.Call) and _is_builtin(planner, it.func, 'range') and len(it.args) == 1 \
+        and it.args[0].keyword is None and not it.args[0].star and isinstance(target, cst.Name):
+      index = target.value if target.value != '_' else fresh()
+      loop = Loop(statement, index, None, None, it.args[0].value, frozenset({target.value}))
+      if rewrite and target.value == '_':
+        planner.plan.exprs[target] = index
+    elif isinstance(it, cst.Call) and _is_builtin(planner, it.func, 'enumerate'):
+      names = _pair(target)
+      if names is None or len(it.args) != 1 or it.args[0].keyword is not None or it.args[0].star:
+        raise fail('over enumerate(...) with other than `for i, x in enumerate(<sequence>)`')
+      index = names[0] if names[0] != '_' else fresh()
+      loop = Loop(statement, index, names[1], it.args[0].value, None, frozenset(names))
+      if rewrite and names[0] == '_':
+        planner.plan.exprs[target.elements[0].value] = index
+    elif isinstance(target, cst.Name):
+      index = fresh()
+      loop = Loop(statement, index, target.value, it, None, frozenset({target.value}))
+      if rewrite:
+        planner.plan.exprs[target] = f'{index}, {target.value}'
+        planner.plan.exprs[it] = f'enumerate({code(it)})'
+    else:
+      raise fail(f'with the target {code(target)} (converted: a name, or `i, x` over enumerate(...))')
+    return loop
+
+  def setup_append(self, planner: ClassPlanner, statement: cst.BaseStatement, setup: cst.FunctionDef) -> bool:
+    """`layers = []`, `for f in <iterator>: layers.append(<layer>)`, `self.layers = layers` in setup(): the first two
+    statements go (their list becomes the nnx.List of the third); True for them, False for any other statement."""
+    if statement in self._appends.values() or statement in self._empty:
+      return True
+    name = _empty_list(statement)
+    if name is None:
+      return False
+    body = list(setup.body.body)
+    loop = body[body.index(statement) + 1] if body.index(statement) + 1 < len(body) else None
+    ctor = _appended(loop, name)
+    uses = [n for n in descendants(setup.body) if isinstance(n, cst.Name) and n.value == name
+            and not (isinstance(planner.facts.parent(n), cst.Attribute) and planner.facts.parent(n).attr is n)]
+    stores = [s for s in body if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
+              and isinstance(s.body[0], cst.Assign) and isinstance(s.body[0].value, cst.Name)
+              and s.body[0].value.value == name]
+    if ctor is None or len(uses) != 3 or len(stores) != 1 or planner.constructed(ctor) is None:
+      raise Unsupported(statement, f'a setup() list {name} other than `{name} = []`, then `for x in <iterator>: '
+                                        f'{name}.append(<layer>(...))`, then `self.<attr> = {name}`')
+    self._empty.add(statement)
+    self._appends[stores[0].body[0].value] = loop
+    planner.plan.removed.update((statement, loop))
+    return True
+
+  def appended(self, planner: ClassPlanner, value: cst.BaseExpression, attr: str) -> cst.Call | None:
+    """The layer a `self.<attr> = <list>` of `setup_append`'s pattern builds, registered as a setup() list."""
+    loop_node = self._appends.get(value) if isinstance(value, cst.Name) else None
+    if loop_node is None:
+      return None
+    ctor = _appended(loop_node, value.value)
+    return self._setup_site(planner, ctor, loop_node, value, attr, 'a loop')
+
+  def setup_list(self, planner: ClassPlanner, value: cst.ListComp, attr: str) -> cst.Call:
+    """`self.layers = [nn.Dense(f) for f in self.features]` in setup(): registers the construction; returns it."""
+    comp = value.for_in
+    if comp.inner_for_in is not None or comp.ifs or comp.asynchronous is not None:
+      raise Unsupported(value, f'self.{attr}: a list comprehension with several for clauses or an if '
+                                    '(converted: `[<layer>(...) for x in <iterator>]`)')
+    ctor = value.elt
+    if not isinstance(ctor, cst.Call) or planner.constructed(ctor) is None:
+      raise Unsupported(value, f'self.{attr}: a list of other than table layers or classes of this file')
+    return self._setup_site(planner, ctor, comp, value, attr, 'a list comprehension')
+
+  def _setup_site(self, planner: ClassPlanner, ctor: cst.Call, loop_node: cst.For | cst.CompFor, value: cst.BaseExpression, attr: str,
+                  what: str) -> cst.Call:
+    """Registers the construction of a setup() list built by `loop_node` (a for loop or a comprehension)."""
+    if any(a.keyword is not None and a.keyword.value == 'name' for a in ctor.args):
+      raise Unsupported(ctor, f'self.{attr}: name= in a setup() list (Linen names its layers {attr}_0, ...)')
+    loop = self._target(planner, loop_node, False)
+    loop.comprehension = value
+    loop.sites.append(Site(loop, ctor))
+    self.sites[ctor] = loop.sites[-1]
+    self.refs |= {n for n in descendants(ctor) if isinstance(n, cst.Name) and n.value in loop.names}
+    try:
+      planner.check_hoistable(loop.sequence if loop.sequence is not None else loop.count)
+    except Unsupported:
+      raise Unsupported(loop_node.iter, f'self.{attr}: {what} over {planner.facts.code(loop_node.iter)}, '
+                                             'which __init__ cannot evaluate') from None
+    return ctor
+
+  def list_use(self, planner: ClassPlanner, sub: cst.Attribute, child: Child, calls: dict[cst.Call, Child]) -> bool:
+    """`self.layers` of a setup() list in a method: only `for layer in self.layers:` (or `enumerate(...)`) calling
+    `layer(...)`; the calls join `calls` and the loop is walked as a loop of the list. False for other children."""
+    site = self.sites.get(child.ctor)
+    if site is None or child.hoisted:
+      return False
+    parent, element = planner.facts.parent(sub), None
+    if isinstance(parent, cst.Arg) and isinstance(planner.facts.parent(parent), cst.Call) \
+        and _is_builtin(planner, planner.facts.parent(parent).func, 'enumerate') and len(planner.facts.parent(parent).args) == 1:
+      parent = planner.facts.parent(planner.facts.parent(parent))
+      names = _pair(parent.target) if isinstance(parent, cst.For) else None
+      element = names[1] if names is not None else None
+    elif isinstance(parent, cst.For) and parent.iter is sub and isinstance(parent.target, cst.Name):
+      element = parent.target.value
+    used = f'self.{child.attr} (a list of layers)'
+    if element is None or parent.orelse is not None:
+      raise Unsupported(sub, f'{used} used other than by `for layer in self.{child.attr}:`')
+    if any(not isinstance(s, cst.SimpleStatementLine) for s in parent.body.body) \
+        or any(isinstance(n, LOOP_STOPS) for n in descendants(parent.body)):
+      raise Unsupported(parent, f'a for loop over {used} with nested blocks, break, continue or return')
+    for name in descendants(parent.body):
+      if isinstance(name, cst.Name) and name.value == element:
+        call = planner.facts.parent(name)
+        if not (isinstance(call, cst.Call) and call.func is name):
+          raise Unsupported(name, f'the layer {element} of {used} used other than by calling it')
+        calls[call] = child
+    self.loops[parent] = site.loop
+    return True
+
+  def list_name(self, planner: ClassPlanner, ctor: cst.Call, name: cst.BaseExpression | None) -> str | None:
+    """The attribute of a loop construction's `name=f'layer_{i}'` (`layers`); None outside loops or without name=."""
+    site = self.sites.get(ctor)
+    if site is None or name is None:
+      return None
+    if not isinstance(name, cst.FormattedString) or not name.parts \
+        or not isinstance(name.parts[0], cst.FormattedStringText):
+      raise Unsupported(ctor, 'a submodule built in a loop with a name= other than an f-string with a literal '
+                                   "start (f'layer_{i}'): each iteration needs its own name")
+    prefix = name.parts[0].value.rstrip('_')
+    if not prefix.isidentifier() or len(name.parts) == 1:
+      raise Unsupported(ctor, f"a submodule built in a loop named {planner.facts.code(name)}: the "
+                                   'converted name is its literal start, which is not an identifier')
+    site.pattern = planner.facts.code(name)[len(name.start):-len(name.end)]
+    attr = plural(prefix)
+    taken = set(_class_methods(planner, ctor)) | _class_fields(planner, ctor) | {'rngs'}
+    while attr in taken:
+      attr += '_'
+    return attr
+
+  def plural(self, child: Child, base: str) -> str:
+    """The attribute base name of an auto-named child: a list's is plural (`linears`)."""
+    return plural(base) if child.ctor in self.sites else base
+
+  def after_calls(self, planner: ClassPlanner, plan: ClassRewrite, calls: dict[cst.Call, Child]) -> None:
+    """Once children are named: refuses kinds not converted in loops, indexes the calls, fixes Linen names."""
+    listed = [c for c in plan.children if c.ctor in self.sites]
+    for child in listed:
+      kind = ('an nn.scan, nn.remat, nn.jit or nn.vmap' if child.scan or child.remat or child.stacked else
+              f'a {child.wrapper.linen}' if child.wrapper is not None else
+              'a Linen class wrapped with nnx_bridge.from_linen' if child.bridged else
+              None)
+      if kind is not None:
+        raise Unsupported(child.ctor, f'{kind} built in a for loop is not converted')
+    called = {child.ctor for child in calls.values()}
+    for child in listed:
+      if child.ctor not in called:
+        raise Unsupported(child.ctor, f'self.{child.attr} (a list of layers) is never called as `for layer in '
+                                           f'self.{child.attr}: ... layer(...)`, so its sizes cannot be derived')
+    for call, child in calls.items():
+      site = self.sites.get(child.ctor)
+      if site is not None and child.hoisted:
+        planner.plan.calls[call] = (f'{child.attr}[{site.loop.index}]', planner.plan.calls.get(call, (None, set()))[1])
+    loops = list(dict.fromkeys(self.sites[c.ctor].loop for c in listed))
+    for loop in loops:  # the iterator in __init__, without the rewrite of the loop's own header
+      rewritten = planner.plan.exprs.pop(loop.node.iter, None)
+      loop.sequence_code = planner.code(loop.sequence if loop.sequence is not None else loop.count)
+      sequence = loop.sequence
+      if isinstance(sequence, cst.Call) and _is_builtin(planner, sequence.func, 'range') and len(sequence.args) == 2 \
+          and all(a.keyword is None and not a.star for a in sequence.args):
+        loop.stop = planner.code(sequence.args[1].value)
+      if rewritten is not None:
+        planner.plan.exprs[loop.node.iter] = rewritten
+    if listed:
+      self._linen_names(plan)
+    for child in listed:
+      if not child.hoisted:  # a setup() list: Linen names its layers after the attribute
+        child.linen_name = f'{child.attr}_{{{self.sites[child.ctor].loop.index}}}'
+        planner.plan.pending.append((child.ctor, f'self.{child.attr}: a list of layers -> nnx.List (Linen names them '
+                                          f'{child.attr}_0, {child.attr}_1, ...)'))
+    for loop in loops:
+      if loop.comprehension is not None:  # a setup() list: reported above
+        continue
+      attrs = ', '.join(f'self.{c.attr}' for c in listed if self.sites[c.ctor].loop is loop)
+      planner.plan.pending.append((loop.node, f'the layers built in this loop -> nnx.List attributes {attrs}, built in '
+                                       f'__init__ over the same iterator; the loop indexes them with {loop.index}'))
+
+  def _linen_names(self, plan: ClassRewrite) -> None:
+    """Linen's names of the auto-named children, counted across the iterations of loops."""
+    fixed: dict[str, int] = {}
+    extra: dict[str, list[str]] = {}
+    done: set[Loop] = set()
+    for child in plan.children:
+      if not child.hoisted or child.api is not None or any(
+          a.keyword is not None and a.keyword.value == 'name' for a in child.ctor.args):
+        if child.ctor in self.sites and self.sites[child.ctor].pattern is not None:
+          child.linen_name = self.sites[child.ctor].pattern
+        continue
+      short = child.linen_name.rpartition('_')[0]
+      site = self.sites.get(child.ctor)
+      if site is None:
+        if extra.get(short):
+          child.linen_name = f'{short}_{{{_sum([*extra[short], str(fixed.get(short, 0))])}}}'
+        fixed[short] = fixed.get(short, 0) + 1
+        continue
+      loop = site.loop
+      if loop in done:
+        continue
+      done.add(loop)
+      group: dict[str, list[Child]] = {}
+      for other in plan.children:
+        other_site = self.sites.get(other.ctor)
+        if other_site is not None and other_site.loop is loop and other_site.pattern is None:
+          group.setdefault(other.linen_name.rpartition('_')[0], []).append(other)
+      for name, members in group.items():
+        base = [*extra.get(name, []), str(fixed.get(name, 0))]
+        step = loop.index if len(members) == 1 else f'{len(members)} * {loop.index}'
+        for j, member in enumerate(members):
+          member.linen_name = f'{name}_{{{_sum([*base, step, str(j)])}}}'
+        size = loop.length() if len(members) == 1 else f'{len(members)} * {_paren(loop.length())}'
+        extra.setdefault(name, []).append(size)
+
+  def wrap(self, planner: ClassPlanner, child: Child) -> str:
+    """A loop child's constructor -> `nnx.List([<constructor> for <target> in <iterator>])`; others unchanged."""
+    site = self.sites.get(child.ctor)
+    if site is None:
+      return child.text
+    loop, text = site.loop, child.text
+    index, element = loop.uses(text, loop.index), loop.uses(text, loop.element)
+    if loop.sequence is None:
+      header = f'{loop.index if index else "_"} in range({loop.sequence_code})'
+    elif index and element:
+      header = f'{loop.index}, {loop.element} in enumerate({loop.sequence_code})'
+    elif index:
+      header = f'{loop.index} in range(len({loop.sequence_code}))'
+    else:
+      header = f'{loop.element if element else "_"} in {loop.sequence_code}'
+    if not child.hoisted:  # a setup() list: the comprehension becomes the nnx.List
+      planner.plan.exprs[loop.comprehension] = f'nnx.List([{text} for {header}])'
+      return text
+    return f'nnx.List([{text} for {header}])'
+
+  def cache_line(self, child: Child, line: str) -> str:
+    """init_cache's `self.blocks.init_cache(shape, dtype)` for a list: a loop calling each element's."""
+    site = self.sites.get(child.ctor)
+    if site is None:
+      return line
+    loop = site.loop
+    if any(loop.uses(line, name) for name in (*loop.names, loop.index)):
+      raise Unsupported(child.ctor, f'the {_class_name(None, child)} built in this loop holds a decode cache '
+                                         'whose input shape changes with the iteration: init_cache cannot create it')
+    element = child.attr[:-1] if child.attr.endswith('s') and child.attr[:-1].isidentifier() else 'layer'
+    if element in (child.attr, 'self', 'input_shape', 'dtype'):
+      element = 'layer'
+    return f'for {element} in self.{child.attr}:\n    {element}.{line[len(f"self.{child.attr}."):]}'
+
+  def shapes(self, statement: cst.For, env: dict[str, tp.Any], walk: tp.Callable[..., tp.Any]) -> None:
+    """The loop in _plan_init_cache's walk of whole shapes: the first iteration, then the later ones (what the first
+    left); a name keeps its shape after the loop when both agree and it uses no loop name."""
+    loop = self.loops[statement]
+    names = {n.value for n in (statement.target, *descendants(statement.target)) if isinstance(n, cst.Name)}
+    start = {**env, **dict.fromkeys(names)}
+    first = dict(start)
+    walk(statement.body, first)
+    second = {**first, **dict.fromkeys(names)}
+    walk(statement.body, second)
+    loop_names = (*names, *loop.names, loop.index)
+    for name in {n for n in first if n not in names and first[n] != start.get(n)}:
+      shape = first[name]
+      same = second.get(name) == shape and shape is not None
+      env[name] = shape if same and not any(loop.uses(part, n) for part in shape for n in loop_names) else None
+    for name in names:
+      env[name] = None
+
+  # --- sizes -----------------------------------------------------------------------------------
+
+  def seen(self, planner: ClassPlanner, child: Child, node: cst.Call, arg_dims: list[Dim]) -> None:
+    """A call of a loop child reached by _derive's walk: recorded for `derive`, which sizes it."""
+    site = self.sites[child.ctor]
+    if site.loop.active:
+      site.seen.append((node, arg_dims))
+    elif not child.done:
+      child.done = True
+      if any(not optional for _, _, optional in planner.size_sources(child)):
+        raise Unsupported(node, f'the sizes of the {_class_name(planner, child)} built in a loop __call__ does not reach '
+                                     'cannot be derived')
+
+  def derive(self, planner: ClassPlanner, plan: ClassRewrite, statement: cst.For, env: dict[str, Dim], derive: bool,
+             walk: tp.Callable[[cst.BaseSuite, dict[str, Dim]], Dim], shared: dict[tp.Any, str]) -> None:
+    """The loop in _derive's walk: two passes (the first iteration, the later ones), then each site's sizes."""
+    loop = self.loops[statement]
+    names = {n.value for n in (statement.target, *descendants(statement.target)) if isinstance(n, cst.Name)}
+    start = {**env, **dict.fromkeys(names)}
+    for site in loop.sites:
+      site.seen = []
+    loop.active = True
+    try:
+      first = dict(start)
+      walk(statement.body, first)
+      changed = {n for n in first if n not in names and first[n] != start.get(n)}
+      later = {**start, **{n: loop.shift(first[n]) for n in changed}}
+      second = dict(later)
+      walk(statement.body, second)
+    finally:
+      loop.active = False
+    unstable = {n for n in changed if not _same(second.get(n), first[n])}
+    for site in loop.sites:
+      self._size_site(planner, plan, site, changed, unstable, derive, shared)
+    for name in changed:
+      env[name] = None if name in unstable or not derive else _known_after(loop, first[name])
+    for name in names:
+      env[name] = None
+
+  def _size_site(self, planner: ClassPlanner, plan: ClassRewrite, site: Site, changed: set[str], unstable: set[str], derive: bool,
+                 shared: dict[tp.Any, str]) -> None:
+    child = next(c for c in plan.children if c.ctor is site.ctor)
+    if child.done:
+      return
+    if len(site.seen) != 2:
+      raise Unsupported(site.ctor, f'the sizes of the {_class_name(planner, child)} built in this for loop cannot be '
+                                        'derived')
+    child.done = True
+    (node, first_dims), (_, later_dims) = site.seen
+    for nnx_arg, index, optional in planner.size_sources(child):
+      position = planner.call_arg(node, child, index)
+      if position is None and optional:
+        continue
+      first = first_dims[position] if position is not None else None
+      later = later_dims[position] if position is not None else None
+      reads = position is not None and any(isinstance(n, cst.Name) and n.value in changed
+                                           for n in (node.args[position].value, *descendants(node.args[position].value)))
+      why = (f'the input size {nnx_arg} of the {_class_name(planner, child)} built in this for loop changes from one '
+             'iteration to the next in a way the code does not express (write the NNX sizes by hand)')
+      if _same(first, later) and (first is not None or not reads):
+        child.sizes[nnx_arg] = self._first(planner, plan, child, nnx_arg, first, node, position, shared, '')
+      elif not isinstance(later, Known) or (unstable and reads) or not derive:
+        raise Unsupported(node, why)
+      else:
+        first_code = self._first(planner, plan, child, nnx_arg, first, node, position, shared, ' in the first iteration')
+        child.sizes[nnx_arg] = f'{first_code} if {site.loop.index} == 0 else {later.code}'
+
+  def _first(self, planner: ClassPlanner, plan: ClassRewrite, child: Child, nnx_arg: str, source: Dim, node: cst.Call,
+             position: int | None, shared: dict[tp.Any, str], when: str) -> str:
+    if isinstance(source, Known):
+      return source.code
+    key = source if source is not None else (child.attr, nnx_arg)
+    if key not in shared:
+      argument = planner.facts.code(node.args[position].value) if position is not None else None
+      where = None if argument is None else \
+          f"the input dimension of self.{child.attr}'s call argument {argument}{when}"
+      shared[key] = planner.size_param(plan, child, nnx_arg, where, source, node)
+    return shared[key]
+
+
+def _class_name(planner: ClassPlanner, child: Child) -> str:
+  """`nn.Dense` / `Block`: what a loop child constructs, as the code spells it."""
+  func = child.ctor.func
+  return cst.Module([]).code_for_node(func) if isinstance(func, (cst.Name, cst.Attribute)) else 'submodule'
+
+
+def _same(left: Dim, right: Dim) -> bool:
+  """Equal sizes, parentheses around a whole code aside."""
+  if not isinstance(left, Known) or not isinstance(right, Known):
+    return left == right
+  return _unwrap(left.code) == _unwrap(right.code)
+
+
+def _unwrap(code: str) -> str:
+  while code.startswith('(') and code.endswith(')') and not _unbalanced(code[1:-1]):
+    code = code[1:-1]
+  return code.replace(' ', '')
+
+
+def plural(name: str) -> str:
+  return f'{name}es' if re.search(r'(s|x|sh|ch)$', name) else f'{name}s'
+
+
+def _known_after(loop: Loop, dim: Dim) -> Dim:
+  """What a name the loop assigns has after it; a size using the loop's names only when __init__ can evaluate it."""
+  if isinstance(dim, Known) and not loop.sites and (loop.uses(dim.code, loop.index)
+                                                   or loop.uses(dim.code, loop.element)):
+    return None  # a loop building nothing: its iterator may not be valid in __init__
+  return loop.last(dim)
+
+
+def _word(name: str) -> str:
+  return rf'(?<![\w.\'"]){re.escape(name)}(?![\w\'"])'
+
+
+def _item(sequence: str, index: str) -> str:
+  """`S[index]`, `X[:-1][i - 1]` written `X[i - 1]` (and `X[:-1][-1]` as `X[-2]`)."""
+  head = re.fullmatch(r'(.+)\[:(-?\d+)\]', sequence)
+  if head is not None and not _unbalanced(head.group(1)):
+    if index == '-1' and int(head.group(2)) < 0:
+      return f'{head.group(1)}[{int(head.group(2)) - 1}]'
+    if index != '-1':
+      return f'{head.group(1)}[{index}]'
+  return f'{_paren(sequence)}[{index}]'
+
+
+def _unbalanced(code: str) -> bool:
+  depth = 0
+  for char in code:
+    depth += char in '([{'
+    depth -= char in ')]}'
+    if depth < 0:
+      return True
+  return depth != 0
+
+
+def _paren(code: str) -> str:
+  return code if re.fullmatch(r'[\w.]+(\([^()]*\)|\[[^\[\]]*\])*', code) else f'({code})'
+
+
+def _sum(terms: list[str]) -> str:
+  terms = [t for t in terms if t != '0'] or ['0']
+  return ' + '.join(terms)
+
+
+def _assigned(statement: cst.BaseStatement) -> str | None:
+  """`name` of a `name = value` statement."""
+  if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+    assign = statement.body[0]
+    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
+      return assign.targets[0].target.value
+  return None
+
+
+def _empty_list(statement: cst.BaseStatement) -> str | None:
+  """`name` of a `name = []` statement."""
+  if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+    assign = statement.body[0]
+    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) \
+        and isinstance(assign.value, cst.List) and not assign.value.elements:
+      return assign.targets[0].target.value
+  return None
+
+
+def _appended(loop: cst.CSTNode | None, name: str) -> cst.Call | None:
+  """The construction of `for x in <iterator>: name.append(<construction>)`, else None."""
+  if not isinstance(loop, cst.For) or loop.orelse is not None or len(loop.body.body) != 1 \
+      or not isinstance(loop.body.body[0], cst.SimpleStatementLine) or len(loop.body.body[0].body) != 1:
+    return None
+  expr = loop.body.body[0].body[0]
+  call = expr.value if isinstance(expr, cst.Expr) else None
+  if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) \
+      and call.func.value.value == name and call.func.attr.value == 'append' and len(call.args) == 1 \
+      and call.args[0].keyword is None and not call.args[0].star and isinstance(call.args[0].value, cst.Call):
+    return call.args[0].value
+  return None
+
+
+def _pair(target: cst.BaseExpression) -> tuple[str, str] | None:
+  if isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2 \
+      and all(isinstance(e, cst.Element) and isinstance(e.value, cst.Name) for e in target.elements):
+    return target.elements[0].value.value, target.elements[1].value.value
+  return None
+
+
+def _is_builtin(planner: ClassPlanner, func: cst.BaseExpression, name: str) -> bool:
+  return isinstance(func, cst.Name) and func.value == name and name not in planner.facts.global_names
+
+
+def _enclosing(planner: ClassPlanner, node: cst.CSTNode, kind: type[cst.CSTNode]) -> tp.Any:
+  while node is not None and not isinstance(node, kind):
+    node = planner.facts.parent(node)
+  return node
+
+
+def _class_methods(planner: ClassPlanner, node: cst.CSTNode) -> set[str]:
+  cls = _enclosing(planner, node, cst.ClassDef)
+  return {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)} if cls is not None else set()
+
+
+def _class_fields(planner: ClassPlanner, node: cst.CSTNode) -> set[str]:
+  cls = _enclosing(planner, node, cst.ClassDef)
+  return {s.body[0].target.value for s in (cls.body.body if cls is not None else ())
+          if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.AnnAssign)
+          and isinstance(s.body[0].target, cst.Name)}
+
+
+def _fresh(planner: ClassPlanner, statement: cst.For) -> str:
+  """An index name the method does not use: `i`, else `j`, `k`, `index`, `index_`..."""
+  method = _enclosing(planner, statement, cst.FunctionDef)
+  used = {n.value for n in descendants(method) if isinstance(n, cst.Name)} | planner.facts.global_names
+  for name in ('i', 'j', 'k', 'index'):
+    if name not in used:
+      return name
+  name = 'index_'
+  while name in used:
+    name += '_'
+  return name
+
+
+def loop_entry(children: tp.Sequence[ChildName], name: str) -> tuple[str, ...] | None:
+  """The NNX path of Linen child `name` recorded as a loop's pattern (report.ChildName): `block_3` of `block_{i}`
+  -> (`blocks`, `3`); auto names counting across iterations (`Dense_{1 + 2 * i}`) are solved for the index.
+
+  () when a pattern of the same start cannot be solved (`Dense_{len(self.features)}`, after a loop): the name is
+  not known from the records alone; None when no pattern starts like `name`.
+  """
+  found, unknown = None, False
+  for child in children:
+    head, brace, rest = child.linen_name.partition('{')
+    number = name[len(head):]
+    if not brace or not rest.endswith('}') or not name.startswith(head) or not number.isdigit():
+      continue
+    terms = [t.strip() for t in rest[:-1].split('+')]
+    index_names = {f.strip() for t in terms for f in t.split('*') if not f.strip().isdigit()}
+    if len(index_names) != 1 or not all(re.fullmatch(r'\d+|[A-Za-z_]\w*', f.strip()) for t in terms
+                                        for f in t.split('*')):
+      unknown = True
+      continue
+    (index,) = index_names
+
+    def at(k: int) -> int:
+      total = 0
+      for term in terms:
+        product = 1
+        for factor in term.split('*'):
+          product *= k if factor.strip() == index else int(factor)
+        total += product
+      return total
+
+    start, step = at(0), at(1) - at(0)
+    if step > 0 and int(number) >= start and (int(number) - start) % step == 0:
+      found = (*child.nnx_attribute.split('.'), str((int(number) - start) // step))
+  if unknown:
+    return ()
+  return found

@@ -1,0 +1,106 @@
+"""Train/eval switches: `__call__` arguments and fields that only feed train/eval arguments go, as
+NNX's `model.train()` / `model.eval()` set those.
+
+A pass of `planner.ClassPlanner`, mixed into it: it reads the file's facts and fills the class's plan.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from codemods.rules.l2n002.nodes import is_self_attr
+from codemods.rules.l2n002.plan import Child
+from codemods.rules.l2n002.plan import Unsupported
+from codemods.rules.l2n002.state import PlannerState
+from codemods.vocabulary import LAYER_MODE_KWARGS
+from codemods.vocabulary import MODE_PARAMS
+
+
+class ModeSwitches(PlannerState):
+  """Train/eval switches."""
+
+  def switch(self, value: cst.BaseExpression, inverted: bool) -> bool | None:
+    """Checks that `value` is a __call__ train/eval switch (or its negation) meaning the same as the target.
+
+    Returns the target's value when the switch keeps its default (a literal bool), else None.
+    """
+    negated = isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Not)
+    name = value.expression if negated else value
+    if isinstance(name, cst.Attribute) and is_self_attr(name) and name.attr.value in self.plan.mode_fields \
+        and negated ^ inverted == self.plan.mode_fields[name.attr.value]:
+      self.plan.mode_uses.add(name)  # `deterministic=not self.training`, a train/eval field
+      return None
+    if not (isinstance(name, cst.Name) and name.value in self.plan.switches and negated ^ inverted == self.plan.switches[name.value]):
+      raise Unsupported(value, 'a train/eval argument that is not a matching __call__ switch or train/eval field')
+    self.plan.mode_uses.add(name)
+    default = self.plan.switch_defaults.get(name.value)
+    return None if default is None else default ^ negated
+
+  def _linen_call_params(self, name: str) -> list[cst.Param]:
+    """The `__call__` parameters (after self) of the Linen class `name` of this file."""
+    body = self.facts.class_defs[name].body.body
+    call = next((s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == '__call__'), None)
+    return list(call.params.params[1:]) if call is not None else []
+
+  def _ctor_modes(self, child: Child) -> None:
+    """Drops the constructor's train/eval kwargs (a layer's, a train/eval field of a class of the file), which
+    NNX's train()/eval() set."""
+    for key in [k for k in child.kwargs if child.spec is not None and k in LAYER_MODE_KWARGS]:
+      self._mode_default(child, key, self.switch(child.kwargs.pop(key), False))
+    if child.sibling is not None:
+      for name, inverted in child.sibling.mode_fields.items():
+        if name not in child.kwargs:
+          raise Unsupported(child.ctor, f'the train/eval field {name} of {child.sibling.name} is not given')
+        self.switch(child.kwargs.pop(name), inverted)
+
+  def _mode_default(self, child: Child, attribute: str, value: bool | None) -> None:
+    """A layer fed by a switch with a default starts in that mode, as the Linen call without it did."""
+    if value is not None and child.spec is not None:
+      child.mode_defaults[attribute] = value
+
+  def call_modes(self, call: cst.Call, child: Child) -> set[int]:
+    """Checks a child call's train/eval arguments; returns the positions to drop."""
+    if child.bridged:  # a switch given to a Linen train/eval argument: the wrapper's train()/eval() set it
+      target = self._kept_target(child.ctor.func) or child.ctor.func.value
+      names = [p.name.value for p in self._linen_call_params(target)]
+      dropped = set()
+      for position, arg in enumerate(call.args):
+        name = arg.keyword.value if arg.keyword is not None else names[position] if position < len(names) else None
+        if name not in MODE_PARAMS:
+          continue
+        try:
+          default = self.switch(arg.value, MODE_PARAMS[name])
+        except Unsupported:  # a literal or other value: passed on to the Linen call as written
+          continue
+        dropped.add(position)
+        if default is not None:  # the wrapper starts in the mode the switch's default gave
+          child.mode_defaults['eval_mode'] = default ^ MODE_PARAMS[name]
+      return dropped
+    if child.wrapper is not None:
+      wrapper = child.wrapper
+      if len([a for a in call.args if a.keyword is None]) > len(wrapper.call_args):
+        raise Unsupported(call, 'positional arguments beyond the layer inputs')
+      for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value in wrapper.linen_only_call:
+          raise Unsupported(arg, f'{arg.keyword.value}= of a {wrapper.linen} call has no NNX counterpart')
+      return set()
+    if child.spec is not None:
+      if len([a for a in call.args if a.keyword is None]) > len(child.spec.call_args):
+        raise Unsupported(call, 'positional arguments beyond the layer inputs')
+      targets = {name: False for name in LAYER_MODE_KWARGS}
+    else:
+      targets = {}
+      for index, name, inverted in child.sibling.mode_params:
+        targets[index] = targets[name] = inverted
+    dropped, seen = set(), set()
+    for position, arg in enumerate(call.args):
+      key = arg.keyword.value if arg.keyword is not None else position
+      if key in targets:
+        default = self.switch(arg.value, targets[key])
+        if child.spec is not None:
+          self._mode_default(child, key, default)
+        dropped.add(position)
+        seen.add(key)
+    if child.sibling is not None and any(i not in seen and n not in seen for i, n, _ in child.sibling.mode_params):
+      raise Unsupported(call, f'a train/eval argument of {child.sibling.name} left to its default')
+    return dropped

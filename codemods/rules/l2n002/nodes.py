@@ -1,0 +1,231 @@
+"""Helpers over the libcst nodes of a Linen class that the L2N002 passes share."""
+
+from __future__ import annotations
+
+import keyword
+import re
+import typing as tp
+
+import libcst as cst
+
+from codemods.nodes import descendants
+from codemods.rules.l2n001_convert_initializers import NNX_INITIALIZERS
+from codemods.rules.l2n001_convert_initializers import nnx_initializer_target
+from codemods.vocabulary import NNX_TWINS
+from codemods.vocabulary import SCOPE_APIS
+
+if tp.TYPE_CHECKING:
+  from codemods.rules.l2n002.plan import Child
+  from codemods.rules.l2n002.plan import ClassRewrite
+
+HAS_VARIABLE_HINT = (' (a decode cache or a lazily created variable: in NNX, create it in an explicit '
+                     'cache-initialisation method)')
+"""Why the scope API has_variable has no automatic conversion."""
+ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide)
+"""The binary operators sizes flow through (elementwise with a scalar or broadcast)."""
+
+
+def nnx_counterpart(qualified: str) -> str | None:
+  """'nnx.initializers.zeros' / 'nnx.relu': the flax.nnx name of the same Linen object, if any."""
+  initializer = nnx_initializer_target(qualified)
+  if initializer is not None:
+    return f'nnx.{initializer}' if initializer.rpartition('.')[2] in NNX_INITIALIZERS | {'initializers'} else None
+  name = qualified.rpartition('.')[2]
+  return f'nnx.{name}' if name in NNX_TWINS else None
+
+
+def draws_rngs(plan: ClassRewrite) -> bool:
+  """Whether a converted class draws random numbers in its call: a layer the table says draws dropout keys,
+  make_rng, or a child that does."""
+  return bool(plan.streams) or any(
+      c.spec is not None and c.spec.draws_dropout is not None
+      and (c.spec.draws_dropout == 'always' or c.spec.draws_dropout in c.kwargs)
+      or c.sibling is not None and draws_rngs(c.sibling) for c in plan.children)
+
+
+def init_params(plan: ClassRewrite) -> list[str]:
+  """The NNX `__init__` parameters after self: the fields, then keyword-only sizes, example inputs and rngs."""
+  return [*plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params),
+          *(f'{p}: bool = False' for p in plan.flags), *(f'{p}: tuple' for p in plan.example_params), 'rngs: nnx.Rngs']
+
+
+def snake(name: str) -> str:
+  return re.sub(r'(?<=[a-z0-9])(?=[A-Z])', '_', name).lower()
+
+
+class Replace(cst.CSTTransformer):
+  """Replaces given nodes of the original tree with code."""
+
+  def __init__(self, replacements: dict[cst.CSTNode, str]) -> None:
+    super().__init__()
+    self._replacements = replacements
+
+  def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:
+    if original_node in self._replacements:
+      return cst.parse_expression(self._replacements[original_node])
+    return updated_node
+
+
+def linen_class(child: Child) -> str | None:
+  """'flax.linen.Dense' for a table layer, 'Block' for a class converted with it, None for a variable."""
+  if child.spec is not None or child.wrapper is not None:
+    return (child.spec or child.wrapper).linen
+  if child.bridged:
+    return child.ctor.func.value if isinstance(child.ctor.func, cst.Name) else cst.Module([]).code_for_node(child.ctor.func)
+  return child.sibling.name if child.sibling is not None else None
+
+
+def scope_api(call: cst.Call) -> str | None:
+  """'param' for `self.param(...)`, ...: the Linen scope API a call uses, else None."""
+  func = call.func
+  if isinstance(func, cst.Attribute) and is_self_attr(func) and func.attr.value in SCOPE_APIS:
+    return func.attr.value
+  return None
+
+
+def is_initializing_if(statement: cst.CSTNode) -> bool:
+  """`if self.is_initializing():` / `if not self.is_initializing():` without an else."""
+  if not isinstance(statement, cst.If) or statement.orelse is not None:
+    return False
+  test = statement.test
+  if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+    test = test.expression
+  return isinstance(test, cst.Call) and scope_api(test) == 'is_initializing' and not test.args
+
+
+def assigned_name(statement: cst.CSTNode) -> str | None:
+  """The name of a `name = value` statement, else None."""
+  if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+    assign = statement.body[0]
+    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
+      return assign.targets[0].target.value
+  return None
+
+
+def is_written(node: cst.CSTNode, parent_of: tp.Callable[[cst.CSTNode], cst.CSTNode | None]) -> bool:
+  """Whether `node` is (part of) an assignment target: `node = ...`, `node += ...`, `a, node = ...`."""
+  parent = parent_of(node)
+  while isinstance(parent, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
+    node, parent = parent, parent_of(parent)
+  return isinstance(parent, cst.AssignTarget) or (isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is node)
+
+
+def has_scope_call(node: cst.CSTNode) -> bool:
+  return any(isinstance(sub, cst.Call) and scope_api(sub) for sub in (node, *descendants(node)))
+
+
+def is_straight_statement(statement: cst.CSTNode) -> bool:
+  """A simple statement, or an `if [not] self.is_initializing():` block NNX resolves."""
+  return isinstance(statement, cst.SimpleStatementLine) or is_initializing_if(statement)
+
+
+def forget(node: cst.CSTNode, env: dict[str, tp.Any]) -> None:
+  """Every name `node` assigns no longer has what the code said of it."""
+  for sub in descendants(node):
+    targets = []
+    if isinstance(sub, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr, cst.AsName)):
+      targets.append(sub.target if not isinstance(sub, cst.AsName) else sub.name)
+    for target in targets:
+      for name in (target, *descendants(target)):
+        if isinstance(name, cst.Name) and name.value in env:
+          env[name.value] = None
+
+
+def if_arms(statement: cst.If) -> list[cst.BaseSuite | None]:
+  """The bodies of an if / elif / else chain; None for a missing else."""
+  arms: list[cst.BaseSuite | None] = []
+  node: cst.CSTNode | None = statement
+  while isinstance(node, cst.If):
+    arms.append(node.body)
+    node = node.orelse
+  arms.append(node.body if isinstance(node, cst.Else) else None)
+  return arms
+
+
+def if_tests(statement: cst.If) -> list[cst.BaseExpression]:
+  tests = []
+  node: cst.CSTNode | None = statement
+  while isinstance(node, cst.If):
+    tests.append(node.test)
+    node = node.orelse
+  return tests
+
+
+def is_number(node: cst.CSTNode) -> bool:
+  if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+    node = node.expression
+  return isinstance(node, (cst.Integer, cst.Float))
+
+
+def last_axis_of_name(node: cst.CSTNode) -> bool:
+  """`x.shape[-1]` for a plain name x."""
+  return (isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute)
+          and isinstance(node.value.value, cst.Name) and node.value.attr.value == 'shape'
+          and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index)
+          and is_minus_one(node.slice[0].slice.value))
+
+
+def size_local_of(assign: cst.Assign) -> tuple[str, str] | None:
+  """(local, array) for `d = x.shape[-1]` and `n, _, d = x.shape` (the last target is the last axis)."""
+  if len(assign.targets) != 1:
+    return None
+  target, value = assign.targets[0].target, assign.value
+  if isinstance(target, cst.Name) and last_axis_of_name(value):
+    return target.value, value.value.value.value
+  if isinstance(target, (cst.Tuple, cst.List)) and target.elements and isinstance(target.elements[-1].value, cst.Name) \
+      and not isinstance(target.elements[-1], cst.StarredElement) and isinstance(value, cst.Attribute) \
+      and value.attr.value == 'shape' and isinstance(value.value, cst.Name):
+    return target.elements[-1].value.value, value.value.value
+  return None
+
+
+def is_minus_one(node: cst.CSTNode) -> bool:
+  return (isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus)
+          and isinstance(node.expression, cst.Integer) and node.expression.value == '1')
+
+
+def literal_identifier(node: cst.CSTNode) -> bool:
+  return (isinstance(node, cst.SimpleString) and node.evaluated_value.isidentifier()
+          and not keyword.iskeyword(node.evaluated_value))
+
+
+def paren(code: str) -> str:
+  return code if re.fullmatch(r'[\w.]+', code) else f'({code})'
+
+
+def stream_access(stream: str) -> str:
+  """`.dropout` / `['my-stream']`: how `rngs` names an rng stream."""
+  return f'.{stream}' if stream.isidentifier() and not keyword.iskeyword(stream) else f'[{stream!r}]'
+
+
+def field_name(statement: cst.CSTNode) -> str | None:
+  """The name of a dataclass field `name: T` / `name: T = default`, else None."""
+  if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+    assign = statement.body[0]
+    if isinstance(assign, cst.AnnAssign) and isinstance(assign.target, cst.Name):
+      return assign.target.value
+  return None
+
+
+def is_docstring(statement: cst.CSTNode) -> bool:
+  return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+          and isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.BaseString))
+
+
+def is_self_attr(node: cst.Attribute) -> bool:
+  return isinstance(node.value, cst.Name) and node.value.value == 'self'
+
+
+def self_assignment(statement: cst.CSTNode) -> str | None:
+  """The attribute of a `self.<attr> = value` statement, else None."""
+  if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+    assign = statement.body[0]
+    if isinstance(assign, cst.Assign) and len(assign.targets) == 1:
+      target = assign.targets[0].target
+      if isinstance(target, cst.Attribute) and is_self_attr(target):
+        return target.attr.value
+  return None
+
+
+def has_call(node: cst.CSTNode) -> bool:
+  return any(isinstance(sub, cst.Call) for sub in (node, *descendants(node)))

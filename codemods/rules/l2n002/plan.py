@@ -1,0 +1,197 @@
+"""What L2N002 decides for one class (`ClassRewrite`) and what the converted classes of a file add up to
+(`FileRewrite`).
+
+A `ClassRewrite` is made fresh for each class and filled by the passes; a class that cannot be converted
+raises `Unsupported` and its ClassRewrite is dropped whole. Only a converted class's rewrite joins the
+`FileRewrite`, which the rule's leave_* methods apply to the tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+import libcst as cst
+
+from codemods.example_sizes import ClassSizes
+from codemods.report import ConstructorArgument
+from nnx_bridge.layer_table import LayerSpec
+from nnx_bridge.layer_table import WrapperSpec
+
+if tp.TYPE_CHECKING:
+  from codemods.rules.l2n002.dims import Dim
+  from codemods.rules.l2n002.dims import Shape
+
+
+
+class Unsupported(Exception):
+  """A construct that keeps the class from being converted."""
+
+  def __init__(self, node: cst.CSTNode, message: str) -> None:
+    super().__init__(message)
+    self.node, self.message = node, message
+
+
+@dataclasses.dataclass(frozen=True)
+class Stacked:
+  """An `nn.scan` over layers or an `nn.vmap` ensemble (`variable_axes={'params': 0}`): copies of a class whose
+  variables are stacked along axis 0, created by nnx.vmap and run by nnx.scan / nnx.vmap."""
+
+  transform: str  # 'scan' or 'vmap'
+  length: str  # the number of copies, as code valid in __init__
+  in_axes: tuple[str, ...]  # of each call argument (for scan: after the carry): '0', or 'None' (broadcast)
+  out_axes: str  # of the output (for scan: of the second returned value)
+  remat: str | None  # the nnx.remat options of an nn.remat inside ('' for none); None: no remat
+  metadata: str | None  # transform_metadata code (Linen's metadata_params)
+  axis_name: str | None  # nn.vmap's axis_name, as code
+  split: tuple[str, ...]  # the rng streams Linen splits per layer (the others: the same key in every layer)
+
+
+@dataclasses.dataclass
+class Child:
+  """One submodule of the converted class."""
+
+  attr: str
+  linen_name: str
+  ctor: cst.Call
+  spec: LayerSpec | None
+  sibling: ClassRewrite | None
+  kwargs: dict[str, cst.BaseExpression]
+  sizes: dict[str, str] = dataclasses.field(default_factory=dict)
+  done: bool = False
+  text: str = ''
+  hoisted: bool = False  # built inline in the @nn.compact method, so __init__ gets a new line
+  api: str | None = None  # 'param' / 'variable' for a variable; None for a submodule
+  collection: str = ''  # a variable's Linen collection
+  mode_defaults: dict[str, bool] = dataclasses.field(default_factory=dict)  # deterministic=... from a switch default
+  var_type: str = ''  # the NNX Variable type of a variable
+  shape_refs: dict[cst.Subscript, str] = dataclasses.field(default_factory=dict)  # `x.shape[-1]` -> x
+  size_codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)  # ... -> code in __init__
+  ref_dims: dict[cst.CSTNode, Dim] = dataclasses.field(default_factory=dict)  # ... -> what the code said of it
+  cache: bool = False  # a decode-cache variable: None in __init__, created by init_cache
+  cache_text: str = ''  # its creation in init_cache
+  wrapper: WrapperSpec | None = None  # a table wrapper (nn.RNN) around `cell`
+  cell: Child | None = None  # the table layer the wrapper runs, built in its constructor call
+  scan: tuple[int, int] | None = None  # (in_axes, out_axes) of an nn.scan over a cell class of the file
+  remat: tuple[str, str] | None = None  # (`nnx.remat` / `nnx.jit`, its options) of nn.remat / nn.jit over a class
+  stacked: Stacked | None = None  # an nn.scan over layers / nn.vmap ensemble of a class of the file
+  bridged: str = ''  # why a Linen construction stays Linen, wrapped by nnx_bridge.from_linen; '' when converted
+  condition: str | None = None  # built only when this holds (code for __init__), else the attribute is None
+
+  @property
+  def holds_cache(self) -> bool:
+    """A submodule with a decode cache: a converted class with init_cache, or a table layer in decode mode."""
+    if self.sibling is not None:
+      return self.sibling.cache_input is not None
+    if self.spec is None or self.spec.cache is None or self.spec.cache.switch not in self.kwargs:
+      return False
+    switch = self.kwargs[self.spec.cache.switch]
+    return not (isinstance(switch, cst.Name) and switch.value == 'False')
+
+
+Call = tuple[str | None, set[int]]
+"""A rewritten call of a submodule: the attribute it calls (None: the callee stays) and the argument positions
+it drops (train/eval switches)."""
+
+
+@dataclasses.dataclass
+class ClassRewrite:
+  """What one class becomes, and the edits of its code that get it there."""
+
+  name: str
+  # the NNX class
+  params: list[str] = dataclasses.field(default_factory=list)  # __init__'s field parameters, as code
+  field_names: list[str] = dataclasses.field(default_factory=list)
+  call_params: list[str] = dataclasses.field(default_factory=list)
+  compact: bool = False
+  linen_fields: list[str] = dataclasses.field(default_factory=list)  # all Linen fields, mode fields included
+  mode_fields: dict[str, bool] = dataclasses.field(default_factory=dict)  # `training: bool` field -> inverted
+  children: list[Child] = dataclasses.field(default_factory=list)
+  size_params: list[tuple[str, Dim]] = dataclasses.field(default_factory=list)
+  output: Dim = None  # the last-axis size `__call__` returns, when the code determines it
+  carry_output: Dim = None  # for a class the file scans: the last-axis size of the carry `__call__` returns
+  size_arguments: list[ConstructorArgument] = dataclasses.field(default_factory=list)
+  mode_params: list[tuple[int, str, bool]] = dataclasses.field(default_factory=list)
+  linen_nodes: list[cst.CSTNode] = dataclasses.field(default_factory=list)
+  streams: dict[str, str] = dataclasses.field(default_factory=dict)  # rng stream -> attribute
+  collections: list[str] = dataclasses.field(default_factory=list)  # that need a generated Variable type
+  output_shape: Shape = None  # the whole shape `__call__` returns, in terms of its first input's (`input_shape`)
+  cache_lines: list[str] = dataclasses.field(default_factory=list)  # the body of init_cache; empty: none
+  cache_input: str | None = None  # the `__call__` argument whose shape init_cache takes
+  example_params: list[str] = dataclasses.field(default_factory=list)  # example inputs of bridged Linen children
+  base: str = 'nnx.Module'  # the NNX base class: a project base class of the run keeps its name
+  flags: list[str] = dataclasses.field(default_factory=list)  # keyword-only `bool = False` arguments (tied layers)
+  helpers_only: bool = False  # a base class holding only helpers: no __init__ of its own
+  init_lines: list[str] = dataclasses.field(default_factory=list)  # __init__ statements before the hoisted layers
+  tie_flags: dict[str, str] = dataclasses.field(default_factory=dict)  # __call__ argument tying a layer -> its flag
+  # edits of the class's code (original node -> what replaces it)
+  exprs: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
+  statements: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
+  removed: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # statements that go (now in __init__)
+  ifs: dict[cst.If, bool] = dataclasses.field(default_factory=dict)  # `if [not] self.is_initializing():` -> kept
+  calls: dict[cst.Call, Call] = dataclasses.field(default_factory=dict)
+  methods: dict[cst.FunctionDef, set[str]] = dataclasses.field(default_factory=dict)  # -> parameters dropped
+  scan_calls: dict[cst.Call, Child] = dataclasses.field(default_factory=dict)  # run by nnx.scan over a cell
+  scan_names: dict[cst.Name, Child] = dataclasses.field(default_factory=dict)  # `rnn` of `rnn.initial_state(...)`
+  remat_calls: dict[cst.Call, Child] = dataclasses.field(default_factory=dict)  # run by nnx.remat / nnx.jit
+  stack_calls: dict[cst.Call, Child] = dataclasses.field(default_factory=dict)  # run by nnx.scan / nnx.vmap
+  while_loops: set[cst.Call] = dataclasses.field(default_factory=set)  # `nn.while_loop(...)` over (self, init)
+  pending: list[tuple[cst.CSTNode, str]] = dataclasses.field(default_factory=list)  # report entries
+  imports: list[tuple[str, str | None, str | None]] = dataclasses.field(default_factory=list)  # (module, obj, asname)
+  variable_classes: dict[str, str] = dataclasses.field(default_factory=dict)  # collection -> Variable type, file's
+  # what the passes learn of the class on the way
+  aliases: dict[cst.Name, str] = dataclasses.field(default_factory=dict)  # `cfg` -> `self.config` in __init__ code
+  switches: dict[str, bool] = dataclasses.field(default_factory=dict)  # __call__ train/eval switches -> inverted
+  switch_defaults: dict[str, bool] = dataclasses.field(default_factory=dict)  # switches with a literal default
+  mode_uses: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # uses of switches that set train/eval args
+  traced: ClassSizes = dataclasses.field(default_factory=dict)  # the example trace's layer sizes (`--examples`)
+  traced_codes: set[str] = dataclasses.field(default_factory=set)  # sizes the traces gave
+  branches: set[cst.If] = dataclasses.field(default_factory=set)  # conditionals of plain code in @nn.compact bodies
+  cache_flags: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # `self.has_variable(...)` -> flag
+  scans: dict[cst.Call, tuple[int, int]] = dataclasses.field(default_factory=dict)  # nn.scan(Cell) -> axes
+  remats: dict[cst.Call, tuple[str, str]] = dataclasses.field(default_factory=dict)  # nn.remat(Block) -> options
+  stacks: dict[cst.Call, Stacked] = dataclasses.field(default_factory=dict)  # nn.scan over layers / nn.vmap
+  lifted: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # `ScanBlock = nn.scan(...)` values: gone
+  partials: dict[cst.Call, cst.Call] = dataclasses.field(default_factory=dict)  # `conv(...)` -> its partial
+  conditions: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # construction -> when it exists
+  extra_calls: dict[cst.Call, cst.Call] = dataclasses.field(default_factory=dict)  # later call of a local -> ctor
+  factory_callee: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # through a factory -> NNX callee
+  hoistable: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # valid in __init__ as they are
+  factory_locals: dict[cst.SimpleStatementLine, list[cst.Name]] = dataclasses.field(default_factory=dict)
+  reported_factories: set[str] = dataclasses.field(default_factory=set)  # factory fields already reported
+
+
+@dataclasses.dataclass
+class FileRewrite:
+  """The converted classes of one file and their edits, which the rule applies as it leaves each node."""
+
+  plans: dict[str, ClassRewrite] = dataclasses.field(default_factory=dict)  # by class name
+  classes: dict[cst.ClassDef, ClassRewrite] = dataclasses.field(default_factory=dict)
+  variable_classes: dict[str, str] = dataclasses.field(default_factory=dict)  # collection -> generated type
+  exprs: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
+  statements: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
+  removed: set[cst.CSTNode] = dataclasses.field(default_factory=set)
+  ifs: dict[cst.If, bool] = dataclasses.field(default_factory=dict)
+  calls: dict[cst.Call, Call] = dataclasses.field(default_factory=dict)
+  methods: dict[cst.FunctionDef, set[str]] = dataclasses.field(default_factory=dict)
+  scan_calls: dict[cst.Call, Child] = dataclasses.field(default_factory=dict)
+  scan_names: dict[cst.Name, Child] = dataclasses.field(default_factory=dict)
+  remat_calls: dict[cst.Call, Child] = dataclasses.field(default_factory=dict)
+  stack_calls: dict[cst.Call, Child] = dataclasses.field(default_factory=dict)
+  while_loops: set[cst.Call] = dataclasses.field(default_factory=set)
+
+  def add(self, node: cst.ClassDef, plan: ClassRewrite) -> None:
+    """Takes in a converted class: its plan and its edits."""
+    self.plans[plan.name] = self.classes[node] = plan
+    self.variable_classes = dict(plan.variable_classes)
+    self.exprs.update(plan.exprs)
+    self.statements.update(plan.statements)
+    self.ifs.update(plan.ifs)
+    self.calls.update(plan.calls)
+    self.methods.update(plan.methods)
+    self.scan_calls.update(plan.scan_calls)
+    self.scan_names.update(plan.scan_names)
+    self.remat_calls.update(plan.remat_calls)
+    self.stack_calls.update(plan.stack_calls)
+    self.removed |= plan.removed
+    self.while_loops |= plan.while_loops

@@ -1,0 +1,360 @@
+"""Plans one Linen class's conversion: `ClassPlanner.run` fills a fresh `ClassRewrite`, or raises `Unsupported`.
+
+The planner reads the file's facts (`facts.FileFacts`) and the plans of the classes converted before
+this one (`converted`); everything it decides goes into its own ClassRewrite, dropped whole when the
+class stays Linen.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import libcst as cst
+
+from codemods.nodes import descendants
+from codemods.rules.l2n002.children import Children
+from codemods.rules.l2n002.decode_cache import DecodeCaches
+from codemods.rules.l2n002.factories import ClassFactories
+from codemods.rules.l2n002.factories import tied_uses
+from codemods.rules.l2n002.facts import FileFacts
+from codemods.rules.l2n002.lifted import LiftedTransforms
+from codemods.rules.l2n002.loops import Loops
+from codemods.rules.l2n002.modes import ModeSwitches
+from codemods.rules.l2n002.nodes import field_name
+from codemods.rules.l2n002.nodes import has_call
+from codemods.rules.l2n002.nodes import has_scope_call
+from codemods.rules.l2n002.nodes import if_arms
+from codemods.rules.l2n002.nodes import is_docstring
+from codemods.rules.l2n002.nodes import is_initializing_if
+from codemods.rules.l2n002.nodes import is_self_attr
+from codemods.rules.l2n002.nodes import is_straight_statement
+from codemods.rules.l2n002.nodes import scope_api
+from codemods.rules.l2n002.nodes import self_assignment
+from codemods.rules.l2n002.nodes import snake
+from codemods.rules.l2n002.plan import Child
+from codemods.rules.l2n002.plan import ClassRewrite
+from codemods.rules.l2n002.plan import Unsupported
+from codemods.rules.l2n002.scope import ScopeCalls
+from codemods.rules.l2n002.sizes import Sizes
+from codemods.vocabulary import COMPACT_NAMES
+from codemods.vocabulary import CONVERTED_APIS
+from codemods.vocabulary import MODE_PARAMS
+from codemods.vocabulary import MODULE_NAMES
+from codemods.vocabulary import SCOPE_APIS
+from nnx_bridge.layer_table import WRAPPERS
+
+
+class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, DecodeCaches):
+  """Plans the conversion of one class of a file."""
+
+  def __init__(self, facts: FileFacts, converted: tp.Mapping[str, ClassRewrite], name: str,
+               variable_classes: tp.Mapping[str, str]) -> None:
+    self.facts = facts
+    self.converted = converted  # the classes of the file converted before this one, by name
+    self.plan = ClassRewrite(name, variable_classes=dict(variable_classes))
+    self.loops = Loops()  # layers built in for loops -> nnx.List attributes
+    self.factories = ClassFactories(self)  # ModuleDef / partial factory fields
+
+  def run(self, node: cst.ClassDef) -> ClassRewrite:
+    """The class's plan; raises Unsupported (the class stays Linen) with the first thing that keeps it so."""
+    if node.decorators or node.keywords or len(node.bases) != 1:
+      raise Unsupported(node, 'class decorators, keywords or several bases')
+    base = self.facts.project_base(node)
+    if base is not None and base not in self.facts.hierarchy.plain_bases:
+      where = 'this file' if base.rpartition('.')[0] == self.facts.hierarchy.module else 'another file'
+      raise Unsupported(node, f'it inherits fields or submodules from {base} ({where}), which is not converted with it')
+    if not self.facts.nnx_is_free(node):
+      raise Unsupported(node, 'the name nnx is bound to something else here')
+    if f'{self.facts.hierarchy.module}.{node.name.value}' in self.facts.hierarchy.plain_bases:
+      return self._plain_base_plan(node)
+    fields, methods = [], {}
+    for statement in node.body.body:
+      if field_name(statement) is not None:
+        fields.append(statement)
+      elif isinstance(statement, cst.FunctionDef):
+        methods[statement.name.value] = statement
+      elif not is_docstring(statement):
+        raise Unsupported(statement, 'only annotated fields and methods are converted')
+    field_names = [field_name(f) for f in fields]
+    for field, name in zip(fields, field_names):
+      value = field.body[0].value
+      if name in ('name', 'parent', 'rngs') or (value is not None and has_call(value)):
+        raise Unsupported(field, f'field {name} (a reserved name or a computed default)')
+    mode_fields = {name: MODE_PARAMS[name] for field, name in zip(fields, field_names)
+                   if name in MODE_PARAMS and field.body[0].value is None
+                   and self.facts.code(field.body[0].annotation.annotation) == 'bool'}
+    linen_field_names = field_names
+    fields = [f for f, name in zip(fields, field_names) if name not in mode_fields]
+    field_names = [name for name in field_names if name not in mode_fields]
+    for sub in descendants(node):  # self.has_variable: a decode-cache pattern of the @nn.compact method, or a TODO
+      if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS - CONVERTED_APIS - {'has_variable'}:
+        raise Unsupported(sub, f'self.{sub.attr.value} has no automatic NNX conversion')
+    setup, call = methods.get('setup'), methods.get('__call__')
+    compact = [m for m in methods.values() if any(self.facts.has_name(d.decorator, COMPACT_NAMES) for d in m.decorators)]
+    if len(compact) > 1:
+      raise Unsupported(compact[1], 'several @nn.compact methods')
+    method = compact[0] if compact else None
+    if call is None:
+      raise Unsupported(node, 'no __call__ to convert')
+    if setup is not None and (len(setup.params.params) != 1 or setup.decorators):
+      raise Unsupported(setup, 'setup() with arguments or decorators')
+    mode = self._mode_params(call)
+    if method is not None and method is not call and any(p.name.value in MODE_PARAMS for p in method.params.params):
+      raise Unsupported(method, 'train/eval arguments of an @nn.compact method other than __call__')
+    params = [self.facts.code(f.body[0]).strip() for f in fields]
+    call_params = [p.name.value for p in call.params.params[1:]]
+    plan = self.plan
+    plan.params, plan.field_names, plan.call_params, plan.compact = params, field_names, call_params, method is not None
+    plan.linen_fields, plan.mode_fields = linen_field_names, mode_fields
+    if base is not None:  # a subclass of a project base class keeps it (converted in its own file)
+      plan.base = self.facts.code(node.bases[0].value)
+    self.plan.switches = {name: MODE_PARAMS[name] for name in mode.values()}
+    self.plan.traced = self.facts.options.example_sizes.of_class(self.facts.filename, node.name.value)
+    self.plan.traced_codes = set()
+    self.plan.mode_uses = set()
+    taken = set(field_names) | set(methods) | {'rngs'}
+    self._plan_members(node, methods, setup, method, call, taken)
+    self._finish(node, fields, method, call, mode)
+    return plan
+
+  def _plan_members(self, node: cst.ClassDef, methods: dict[str, cst.FunctionDef], setup: cst.FunctionDef | None,
+                    method: cst.FunctionDef | None, call: cst.FunctionDef, taken: set[str]) -> None:
+    """The children, scope calls and submodule calls of the class, then its sizes and decode caches."""
+    plan = self.plan
+    counts: dict[str, int] = {}
+    self.factories.prepare(method)
+    if setup is not None:
+      self._plan_setup(plan, setup, counts)
+    inline = self._plan_compact(plan, method, counts) if method is not None else {}
+    self._name_children(plan.children, taken)
+    for child in plan.children:
+      if child.condition is not None:
+        named = any(a.keyword is not None and a.keyword.value == 'name' for a in child.ctor.args)
+        shift = '' if named else (f'; when it is not, the auto-named layers created after it shift down (the next '
+                                  f'of its class is then {child.linen_name}): name= fixes the names')
+        self.plan.pending.append((child.ctor, f'self.{child.attr} is created only when {child.condition} (else None), '
+                                          f'as Linen creates it only then{shift}'))
+    plan.collections = [c.collection for c in plan.children if c.var_type == self.plan.variable_classes.get(c.collection)]
+    self._plan_scope_calls(node, plan, setup, taken | {c.attr for c in plan.children})
+    calls = self._inline_calls(plan, inline)
+    tied = tied_uses(self, plan, methods, setup)  # `.apply` with a shared kernel, `.variables[...]`
+    self._setup_child_calls(plan, methods, setup, calls, tied)
+    self.loops.after_calls(self, plan, calls)
+    marks = (len(plan.size_params), len(plan.size_arguments), len(self.plan.pending))
+    scanned = plan.name in self.facts.scanned_cells  # first what the code says, then with the carry's size and traces
+    traced, self.plan.traced = self.plan.traced, ({} if scanned else self.plan.traced)
+    carry = self._derive(plan, methods, call, calls)
+    self.plan.traced = traced
+    if scanned and plan.size_params[marks[0]:]:  # a scanned cell: again, its carry's size known
+      del plan.size_params[marks[0]:], plan.size_arguments[marks[1]:], self.plan.pending[marks[2]:]
+      for child in plan.children:
+        child.done, child.sizes, child.size_codes, child.ref_dims = False, {}, {}, {}
+      self._derive(plan, methods, call, calls, carry)
+    self._plan_init_cache(node, plan, call, calls, taken)
+
+  def _finish(self, node: cst.ClassDef, fields: list[cst.SimpleStatementLine], method: cst.FunctionDef | None,
+              call: cst.FunctionDef, mode: dict[int, str]) -> None:
+    """Checks the train/eval switches' uses, schedules the Linen names' conversion, writes the children's code."""
+    plan = self.plan
+    keywords = {sub.keyword for sub in descendants(call.body) if isinstance(sub, cst.Arg)}
+    for sub in descendants(call.body):
+      if isinstance(sub, cst.Name) and sub.value in self.plan.switches and sub not in self.plan.mode_uses | keywords:
+        raise Unsupported(sub, f'the train/eval switch {sub.value} is used other than to set train/eval arguments')
+    for sub in descendants(node):
+      if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in plan.mode_fields \
+          and sub not in self.plan.mode_uses:
+        raise Unsupported(sub, f'the train/eval field {sub.attr.value} is used other than to set train/eval arguments')
+    allowed = {node.bases[0].value} | {d.decorator for d in (method.decorators if method else ())}
+    allowed |= {child.ctor.func for child in plan.children if child.api is None and not child.bridged} | self.plan.lifted
+    allowed |= {child.cell.ctor.func for child in plan.children if child.cell is not None}
+    allowed |= self._plan_control_flow(node)
+    for field in fields:  # `encoder: nn.Module` holds a submodule the caller builds: an NNX one now
+      annotation = field.body[0].annotation.annotation
+      if self.facts.has_name(annotation, MODULE_NAMES):
+        self.plan.exprs[annotation] = 'nnx.Module'
+        allowed.add(annotation)
+    bridged = {child.ctor for child in plan.children if child.bridged}  # stays Linen code
+    plan.linen_nodes = [*allowed, *self._convert_linen_refs(node, allowed | bridged)]
+    plan.example_params = [f'{child.attr}_example_inputs' for child in plan.children if child.bridged]
+    plan.params = [self.code(f.body[0]).strip() for f in fields]
+    for child in plan.children:
+      child.text = 'nnx.data(None)' if child.cache else self._variable_text(child) if child.api else self._ctor_text(child)
+      if child.condition is not None:
+        child.text = f'{child.text} if {child.condition} else None'
+      child.text = self.loops.wrap(self, child)  # built in a loop: nnx.List([<it> for <target> in <iterator>])
+      if not child.hoisted:
+        self.plan.exprs[child.ctor] = child.text
+    plan.mode_params = [(i, name, MODE_PARAMS[name]) for i, name in mode.items()]
+    if mode or method is call:
+      self.plan.methods[call] = set(mode.values())
+    if method is not None and method is not call:
+      self.plan.methods[method] = set()
+
+  def _mode_params(self, call: cst.FunctionDef) -> dict[int, str]:
+    params = call.params
+    if isinstance(params.star_arg, cst.Param) or params.star_kwarg or params.posonly_params or params.kwonly_params:
+      raise Unsupported(call, f'{call.name.value} takes *args, **kwargs, positional-only or keyword-only arguments')
+    names = [p.name.value for p in params.params[1:]]
+    defaults = {p.name.value: p.default for p in params.params[1:] if p.default is not None}
+    self.plan.switch_defaults = {
+        name: default.value == 'True' for name, default in defaults.items()
+        if name in MODE_PARAMS and isinstance(default, cst.Name) and default.value in ('True', 'False')
+    }
+    return {i: name for i, name in enumerate(names) if name in MODE_PARAMS}
+
+  def _plan_setup(self, plan: ClassRewrite, setup: cst.FunctionDef, counts: dict[str, int]) -> None:
+    """setup() statements: `self.<attr> = <table layer or same-file class>(...)`, self.param or self.variable."""
+    for statement in setup.body.body:
+      if self.loops.setup_append(self, statement, setup):  # `layers = []` + `for ...: layers.append(...)`: go
+        continue
+      target = self_assignment(statement)
+      value = statement.body[0].value if target is not None else None
+      if isinstance(value, cst.Call) and scope_api(value) in ('param', 'variable'):
+        child = self._variable(value, target, hoisted=False)
+      elif isinstance(value, cst.Call) and self.constructed(value) is not None:
+        child = self._child(value, counts, target)
+      elif isinstance(value, cst.ListComp):  # `self.layers = [nn.Dense(f) for f in ...]`: an nnx.List (loops.py)
+        child = self._child(self.loops.setup_list(self, value, target), counts, target)
+      elif (appended := self.loops.appended(self, value, target)) is not None:  # `self.layers = layers` (appended)
+        child = self._child(appended, counts, target)
+      else:
+        raise Unsupported(statement, 'a setup() statement other than self.<attr> = <layer>(...) / self.param / self.variable')
+      if target in {c.attr for c in plan.children}:
+        raise Unsupported(statement, f'self.{target} assigned twice')
+      plan.children.append(child)
+
+  def _plan_compact(self, plan: ClassRewrite, method: cst.FunctionDef, counts: dict[str, int]) -> dict[cst.Call, cst.Call]:
+    """Layers and variables built inline in the @nn.compact method; returns each layer's call."""
+    ctors = [c for c in descendants(method) if isinstance(c, cst.Call) and self.constructed(c) is not None]
+    cells = {self._cell_arg(c) for c in ctors}  # built in a wrapper's constructor call: part of that child
+    ctors = [c for c in ctors if c not in cells]
+    for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
+      if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors \
+          and call not in ctors:
+        raise Unsupported(call, f'{self.facts.code(call.func.func)}(...)(...) builds a submodule from a '
+                                 'ModuleDef, factory or layer NNX has no counterpart of')
+    variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and scope_api(c) in ('param', 'variable')]
+    if not ctors and not variables and not plan.children:
+      raise Unsupported(method, 'no submodule or variable created in the @nn.compact method')
+    caches = self._decode_caches(plan, method)
+    self._straight_line(method.body, {*ctors, *variables} - caches)
+    outer = {}
+    for sub in descendants(method):
+      if isinstance(sub, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.FunctionDef,
+                          cst.IfExp, cst.BooleanOperation)):
+        if any(c in ctors or c in variables for c in descendants(sub)):
+          raise Unsupported(sub, 'a submodule or variable created in a lambda, comprehension, nested function '
+                                  'or conditional expression')
+      if isinstance(sub, cst.Call) and sub.func in ctors:
+        outer[sub.func] = sub
+    scan_names: dict[cst.Call, list[cst.Name]] = {}
+    for ctor in ctors:  # `rnn = nn.scan(Cell, ...)(...)`, then `rnn(carry, x)` once and `rnn.<method>(...)`
+      if (ctor in self.plan.scans or ctor in self.plan.remats or ctor in self.plan.stacks) and ctor not in outer:
+        outer[ctor], scan_names[ctor] = self._scan_local(method, ctor)
+      elif ctor not in outer and self._bound_local(method, ctor) is not None \
+          and not any(self.constructed(ctor)[0] in w.cells for w in WRAPPERS):  # `embed = nn.Embed(...)`, shared
+        calls, scan_names[ctor] = self._shared_local(method, ctor)
+        outer[ctor] = calls[0]
+        self.plan.extra_calls.update((call, ctor) for call in calls[1:])
+    holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
+    for node in descendants(method.body):
+      if node in variables:
+        child = self._variable(node, None, hoisted=True, cache=node in caches)
+        self.plan.exprs[node] = f'self.{child.attr}[...]' if child.api == 'param' else f'self.{child.attr}'
+        plan.children.append(child)
+        assign = self.facts.parent(node)
+        if child.api == 'variable' and isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
+            and isinstance(assign.targets[0].target, cst.Name):
+          holders.add(assign.targets[0].target.value)
+      elif node in ctors:
+        if node not in outer:
+          wrappers = [w.linen.rpartition('.')[2] for w in WRAPPERS if self.constructed(node)[0] in w.cells]
+          hint = f' (a cell: build it in the {wrappers[0]}(...) call to convert both)' if wrappers else ''
+          raise Unsupported(node, f'a submodule that is not called where it is constructed{hint}')
+        child = self._child(node, counts, None)
+        child.hoisted = True
+        child.condition = self.plan.conditions.get(node)
+        plan.children.append(child)
+        self.plan.scan_names.update((name, child) for name in scan_names.get(node, ()))
+    for sub in descendants(method.body):
+      if isinstance(sub, cst.Attribute) and isinstance(sub.value, cst.Name) and sub.value.value in holders \
+          and sub.attr.value == 'value':
+        self.plan.exprs[sub] = f'{sub.value.value}[...]'
+    for partial in dict.fromkeys(self.plan.partials[c] for c in ctors if c in self.plan.partials):
+      self.plan.pending.append((partial, f'{self.facts.code(partial)}: each call of it becomes a construction '
+                                     'in __init__ with its arguments (the statement goes)'))
+    return {c.ctor: outer[c.ctor] for c in plan.children if c.hoisted and c.api is None}
+
+  def _straight_line(self, body: cst.BaseSuite, built: set[cst.Call]) -> None:
+    """Simple statements, and conditionals of plain code: no loops, and a construction (`built`) only in an
+    `if <test>: ... else: ...` of simple statements whose test __init__ can evaluate (see _conditions)."""
+    for statement in body.body:
+      if is_straight_statement(statement):
+        continue
+      if isinstance(statement, cst.For):  # layers built in a loop: nnx.List attributes (loops.py)
+        self.loops.plan(self, statement, built)
+        continue
+      branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
+      if not isinstance(statement, cst.If) or any(isinstance(s, cst.BaseCompoundStatement) and not isinstance(s, cst.If)
+                                                 for s in descendants(statement)) \
+          or any(has_scope_call(b.test) and not is_initializing_if(b) for b in branches):
+        raise Unsupported(statement, 'the @nn.compact body has loops, conditionals or nested blocks')
+      if any(s in built for s in descendants(statement)):
+        self.plan.conditions.update(self._construction_conditions(statement, built))
+      self.plan.branches.update(branches)
+
+  def _construction_conditions(self, statement: cst.If, built: set[cst.Call]) -> dict[cst.Call, str]:
+    """`if self.config.use_norm: x = nn.LayerNorm()(x)`: each construction in it, with the condition (code for
+    __init__) under which it exists; a test that depends on the call (an input, a train/eval switch) is refused."""
+    arms = if_arms(statement)
+    if len(arms) > 2 or isinstance(statement.orelse, cst.If) \
+        or any(arm is not None and not all(is_straight_statement(s) for s in arm.body) for arm in arms):
+      raise Unsupported(statement, 'submodules created in an elif chain or a nested block')
+    test = statement.test
+    if any(isinstance(n, cst.Name) and n.value in self.plan.switches for n in (test, *descendants(test))):
+      raise Unsupported(test, 'a submodule created under a train/eval switch (in NNX it exists in both modes)')
+    try:
+      self.check_hoistable(test)
+    except Unsupported:
+      raise Unsupported(test, 'a submodule created under a condition on the call (its inputs or locals): NNX '
+                               'creates submodules in __init__') from None
+    code = self.code(test)
+    conditions = {}
+    negated = f'not {code}' if isinstance(test, (cst.Name, cst.Attribute)) else f'not ({code})'
+    for arm, condition in zip(arms, (code, negated)):
+      for sub in (descendants(arm) if arm is not None else ()):
+        if sub in built:
+          conditions[sub] = condition
+    return conditions
+
+  def _name_children(self, children: list[Child], taken: set[str]) -> None:
+    """Gives auto-named children a readable, deterministic, collision-free attribute name."""
+    explicit = [c.attr for c in children if c.attr]
+    if len(set(explicit)) != len(explicit) or set(explicit) & taken:
+      raise Unsupported(children[0].ctor, 'duplicate names, or names shadowing a field or method')
+    taken = taken | set(explicit)
+    auto = [c for c in children if not c.attr]
+    bases = ['cell' if c.scan else snake(c.linen_name.rpartition('_')[0]) if c.bridged
+             else f'{snake(c.sibling.name)}s' if c.stacked
+             else snake((c.spec or c.wrapper).nnx.rpartition('.')[2]) if c.spec or c.wrapper
+             else snake(c.sibling.name) for c in auto]
+    bases = [self.loops.plural(c, base) for c, base in zip(auto, bases)]  # a loop's nnx.List: `linears`
+    for i, (child, base) in enumerate(zip(auto, bases)):
+      attr = f'{base}{bases[:i].count(base) + 1}' if bases.count(base) > 1 else base
+      while attr in taken:
+        attr += '_'
+      child.attr = attr
+      taken.add(attr)
+
+  # --- sizes and train/eval switches -----------------------------------------------------------
+
+  def _plain_base_plan(self, node: cst.ClassDef) -> ClassRewrite:
+    """A base class of the run that only holds helpers (`LinenHierarchy.plain_bases`): an nnx.Module with its
+    Linen names converted; its subclasses, converted in their own files, build the layers and variables."""
+    for sub in descendants(node):
+      if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS:
+        raise Unsupported(sub, f'self.{sub.attr.value} in a helper of a base class')
+    plan = self.plan
+    plan.helpers_only = True
+    plan.linen_nodes = [node.bases[0].value, *self._convert_linen_refs(node, {node.bases[0].value})]
+    return plan

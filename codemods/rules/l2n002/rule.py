@@ -1,0 +1,156 @@
+"""The L2N002 rule: libcst visitor glue over the passes (see the package docstring)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+import libcst as cst
+from libcst.metadata import QualifiedNameProvider
+from libcst.metadata import ScopeProvider
+
+from codemods.rule import CLASSES_KEY
+from codemods.rule import MigrationRule
+from codemods.rules.l2n002 import emit
+from codemods.rules.l2n002 import entries
+from codemods.rules.l2n002.factories import unconverted_suppliers
+from codemods.rules.l2n002.facts import FileFacts
+from codemods.rules.l2n002.facts import analyse_file
+from codemods.rules.l2n002.plan import ClassRewrite
+from codemods.rules.l2n002.plan import FileRewrite
+from codemods.rules.l2n002.plan import Unsupported
+from codemods.rules.l2n002.planner import ClassPlanner
+from codemods.vocabulary import COMPACT_NAMES
+
+
+class ConvertModuleDefinitionsRule(MigrationRule):
+  """Converts Linen module classes built from table layers and scope variables into NNX modules."""
+
+  CODE = 'L2N002'
+  REQUIRES = ('Module',)
+  DESCRIPTION = 'nn.Module classes (setup or @nn.compact) -> nnx.Module with __init__(..., rngs).'
+  METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider)
+
+  def __init__(self, context: cst.codemod.CodemodContext) -> None:
+    super().__init__(context)
+    self.facts: FileFacts | None = None  # set by visit_Module
+    self.file = FileRewrite()
+
+  def visit_Module(self, node: cst.Module) -> None:
+    self.facts = analyse_file(node, self.get_metadata, self.context.filename, self.options, self.hierarchy)
+    self.file = FileRewrite()
+
+  def visit_ClassDef(self, node: cst.ClassDef) -> None:
+    name = node.name.value
+    if name not in self.facts.linen_classes or not isinstance(self.facts.parent(node), cst.Module):
+      return
+    if name in self.facts.kept_linen:
+      self.report_todo(node, f'class {name} kept as Linen: {self.facts.kept_linen[name]}; a converted class building '
+                             'it wraps it with nnx_bridge.from_linen')
+      return
+    try:
+      plan = ClassPlanner(self.facts, self.file.plans, name, self.file.variable_classes).run(node)
+    except Unsupported as error:
+      self.report_todo(error.node, f'class {name} left as Linen: {error.message}')
+      return
+    self.file.add(node, plan)
+    for module, obj, asname in plan.imports:
+      self.add_needed_import(module, obj, asname)
+    self.add_needed_import('flax', 'nnx')
+    if plan.cache_lines and not self.facts.names_of(node, 'jnp'):
+      self.add_needed_import('jax.numpy', asname='jnp')
+    if plan.example_params:
+      self.add_needed_import('nnx_bridge')
+    for used in plan.linen_nodes:
+      self.remove_import_of(used)
+    self._report(node, plan)
+    for where, message in plan.pending:
+      self.report_change(where, message)
+    for where, message in entries.child_todos(plan):
+      self.report_todo(where, message)
+
+  def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:
+    updated_node = super().on_leave(original_node, updated_node)
+    if original_node in self.file.removed:
+      return cst.RemoveFromParent()
+    if original_node in self.file.scan_names:
+      return cst.parse_expression(f'self.{self.file.scan_names[original_node].attr}')
+    if original_node in self.file.exprs:
+      return cst.parse_expression(self.file.exprs[original_node])
+    if original_node in self.file.ifs:
+      return cst.FlattenSentinel(updated_node.body.body) if self.file.ifs[original_node] else cst.RemoveFromParent()
+    if original_node in self.file.statements:
+      return cst.parse_statement(self.file.statements[original_node]).with_changes(leading_lines=updated_node.leading_lines)
+    return updated_node
+
+  def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+    file = self.file
+    dropped = file.calls.get(original_node, (None, set()))[1]
+    if original_node in file.scan_calls:
+      return emit.scan_call(file.scan_calls[original_node], updated_node)
+    if original_node in file.stack_calls:
+      return emit.stack_call(file.stack_calls[original_node], updated_node, dropped)
+    if original_node in file.remat_calls:
+      return emit.remat_call(file.remat_calls[original_node], original_node, updated_node, dropped)
+    if original_node in file.while_loops:
+      return emit.while_loop_call(updated_node)
+    if original_node in file.calls:
+      return emit.submodule_call(file.calls[original_node], updated_node)
+    return updated_node
+
+  def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+    if original_node not in self.file.methods:
+      return updated_node
+    dropped = self.file.methods[original_node]
+    params = [p for p in updated_node.params.params if p.name.value not in dropped]
+    if params:
+      params[-1] = params[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    body = updated_node.body
+    if body.body and isinstance(body, cst.IndentedBlock) and body.body[0].leading_lines \
+        and all(line.comment is None for line in body.body[0].leading_lines):  # the statement above it went
+      first = body.body[0].with_changes(leading_lines=[])
+      updated_node = updated_node.with_changes(body=body.with_changes(body=[first, *body.body[1:]]))
+    decorators = [
+        new for old, new in zip(original_node.decorators, updated_node.decorators)
+        if not self.facts.has_name(old.decorator, COMPACT_NAMES)
+    ]
+    return updated_node.with_changes(params=updated_node.params.with_changes(params=params), decorators=decorators)
+
+  def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+    plan = self.file.classes.get(original_node)
+    return updated_node if plan is None else emit.class_body(plan, updated_node)
+
+  def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+    """Puts each generated Variable type just above the first class that uses it."""
+    for name, supplier in unconverted_suppliers(self.facts.factories, self.file.plans):
+      self.report_todo(self.facts.class_defs[supplier], f'{supplier} stays Linen but passes layer factories to {name}, '
+                                                  'converted to NNX: pass NNX factories (partial(nnx.Conv, ...))')
+    body: list[cst.CSTNode] = []
+    done: set[str] = set()
+    for old, new in zip(original_node.body, updated_node.body):
+      plan = self.file.classes.get(old)
+      needed = [c for c in (plan.collections if plan else ()) if c not in done]
+      if needed:
+        blank = 0
+        while blank < len(new.leading_lines) and new.leading_lines[blank].comment is None:
+          blank += 1
+        for i, collection in enumerate(needed):
+          spacing = new.leading_lines[:blank] if i == 0 else [cst.EmptyLine(), cst.EmptyLine()]
+          body.append(emit.variable_class(collection, self.file.variable_classes[collection])
+                       .with_changes(leading_lines=spacing))
+        new = new.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *new.leading_lines[blank:]])
+        done.update(needed)
+      body.append(new)
+    return updated_node.with_changes(body=body) if done else updated_node
+
+  # --- report ----------------------------------------------------------------------------------
+
+  def _report(self, node: cst.ClassDef, plan: ClassRewrite) -> None:
+    for message in entries.class_changes(plan, self.facts.code(node.bases[0].value), self.file.variable_classes):
+      self.report_change(node, message)
+    if plan.helpers_only:
+      return
+    self.report_class(node, plan.name, entries.constructor_arguments(plan), entries.child_names(plan),
+                      call_arguments=plan.call_params, mode_arguments=[name for _, name, _ in plan.mode_params])
+    records = self.context.scratch[CLASSES_KEY]  # the record report_class just made
+    records[-1] = dataclasses.replace(records[-1], cache_input=plan.cache_input, input_sizes=entries.input_sizes(plan))

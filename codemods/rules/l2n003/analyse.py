@@ -1,0 +1,175 @@
+"""Analyse: the models a file builds and initialises (`ModelSite`s), and what their init calls give.
+
+A site is `model = Model(...)` followed, in the same block, by `variables = model.init(key, x)`
+(or `params = model.init(...)['params']`), for a class L2N002 converted (its record) or a
+built-in layer with an NNX counterpart (its layer-table row).
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import libcst as cst
+
+from codemods.report import EXAMPLE_INPUTS
+from codemods.report import INPUT_DIMENSION
+from codemods.report import UNDETERMINED
+from codemods.report import ConstructorArgument
+from codemods.report import ConvertedClass
+from codemods.nodes import descendants
+from codemods.rules.l2n003.facts import VARIABLES
+from codemods.rules.l2n003.facts import InitStatement
+from codemods.rules.l2n003.facts import LeftAsLinen
+from codemods.rules.l2n003.facts import ModelClass
+from codemods.rules.l2n003.facts import ModelSite
+from codemods.rules.l2n003.facts import Skip
+from codemods.rules.l2n003.facts import collection
+from codemods.rules.l2n003.syntax import assigned_name
+from codemods.rules.l2n003.syntax import assigned_value
+from codemods.rules.l2n003.syntax import literal_keys
+from codemods.rules.l2n003.syntax import rngs_code
+from codemods.rules.l2n003.syntax import unfrozen
+from codemods.rules.l2n003.tree import Tree
+from codemods.vocabulary import ARRAY_MAKERS
+from nnx_bridge.layer_table import InputDim
+from nnx_bridge.layer_table import find_layer
+from nnx_bridge.layer_table import linen_fields
+from nnx_bridge.layer_table import nnx_arguments
+
+
+def model_sites(module: cst.Module, tree: Tree, records: tp.Mapping[str, ConvertedClass]) -> list[ModelSite]:
+  """Every construction + init pair of the file, block by block (the module's first), in order."""
+  blocks = [module.body, *(sub.body for sub in descendants(module) if isinstance(sub, cst.IndentedBlock))]
+  return [site for block in blocks for site in _block_sites(tuple(block), tree, records)]
+
+
+def _block_sites(statements: tuple[cst.BaseStatement, ...], tree: Tree,
+                 records: tp.Mapping[str, ConvertedClass]) -> list[ModelSite]:
+  sites = []
+  for index, statement in enumerate(statements):
+    init = init_statement(statement)
+    if init is None:
+      continue
+    construction = next((s for s in reversed(statements[:index]) if assigned_name(s) == init.model), None)
+    value = assigned_value(construction) if construction is not None else None
+    if not isinstance(value, cst.Call):
+      continue
+    try:
+      built = model_class(tree, records, value)
+    except Skip as skip:
+      built = LeftAsLinen(skip.node, skip.message)
+    if built is not None:  # None: not a model of a class converted here (`opt_state = tx.init(params)`, ...)
+      sites.append(ModelSite(statements, construction, init, built))
+  return sites
+
+
+def init_statement(statement: cst.CSTNode) -> InitStatement | None:
+  """`target = model.init(...)` or `target = model.init(...)['params']` (through `freeze` / `unfreeze` too)."""
+  value = unfrozen(assigned_value(statement))
+  kind = VARIABLES
+  if isinstance(value, cst.Subscript) and len(value.slice) == 1 and isinstance(value.slice[0].slice, cst.Index) \
+      and isinstance(value.slice[0].slice.value, cst.SimpleString):
+    kind, value = collection(value.slice[0].slice.value.evaluated_value), unfrozen(value.value)
+  if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and isinstance(value.func.value, cst.Name) \
+      and value.func.attr.value == 'init':
+    return InitStatement(statement, assigned_name(statement), value.func.value.value, value, kind)
+  return None
+
+
+def model_class(tree: Tree, records: tp.Mapping[str, ConvertedClass], value: cst.Call) -> ModelClass | None:
+  """The record, layer row, NNX class and constructor arguments for `Model(...)` / `nn.Dense(...)`."""
+  if isinstance(value.func, cst.Name) and value.func.value in records:
+    args = tuple(tree.code(a).rstrip(',') for a in value.args)
+    return ModelClass(records[value.func.value], None, value.func.value, args)
+  spec = next((find_layer(q.name) for q in tree.qualified_names(value.func, set())
+               if find_layer(q.name) is not None), None)
+  if spec is None or spec.nnx is None:
+    return None
+  if not all(isinstance(source, InputDim) and source.axis == -1 and not source.optional for _, source in spec.derived):
+    raise Skip(value, f'{spec.linen} built outside a module, with sizes NNX reads off more than the last axis')
+  fields, accepted, renames = linen_fields(spec.linen), nnx_arguments(spec.nnx), dict(spec.arg_renames)
+  only = {k.name for k in spec.linen_only}
+  given = {}
+  for position, arg in enumerate(value.args):
+    if arg.star or (arg.keyword is None and position >= len(fields)):
+      raise Skip(arg, f'{spec.linen} built with *args / **kwargs or too many arguments')
+    given[arg.keyword.value if arg.keyword is not None else fields[position]] = tree.code(arg.value)
+  args = []
+  for name, code in given.items():
+    if name in only or renames.get(name, name) not in accepted:
+      raise Skip(value, f'{name}= of {spec.linen} has no NNX counterpart to pass it to')
+    args.append(f'{renames.get(name, name)}={code}')
+  args += [f'{k}={v!r}' for k, v in spec.linen_defaults if k not in given]
+  sizes = tuple(ConstructorArgument(name, INPUT_DIMENSION, f'{source.describe(spec.call_args)}',
+                                    input=spec.call_args[source.arg]) for name, source in spec.derived)
+  record = ConvertedClass(0, spec.linen, spec.nnx, sizes, (), call_arguments=spec.call_args)
+  return ModelClass(record, spec, f'nnx.{spec.nnx.rpartition(".")[2]}', tuple(args))
+
+
+def init_arguments(tree: Tree, model: str, record: ConvertedClass,
+                   call: cst.Call) -> tuple[str, dict[str, cst.BaseExpression]]:
+  """The `nnx.Rngs(...)` code for init's key, and its inputs by `__call__` argument name."""
+  positional = [a for a in call.args if a.keyword is None]
+  if not positional or any(a.star for a in call.args):
+    raise Skip(call, f'{model}.init without a positional key, or with *args / **kwargs')
+  call_names = record.call_arguments
+  inputs: dict[str, cst.BaseExpression] = {}
+  for position, arg in enumerate(positional[1:]):
+    if position >= len(call_names):
+      raise Skip(arg, f'{model}.init: more inputs than {record.linen_name}.__call__ takes')
+    inputs[call_names[position]] = arg.value
+  for arg in call.args:
+    if arg.keyword is None:
+      continue
+    name = arg.keyword.value
+    if name not in call_names or name == 'method':
+      raise Skip(arg, f'{model}.init with {name}=')
+    inputs[name] = arg.value
+  key = positional[0].value
+  if isinstance(key, cst.Dict):
+    if literal_keys(key) is None or not all(k.isidentifier() for k in literal_keys(key)):
+      raise Skip(key, f'{model}.init with an rngs dict whose stream names are not literal identifiers')
+    code = ', '.join(f'{e.key.evaluated_value}={tree.source(e.value)}' for e in key.elements)
+    return f'nnx.Rngs({code})', inputs
+  return rngs_code(tree.source(key)), inputs
+
+
+def size_arguments(tree: Tree, model: str, record: ConvertedClass, call: cst.Call,
+                   inputs: dict[str, cst.BaseExpression]) -> list[str]:
+  """`name=<last axis of an example input>` for each size argument of the record."""
+  sizes = []
+  for argument in record.arguments:
+    if argument.origin == EXAMPLE_INPUTS:
+      raise Skip(call, f'{model}.init: {argument.name} ({argument.detail}) is not derived from its inputs')
+    if argument.origin not in (INPUT_DIMENSION, UNDETERMINED):
+      continue
+    example = inputs.get(argument.input) if argument.input else None
+    if example is None:
+      raise Skip(call, f'{model}.init: the inputs do not determine {argument.name} ({argument.detail})')
+    sizes.append(f'{argument.name}={_last_axis(tree, example)}')
+  return sizes
+
+
+def _last_axis(tree: Tree, example: cst.BaseExpression) -> str:
+  """`784` for `jnp.ones((1, 784))`, else `<example>.shape[-1]`."""
+  if isinstance(example, cst.Call) and example.args and isinstance(example.args[0].value, cst.Tuple):
+    func = cst.helpers.get_full_name_for_node(example.func) or ''
+    elements = example.args[0].value.elements
+    if ARRAY_MAKERS.match(func) and elements and isinstance(elements[-1].value, cst.Integer):
+      return elements[-1].value.value
+  code = tree.source(example)
+  return f'{code}.shape[-1]' if isinstance(example, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) \
+      else f'({code}).shape[-1]'
+
+
+def example_shape(tree: Tree, example: cst.BaseExpression) -> str:
+  """`(4, 12)` for `jnp.ones((4, 12), jnp.int32)`, else `<example>.shape`."""
+  if isinstance(example, cst.Call) and example.args and isinstance(example.args[0].value, cst.Tuple) \
+      and ARRAY_MAKERS.match(cst.helpers.get_full_name_for_node(example.func) or ''):
+    return tree.code(example.args[0].value)
+  return f'{tree.code(example)}.shape'
+
+
+def arguments_without(tree: Tree, call: cst.Call, drop: str) -> list[str]:
+  """The code of each argument of `call` but the keyword `drop`."""
+  return [tree.code(a).rstrip(',') for a in call.args if not (a.keyword is not None and a.keyword.value == drop)]

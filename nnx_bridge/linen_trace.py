@@ -1,0 +1,115 @@
+"""One abstract init of a Linen module, recorded: each submodule's class, its calls and their inputs.
+
+`nn.intercept_methods` sees every method call of every submodule while `jax.eval_shape` runs the
+init (no weights, no accelerator work). The leaf mapping (`derive`) pairs layers by the order of
+their `__call__`s; the migrate report's ports and the example traces of `linen2nnx migrate
+--examples` read the first call of each method: the module's fields and its input shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing as tp
+
+import jax
+from flax import linen as nn
+
+from nnx_bridge import modes
+
+Path = tuple[str, ...]
+Shape = tuple[int, ...]
+
+RNG_STREAMS = ('params', 'dropout')
+"""The rng streams the traced init is given (keys 0 and 1)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LinenCall:
+  """The first call of one method of a Linen module in an abstract init: fields and input shapes.
+
+  `named` are the shapes by the method's parameter names (None for what is not an array).
+  """
+
+  fields: dict[str, tp.Any]
+  args: tuple[Shape | None, ...]
+  kwargs: dict[str, Shape | None]
+  named: dict[str, Shape | None]
+
+  def shapes(self, call_args: tp.Sequence[str]) -> tuple[Shape | None, ...]:
+    """The shapes of the inputs a layer-table row names, positional or by keyword."""
+    return self.args + tuple(self.kwargs.get(name) for name in call_args[len(self.args):])
+
+
+@dataclasses.dataclass(frozen=True)
+class LinenTrace:
+  """What one abstract init of a Linen module showed.
+
+  `variables` are the abstract variables (`jax.ShapeDtypeStruct` leaves); `classes` each module
+  path's class; `call_paths` the path of every `__call__`, in call order (a layer called twice is
+  there twice); `first_calls` the first call of each method of each module, in call order.
+  """
+
+  variables: tp.Any
+  classes: dict[Path, type]
+  call_paths: list[Path]
+  first_calls: dict[tuple[Path, str], LinenCall]
+
+
+def _shape(value: tp.Any) -> Shape | None:
+  return tuple(value.shape) if hasattr(value, 'shape') else None
+
+
+def _named_shapes(
+    module: nn.Module, method: str, args: tuple[tp.Any, ...], kwargs: dict[str, tp.Any]
+) -> dict[str, Shape | None]:
+  """The shapes of a method call's arguments by parameter name."""
+  function = getattr(type(module), method, None)  # None for what a lifted transform calls (`<lambda>`)
+  try:
+    bound = inspect.signature(function).bind(module, *args, **kwargs)
+  except (TypeError, ValueError):  # a signature the arguments do not bind to, or none at all
+    return {}
+  return {name: _shape(value) for name, value in list(bound.arguments.items())[1:]}
+
+
+def trace_linen(
+    module: nn.Module,
+    inputs: tuple[tp.Any, ...],
+    call_kwargs: tp.Mapping[str, tp.Any],
+    *,
+    method: modes.Method = None,
+    mode: tp.Mapping[str, bool] | None = None,
+) -> LinenTrace:
+  """Runs `module.init` abstractly on `inputs` (arrays or `jax.ShapeDtypeStruct`s) and records its calls.
+
+  `call_kwargs` go to the Linen `method` (default `__call__`). With `mode` (`modes.EVAL` or
+  `modes.TRAIN`), the module's own mode arguments (`train=`, a `deterministic` field, ...) are
+  set for that mode first.
+  """
+  mode_kwargs: dict[str, bool] = {}
+  if mode is not None:
+    module, mode_kwargs = modes.for_mode(module, method, modes.mode_arguments_of(module, method), **mode)
+  classes: dict[Path, type] = {}
+  call_paths: list[Path] = []
+  first_calls: dict[tuple[Path, str], LinenCall] = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    path, name = tuple(context.module.path), context.method_name
+    classes.setdefault(path, type(context.module))
+    if name == '__call__':
+      call_paths.append(path)
+    if (path, name) not in first_calls:
+      fields = {f.name: getattr(context.module, f.name) for f in dataclasses.fields(context.module)}
+      first_calls[path, name] = LinenCall(
+          fields, tuple(map(_shape, args)), {k: _shape(v) for k, v in kwargs.items()},
+          _named_shapes(context.module, name, args, kwargs),
+      )
+    return next_fun(*args, **kwargs)
+
+  def init(*xs):
+    rngs = {stream: jax.random.key(index) for index, stream in enumerate(RNG_STREAMS)}
+    with nn.intercept_methods(interceptor):
+      return module.init(rngs, *xs, method=method, **mode_kwargs, **call_kwargs)
+
+  variables = jax.eval_shape(init, *inputs)
+  return LinenTrace(variables, classes, call_paths, first_calls)
