@@ -121,8 +121,7 @@ cat "$ENV_FILE"
 # Numeric equivalence of Linen and NNX: parity checks, state transfer, the derived leaf mapping,
 # the bridge both ways, every layer-table row, and every migration rule's before/after run.
 # `slow` tests are the end-to-end ones (subprocesses pinned to CPU); they add nothing here.
-PARITY_TESTS=(tests/test_parity.py tests/test_rules_*.py tests/test_transfer.py tests/test_derive.py
-  tests/test_from_linen.py tests/test_to_linen.py tests/test_layer_table.py tests/test_linen_state.py)
+PARITY_TESTS=(tests/nnx_bridge tests/codemods/rules)
 run_stage parity "${PARITY_BUDGET_S:-240}" "$PYTHON" -m pytest -q -p no:cacheprovider \
   -n "${PARITY_WORKERS:-8}" -m "not slow" --maxfail=10 -rfE --durations=15 \
   --junitxml="$OUT/parity.xml" -o junit_family=xunit2 "${PARITY_TESTS[@]}"

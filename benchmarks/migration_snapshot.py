@@ -35,7 +35,7 @@ def _entries(entries: tp.Iterable[tp.Any]) -> list[str]:
 
 
 def _own_variants(case: pathlib.Path) -> list[MigrationOptions]:
-  """The options a case runs with in tests/test_fixtures.py: the defaults, and one per `<case>.<option>=<value>.out.py`."""
+  """The options a case runs with in tests/codemods/rules/test_fixtures.py: the defaults, and one per `<case>.<option>=<value>.out.py`."""
   stem = case.name[:-len('.in.py')]
   variants = [MigrationOptions()]
   for output in sorted(case.parent.glob(f'{stem}.*=*.out.py')):

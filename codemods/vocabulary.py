@@ -3,7 +3,7 @@
 Layer classes and what they become live in `nnx_bridge/layer_table.py`; everything else a rule matches by
 qualified name (scope APIs, lifted transforms, ModuleDef factories, train/eval keywords, the functions of
 training code) is here, as data. Names are qualified as libcst's QualifiedNameProvider gives them
-(`flax.linen.scan`, with the submodule spellings flax re-exports). `tests/test_vocabulary.py` checks each
+(`flax.linen.scan`, with the submodule spellings flax re-exports). `tests/codemods/test_vocabulary.py` checks each
 entry against the installed flax, so that a flax release that moves or drops a name fails there first.
 
 This module imports only the layer table (no jax), so that `linen2nnx migrate` starts fast.
@@ -73,6 +73,31 @@ PARTIAL_NAMES = frozenset({'functools.partial'})
 CALLABLE = re.compile(r'^(?:(?:typing|tp|collections\.abc)\.)?Callable\b')
 """A field annotation naming a callable (`act: Callable = nn.relu`)."""
 
+# --- initializers (L2N001) ---------------------------------------------------------------------
+
+LINEN_INITIALIZERS = 'flax.linen.initializers'
+# The public names of flax.nnx.initializers (flax 0.12.8); tests/codemods/test_vocabulary.py checks each one.
+NNX_INITIALIZERS = frozenset({
+    'Initializer', 'constant', 'delta_orthogonal', 'glorot_normal', 'glorot_uniform',
+    'he_normal', 'he_uniform', 'kaiming_normal', 'kaiming_uniform', 'lecun_normal',
+    'lecun_uniform', 'normal', 'ones', 'ones_init', 'orthogonal', 'truncated_normal', 'uniform',
+    'variance_scaling', 'xavier_normal', 'xavier_uniform', 'zeros', 'zeros_init',
+})
+# Initializers flax.linen re-exports at its top level.
+LINEN_TOP_LEVEL_INITIALIZERS = frozenset({'zeros_init', 'ones_init'})
+
+
+def nnx_initializer_target(qualified_name: str) -> str | None:
+  """'flax.linen.initializers.zeros' -> 'initializers.zeros' (under `nnx.`); None for anything else."""
+  if qualified_name == LINEN_INITIALIZERS:
+    return 'initializers'
+  if qualified_name.startswith(LINEN_INITIALIZERS + '.') and qualified_name.count('.') == 3:
+    return 'initializers.' + qualified_name.rpartition('.')[2]
+  if qualified_name.rpartition('.')[::2] in {('flax.linen', name) for name in LINEN_TOP_LEVEL_INITIALIZERS}:
+    return 'initializers.' + qualified_name.rpartition('.')[2]
+  return None
+
+
 # --- functions -----------------------------------------------------------------------------------
 
 NNX_TWINS = frozenset({
@@ -82,7 +107,7 @@ NNX_TWINS = frozenset({
     'standardize', 'swish', 'tanh',
 })
 """The non-class names flax.linen exports whose very object flax.nnx exports under the same name (`nn.relu` is
-`nnx.relu`), as measured on the installed flax by tests/test_vocabulary.py (kept here so migrate needs no jax)."""
+`nnx.relu`), as measured on the installed flax by tests/codemods/test_vocabulary.py (kept here so migrate needs no jax)."""
 ELEMENTWISE = frozenset(
     f'{module}.{name}'
     for module in ('flax.linen', 'flax.nnx', 'jax.nn', 'jax.numpy')

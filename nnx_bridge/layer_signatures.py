@@ -1,5 +1,5 @@
 """The constructor signatures of the layer table's classes, recorded so that the codemod reads them without
-importing flax (which imports jax); `tests/test_layer_table.py` checks them against the installed flax.
+importing flax (which imports jax); `tests/nnx_bridge/test_layer_table.py` checks them against the installed flax.
 
 `layer_table.linen_fields` / `nnx_arguments` read them, and a class the table has no row for off the
 installed class (`installed_linen_fields` / `installed_nnx_arguments`, which import it).

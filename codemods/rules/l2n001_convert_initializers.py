@@ -34,17 +34,8 @@ from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import ScopeProvider
 
 from codemods.rule import MigrationRule
-
-LINEN_MODULE = 'flax.linen.initializers'
-# The public names of flax.nnx.initializers (flax 0.12.8); tests check each one against flax.
-NNX_INITIALIZERS = frozenset({
-    'Initializer', 'constant', 'delta_orthogonal', 'glorot_normal', 'glorot_uniform',
-    'he_normal', 'he_uniform', 'kaiming_normal', 'kaiming_uniform', 'lecun_normal',
-    'lecun_uniform', 'normal', 'ones', 'ones_init', 'orthogonal', 'truncated_normal', 'uniform',
-    'variance_scaling', 'xavier_normal', 'xavier_uniform', 'zeros', 'zeros_init',
-})
-# Initializers flax.linen re-exports at its top level.
-LINEN_TOP_LEVEL = frozenset({'zeros_init', 'ones_init'})
+from codemods.vocabulary import NNX_INITIALIZERS
+from codemods.vocabulary import nnx_initializer_target
 
 
 class ConvertInitializersRule(MigrationRule):
@@ -101,14 +92,3 @@ class ConvertInitializersRule(MigrationRule):
       self.remove_import_of(node)
       self.report_change(node, f'{code} -> nnx.{target}')
     return False
-
-
-def nnx_initializer_target(qualified_name: str) -> str | None:
-  """'flax.linen.initializers.zeros' -> 'initializers.zeros' (under `nnx.`); None for anything else."""
-  if qualified_name == LINEN_MODULE:
-    return 'initializers'
-  if qualified_name.startswith(LINEN_MODULE + '.') and qualified_name.count('.') == 3:
-    return 'initializers.' + qualified_name.rpartition('.')[2]
-  if qualified_name.rpartition('.')[::2] in {('flax.linen', name) for name in LINEN_TOP_LEVEL}:
-    return 'initializers.' + qualified_name.rpartition('.')[2]
-  return None

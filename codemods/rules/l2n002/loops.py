@@ -37,6 +37,7 @@ from codemods.nodes import descendants
 from codemods.report import ChildName
 from codemods.rules.l2n002.dims import Dim
 from codemods.rules.l2n002.dims import Known
+from codemods.rules.l2n002.nodes import assigned_name
 from codemods.rules.l2n002.plan import Child
 from codemods.rules.l2n002.plan import ClassRewrite
 from codemods.rules.l2n002.plan import Unsupported
@@ -187,7 +188,7 @@ class Loops:
     lines = list(statement.body.body)
     inside = {n for ctor in ctors for n in descendants(ctor)}
     for line in lines:
-      name = _assigned(line)
+      name = assigned_name(line)
       if name is None or len(bound.get(name, ())) != 1:
         continue
       reads = [n for n in descendants(statement.body) if isinstance(n, cst.Name) and n.value == name
@@ -626,15 +627,6 @@ def _paren(code: str) -> str:
 def _sum(terms: list[str]) -> str:
   terms = [t for t in terms if t != '0'] or ['0']
   return ' + '.join(terms)
-
-
-def _assigned(statement: cst.BaseStatement) -> str | None:
-  """`name` of a `name = value` statement."""
-  if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
-    assign = statement.body[0]
-    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
-      return assign.targets[0].target.value
-  return None
 
 
 def _empty_list(statement: cst.BaseStatement) -> str | None:

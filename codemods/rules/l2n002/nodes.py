@@ -9,10 +9,10 @@ import typing as tp
 import libcst as cst
 
 from codemods.nodes import descendants
-from codemods.rules.l2n001_convert_initializers import NNX_INITIALIZERS
-from codemods.rules.l2n001_convert_initializers import nnx_initializer_target
+from codemods.vocabulary import NNX_INITIALIZERS
 from codemods.vocabulary import NNX_TWINS
 from codemods.vocabulary import SCOPE_APIS
+from codemods.vocabulary import nnx_initializer_target
 
 if tp.TYPE_CHECKING:
   from codemods.rules.l2n002.plan import Child

@@ -1,0 +1,172 @@
+"""L2N002 on layers built in loops: an MLP over its hidden sizes, a transformer encoder stacking
+named blocks by config depth, a ResNet-style stage and a setup() list become nnx.List attributes.
+Outputs and every gradient match Linen on transferred params, with as many param leaves (the fixture's
+parity spec, tests/codemods/rules/test_fixture_parity.py); the Linen names keep their order, a port
+whose list entries are swapped is caught, and loops that cannot be converted keep a precise TODO."""
+
+import runpy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import nnx_bridge
+from codemods import rules as registry
+from codemods.transform import transform_source
+from tests.codemods.rules import test_fixture_parity as fixture_parity
+
+X = jnp.linspace(-1.0, 1.0, 2 * 6).reshape(2, 6)
+CASE = 'L2N002/layer_loops'
+
+
+def test_the_encoder_keeps_linen_names_in_order():
+  """`name=f'layer_{i}'`: Linen's layer_0, layer_1, layer_2 pair with self.layers[0], [1], [2]."""
+  linen_module, variables, model, (x,) = fixture_parity.models(CASE, fixture_parity.spec(CASE, 'Encoder'))
+  assert [k for k in variables['params'] if k.startswith('layer_')] == ['layer_0', 'layer_1', 'layer_2']
+  mapping = nnx_bridge.derive_mapping(linen_module, model, x)
+  pairs = {rule.nnx[:2]: rule.linen[0][1] for rule in mapping.rules if rule.nnx[0] == 'layers'}
+  assert pairs == {('layers', str(i)): f'layer_{i}' for i in range(3)}
+
+
+def test_swapped_list_entries_are_caught():
+  """Params of two same-shaped list entries exchanged: the outputs no longer match Linen's."""
+  linen_module, variables, model, (x,) = fixture_parity.models(CASE, fixture_parity.spec(CASE, 'Encoder'))
+  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, x))
+  expected = linen_module.apply(variables, x)
+  model.eval()
+  np.testing.assert_allclose(model(x), expected, atol=1e-5)
+  first, second = nnx.state(model.layers[0]), nnx.state(model.layers[1])
+  nnx.update(model.layers[0], second)
+  nnx.update(model.layers[1], first)
+  assert not np.allclose(model(x), expected, atol=1e-3)
+
+
+def _todo(source: str) -> str:
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  (todo,) = [e for e in result.entries if e.kind == 'todo']
+  return todo.message
+
+
+LOOP = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  n: int
+
+  @nn.compact
+  def __call__(self, x):
+    for i in range(self.n):
+{body}
+    return x
+'''
+
+
+@pytest.mark.parametrize('body, message', [
+    ('      x = nn.Dense(4)(x)\n      if i > 0:\n        x = nn.relu(x)',
+     'a for loop whose body holds nested blocks'),
+    ('      x = nn.Dense(4)(x)\n      break', 'a for loop holding break'),
+    ("      w = self.param('w', nn.initializers.zeros, (4,))\n      x = x * w", 'a for loop calling self.param'),
+    ('      x = jnp.concatenate([x, nn.Dense(4)(x)], axis=-1)',
+     'the input size in_features of the nn.Dense built in this for loop changes from one iteration to the next'),
+    ("      x = nn.Dense(4, name='dense')(x)", 'name= other than an f-string'),
+])
+def test_loops_that_stay_linen(body, message):
+  source = LOOP.format(body=body)
+  if 'jnp.' in body:
+    source = 'import jax.numpy as jnp\n' + source
+  assert message in _todo(source)
+
+
+def test_a_loop_over_an_input_stays_linen():
+  source = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  @nn.compact
+  def __call__(self, x, sizes):
+    for f in sizes:
+      x = nn.Dense(f)(x)
+    return x
+'''
+  assert 'which __init__ cannot evaluate' in _todo(source)
+
+
+def test_a_setup_list_used_otherwise_stays_linen():
+  source = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  features: tuple
+
+  def setup(self):
+    self.layers = [nn.Dense(f) for f in self.features]
+
+  def __call__(self, x):
+    for layer in self.layers[:-1]:
+      x = nn.relu(layer(x))
+    return self.layers[-1](x)
+'''
+  assert 'self.layers (a list of layers) used other than by `for layer in self.layers:`' in _todo(source)
+
+
+def test_linen_names_count_across_iterations():
+  """Two Dense per iteration after one before the loop: Linen's Dense_{1 + 2 * i} and Dense_{1 + 2 * i + 1},
+  and the Dense after the loop is Dense_{2 * len(features) + 1}; compare pairs them all."""
+  source = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  features: tuple
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(3)(x)
+    for f in self.features:
+      x = nn.Dense(f)(x)
+      x = nn.Dense(f)(nn.relu(x))
+    return nn.Dense(2)(x)
+'''
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  (hoisted,) = [e.message for e in result.entries if 'hoisted' in e.message]
+  assert ('Dense_0 -> self.linear1, Dense_{1 + 2 * i} -> self.linears1, Dense_{1 + 2 * i + 1} -> self.linears2, '
+          'Dense_{2 * len(self.features) + 1} -> self.linear2') in hoisted
+  linen_module = runpy.run_path(_write(source, 'in'))['M']((4, 5))
+  model = runpy.run_path(_write(result.source if isinstance(result.source, str) else result.source.decode(), 'out'))['M']((4, 5), linear1_in_features=6, rngs=nnx.Rngs(0))
+  variables = linen_module.init(jax.random.key(0), X)
+  assert sorted(variables['params']) == [f'Dense_{k}' for k in range(6)]
+  report = nnx_bridge.compare(linen_module, variables, model, X)
+  assert report.ok, report.to_text()
+
+
+def _write(source: str, suffix: str) -> str:
+  import tempfile
+  with tempfile.NamedTemporaryFile('w', suffix=f'.{suffix}.py', delete=False) as f:
+    f.write(source)
+  return f.name
+
+
+def test_a_loop_local_read_by_a_construction_moves_into_the_comprehension():
+  """`width = self.dim * 2 ** i` in the body, read only by the construction: written into __init__'s comprehension."""
+  source = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  dim: int
+
+  @nn.compact
+  def __call__(self, x):
+    for i in range(3):
+      width = self.dim * 2 ** i
+      x = nn.relu(nn.Dense(width)(x))
+    return x
+'''
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  converted = result.source if isinstance(result.source, str) else result.source.decode()
+  assert 'width' not in converted and 'out_features=(self.dim * 2 ** i)' in converted
+  linen_module = runpy.run_path(_write(source, 'in'))['M'](2)
+  model = runpy.run_path(_write(converted, 'out'))['M'](2, linears_in_features=6, rngs=nnx.Rngs(0))
+  variables = linen_module.init(jax.random.key(0), X)
+  report = nnx_bridge.compare(linen_module, variables, model, X)
+  assert report.ok, report.to_text()

@@ -1,0 +1,50 @@
+"""L2N002 on sizes read off the input at call time (`d = x.shape[-1]`, `n, _, d = x.shape`, `nn.Dense(x.shape[-1])`,
+big_vision's `nn.Dense(self.mlp_dim or 4 * d)`),
+chained config aliases, a tiled probe and the carry of a scan over layers: the sizes are derived from the code, the
+converted classes match Linen on transferred params (outputs and every gradient: the fixture's parity spec,
+tests/codemods/rules/test_fixture_parity.py), and a port whose output projection ignores the input's width is caught."""
+
+import pathlib
+import runpy
+
+import jax
+import pytest
+from flax import nnx
+
+import nnx_bridge
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[4] / 'fixtures' / 'L2N002'
+IMAGES = jax.random.normal(jax.random.key(0), (2, 4, 4, 3))
+TOKENS = jax.random.normal(jax.random.key(1), (2, 5, 6))
+
+
+@pytest.fixture(scope='module')
+def linen():
+  return runpy.run_path(str(FIXTURES / 'input_size_locals.in.py'))
+
+
+@pytest.fixture(scope='module')
+def ported():
+  return runpy.run_path(str(FIXTURES / 'input_size_locals.out.py'))
+
+
+def test_the_sizes_come_from_the_code(ported):
+  """Only the widths of the data are constructor arguments: the encoder's inner layers are sized from its config."""
+  import inspect
+
+  encoder = inspect.signature(ported['Encoder'].__init__).parameters
+  assert [p for p in encoder if p not in ('self', 'config', 'rngs')] == ['embedding_in_features']
+  model = ported['Encoder'](ported['Config'](hidden_size=10), embedding_in_features=3, rngs=nnx.Rngs(0))
+  assert model.head.probe.shape == (1, 1, 10)
+  assert model.head.mlp.linear2.out_features == 10
+  assert model(IMAGES).shape == (2, 1, 10)
+
+
+def test_a_port_ignoring_the_input_width_is_caught(linen, ported):
+  """MlpBlock projects back to the input's width (`d`); a port projecting to mlp_dim instead is refused by name."""
+  linen_module = linen['MlpBlock'](12)
+  variables = linen_module.init(jax.random.key(0), TOKENS)
+  wrong = ported['MlpBlock'](12, linear1_in_features=6, rngs=nnx.Rngs(1))
+  wrong.linear2 = nnx.Linear(12, 12, rngs=nnx.Rngs(2))
+  with pytest.raises(nnx_bridge.BridgeError, match='linear2'):
+    nnx_bridge.compare(linen_module, variables, wrong, TOKENS)

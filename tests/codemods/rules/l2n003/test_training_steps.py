@@ -1,0 +1,149 @@
+"""L2N003 training and decoding code run for real: each fixture and its port, from the same start, compute the same."""
+
+import pathlib
+import runpy
+
+import pytest
+from flax import nnx
+
+from codemods import rules as registry
+from codemods.options import MigrationOptions
+from codemods.transform import transform_source
+from tests.codemods.rules import training_parity as parity
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[4] / 'fixtures' / 'L2N003'
+
+
+def _run_both(case: str, linen_class: str, nnx_class: str, script: str | None = None):
+  """Runs `<case>.in.py` recording its model, then `<case>.out.py` (or `script`) started from it."""
+  with parity.recording_linen(linen_class) as linen:
+    linen_globals = runpy.run_path(str(FIXTURES / f'{case}.in.py'))
+  with parity.transferring_into(nnx_class, linen) as ported:
+    nnx_globals = runpy.run_path(script or str(FIXTURES / f'{case}.out.py'))
+  return linen, linen_globals, ported, nnx_globals
+
+
+def test_guide_training_step_trains_to_the_same_parameters():
+  with parity.same_masks():  # Dropout(0.5) in train mode: one mask on both sides (see training_parity)
+    linen, linen_globals, ported, nnx_globals = _run_both('guide_training_step', 'Model', 'Model')
+  parity.assert_same_state({'params': linen_globals['params']}, ported)
+  parity.assert_close(linen_globals['logits'], nnx_globals['logits'])
+
+
+def test_same_masks_is_what_makes_dropout_training_comparable():
+  """Without it the two libraries' masks differ (different rng derivations), and so do the results."""
+  linen, linen_globals, ported, nnx_globals = _run_both('guide_training_step', 'Model', 'Model')
+  with pytest.raises(AssertionError):
+    parity.assert_close(linen_globals['logits'], nnx_globals['logits'])
+
+
+def test_guide_train_state_trains_to_the_same_parameters():
+  linen, linen_globals, ported, nnx_globals = _run_both('guide_train_state', 'Dense', 'Linear')
+  state = linen_globals['state']
+  parity.assert_same_state({'params': state.params}, ported)
+  parity.assert_close(linen_globals['logits'], nnx_globals['logits'])
+  assert int(nnx_globals['optimizer'].step[...]) == int(state.step) == 3
+
+
+def test_optax_batch_stats_trains_to_the_same_losses_and_statistics():
+  linen, linen_globals, ported, nnx_globals = _run_both('optax_batch_stats', 'CNN', 'CNN')
+  for name in ('losses', 'logits', 'mean'):  # per-step losses; eval logits and BatchNorm mean after training
+    parity.assert_close(linen_globals[name], nnx_globals[name])
+  parity.assert_same_state(linen.final, ported)  # params and batch stats, from the jitted eval step
+
+
+def test_freeze_unfreeze_port_trains_to_the_same_losses():
+  linen, linen_globals, ported, nnx_globals = _run_both('freeze_unfreeze', 'Regressor', 'Regressor')
+  parity.assert_close(linen_globals['losses'], nnx_globals['losses'])
+  parity.assert_same_state({'params': linen_globals['params']}, ported)
+  parity.assert_close(linen_globals['predictions'], nnx_globals['predictions'])
+  assert nnx_globals['parameter_count'] == linen_globals['parameter_count'] == 49  # leaves of nnx.state(model, nnx.Param)
+
+
+def test_the_parity_checks_reject_a_port_that_trains_differently(tmp_path):
+  wrong = tmp_path / 'wrong.py'
+  wrong.write_text((FIXTURES / 'guide_train_state.out.py').read_text().replace('optax.adam(1e-3)', 'optax.adam(2e-3)'))
+  linen, linen_globals, ported, nnx_globals = _run_both('guide_train_state', 'Dense', 'Linear', str(wrong))
+  with pytest.raises(AssertionError):
+    parity.assert_same_state({'params': linen_globals['state'].params}, ported)
+  with pytest.raises(AssertionError):
+    parity.assert_close(linen_globals['logits'], nnx_globals['logits'])
+
+
+def test_training_code_outside_the_patterns_keeps_each_model_linen():
+  source = (FIXTURES / 'todo_training_code.in.py').read_text()
+  result = transform_source(source, registry.select_rules(['L2N003']))
+  todos = [e.message for e in result.entries if e.code == 'L2N003' and e.kind == 'todo']
+  assert len(todos) == 3
+  assert 'jax.tree.map' in todos[0] and "mutable=['intermediates']" in todos[1] and 'static_argnums' in todos[2]
+  assert result.source.count('.init(jax.random.key(0), jnp.ones((1, 3)))') == 3  # every model left as it was
+
+
+def test_decode_view_generates_the_same_tokens_from_the_same_parameters():
+  linen, linen_globals, ported, nnx_globals = _run_both('decode_view', 'AttentionLM', 'AttentionLM')
+  parity.assert_close(linen_globals['tokens'], nnx_globals['tokens'])  # greedy tokens through the cache
+  parity.assert_close(linen_globals['full'], nnx_globals['full'])  # the model itself kept decode=False
+
+
+def test_kept_train_state_trains_to_the_same_parameters():
+  """`--train-state keep` (guide_train_state.train-state=keep.out.py): the TrainState stays, around nnx.split state."""
+  kept = str(FIXTURES / 'guide_train_state.train-state=keep.out.py')
+  linen, linen_globals, ported, nnx_globals = _run_both('guide_train_state', 'Dense', 'Linear', kept)
+  state = nnx_globals['state']
+  assert type(state).__name__ == 'NNXTrainState' and int(state.step) == int(linen_globals['state'].step) == 3
+  nnx.update(ported.model, state.params)  # the trained params live in the TrainState
+  parity.assert_same_state({'params': linen_globals['state'].params}, ported)
+  parity.assert_close(linen_globals['logits'], nnx_globals['logits'])
+  parity.assert_close(linen_globals['kernel'], nnx_globals['kernel'])
+
+
+def test_kept_train_state_refuses_a_model_with_train_eval_state():
+  source = (FIXTURES / 'guide_train_state.in.py').read_text().replace(
+      'model = nn.Dense(features=10)', 'model = Net()').replace(
+      'sample_x = jnp.ones((1, 784))', 'class Net(nn.Module):\n  @nn.compact\n  def __call__(self, x, train: bool = False):\n'
+      '    return nn.Dropout(0.5, deterministic=not train)(nn.Dense(10)(x))\n\n\nsample_x = jnp.ones((1, 784))')
+  result = transform_source(source, registry.select_rules(['L2N003']), MigrationOptions(train_state='keep'))
+  todos = [e.message for e in result.entries if e.code == 'L2N003' and e.kind == 'todo']
+  assert len(todos) == 1 and 'use --train-state nnx' in todos[0]
+  assert 'train_state.TrainState.create(' in result.source
+
+
+_MODEL = '''import jax
+import jax.numpy as jnp
+import optax
+import flax.linen as nn
+
+
+class M(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(2)(x)
+
+
+x = jnp.ones((4, 3))
+model = M()
+params = model.init(jax.random.key(0), x)['params']
+tx = optax.sgd(0.1)
+opt_state = tx.init(params)
+'''
+
+
+@pytest.mark.parametrize('code, reason', [
+    ('@jax.jit\ndef step(params, opt_state):\n  grads = jax.grad(lambda p: model.apply({"params": p}, x).sum())(params)\n'
+     '  updates, opt_state = tx.update(grads, opt_state)\n  params = optax.apply_updates(params, updates)\n'
+     '  return params, opt_state\n\n\nresult = step(params, opt_state)\n',
+     'unpacked in a different shape than it is returned'),
+    ('def loss(params, x):\n  return model.apply({"params": params}, x).sum()\n\n\n'
+     'grads = jax.grad(loss, argnums=1)(params, x)\n', 'argnums'),
+    ('def step(params):\n  return model.apply({"params": params}, x)\n\n\nfast = jax.jit(step)\ny = fast(params)\n',
+     'is passed to fast'),
+    ('@jax.jit\ndef step(params):\n  return model.apply({"params": params}, x)\n\n\n'
+     'y = step(params)\nz = step({"Dense_0": {}})\n', 'used other than called with the state of model'),
+    ('params = load_checkpoint()\ny = model.apply({"params": params}, x)\n', 'also assigned other values'),
+    ('y = model.apply({"params": params, "batch_stats": {}}, x)\n', 'that are not the state of model'),
+])
+def test_training_code_the_rule_cannot_follow_stays_linen_with_one_todo(code, reason):
+  result = transform_source(_MODEL + '\n\n' + code, registry.select_rules(['L2N003']))
+  todos = [e.message for e in result.entries if e.code == 'L2N003' and e.kind == 'todo']
+  assert len(todos) == 1 and reason in todos[0], todos
+  assert 'params = model.init(jax.random.key(0), x)[\'params\']' in result.source and 'tx.init(params)' in result.source

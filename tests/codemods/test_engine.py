@@ -1,0 +1,321 @@
+"""`codemods.engine.migrate`: import styles, safety, encodings, walking, notebooks and parallelism;
+`transform_source` running rules as libcst would, rule after rule."""
+
+import json
+import pathlib
+import pickle
+import subprocess
+import sys
+
+import libcst as cst
+import libcst.matchers as m
+import pytest
+from libcst.metadata import QualifiedNameProvider
+
+from codemods import rules as registry
+from codemods.engine import migrate
+from codemods.rule import MigrationRule
+from codemods.transform import transform_source
+
+RULES = registry.select_rules(['L2N001'])  # engine behaviour, shown with one rule
+LINEN = 'import flax.linen as nn\n\nW = nn.initializers.zeros\n'
+MIGRATED = 'from flax import nnx\n\nW = nnx.initializers.zeros\n'
+
+
+def _tree(root: pathlib.Path, files: dict[str, str | bytes]) -> pathlib.Path:
+  for name, content in files.items():
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+  return root
+
+
+def _status(result) -> dict[str, str]:
+  return {pathlib.Path(o.path).name: o.status for o in result.files}
+
+
+@pytest.mark.parametrize('source, expected', [
+    ('import flax.linen as nn\nx = nn.initializers.zeros\n', 'from flax import nnx\n\nx = nnx.initializers.zeros\n'),
+    ('from flax import linen\nx = linen.initializers.zeros\n', 'from flax import nnx\nx = nnx.initializers.zeros\n'),
+    ('from flax.linen import initializers as I\nx = I.zeros\n', 'from flax import nnx\n\nx = nnx.initializers.zeros\n'),
+    ('import flax\nx = flax.linen.initializers.zeros\n', 'from flax import nnx\n\nx = nnx.initializers.zeros\n'),
+    ('from flax.linen.initializers import zeros\nx = zeros\n', 'from flax import nnx\n\nx = nnx.initializers.zeros\n'),
+    ('from flax import nnx\nimport flax.linen as nn\nx = nn.initializers.zeros\n', 'from flax import nnx\nx = nnx.initializers.zeros\n'),
+], ids=['import_as_nn', 'from_flax_import_linen', 'initializers_as_I', 'import_flax', 'from_initializers', 'nnx_present'])
+def test_import_styles(tmp_path, source, expected):
+  path = _tree(tmp_path, {'m.py': source}) / 'm.py'
+  result = migrate([path], rules=RULES, write=True, jobs=1)
+  assert path.read_text() == expected, result.files[0].diff
+  assert [e.kind for e in result.files[0].entries] == ['change']
+
+
+def test_shadowed_nn_is_left_alone(tmp_path):
+  source = 'import flax.linen as nn\n\ndef f(nn):\n  return nn.initializers.zeros\n'
+  path = _tree(tmp_path, {'m.py': source}) / 'm.py'
+  result = migrate([path], rules=RULES, write=True, jobs=1)
+  assert _status(result) == {'m.py': 'unchanged'} and path.read_text() == source
+
+
+def test_a_file_that_does_not_parse_is_reported_and_the_others_are_migrated(tmp_path):
+  bad = b'import flax.linen as nn\nx = (nn.initializers.zeros\n'
+  _tree(tmp_path, {'a.py': LINEN, 'b_bad.py': bad, 'c.py': LINEN})
+  result = migrate([tmp_path], rules=RULES, write=True, jobs=1)
+  assert _status(result) == {'a.py': 'changed', 'b_bad.py': 'failed', 'c.py': 'changed'}
+  assert 'does not parse' in result.failed[0].error
+  assert (tmp_path / 'b_bad.py').read_bytes() == bad
+  assert (tmp_path / 'c.py').read_text() == MIGRATED
+
+
+class _BreakingRule(MigrationRule):
+  CODE = 'L2N900'
+  DESCRIPTION = 'turns every name `x` into a keyword, to test the re-parse check.'
+
+  def leave_Name(self, original_node, updated_node):
+    return cst.Name('class') if updated_node.value == 'x' else updated_node
+
+
+class _CrashingRule(MigrationRule):
+  CODE = 'L2N901'
+  DESCRIPTION = 'raises, to test that a rule bug fails one file only.'
+
+  def visit_Module(self, node):
+    raise RuntimeError('boom')
+
+
+@pytest.mark.parametrize('rule, message', [
+    (_BreakingRule, 'the migrated code does not parse, left untouched'),
+    (_CrashingRule, 'rule L2N901 failed: RuntimeError: boom'),
+])
+def test_a_rule_that_breaks_the_code_or_raises_writes_nothing(tmp_path, rule, message):
+  source = 'import flax\nx = 1\n'
+  path = _tree(tmp_path, {'m.py': source}) / 'm.py'
+  result = migrate([path], rules=[rule], write=True, jobs=1)
+  assert result.failed[0].error.startswith(message)
+  assert path.read_text() == source
+
+
+def test_crlf_bom_and_encoding_are_preserved(tmp_path):
+  crlf_bom = b'\xef\xbb\xbf' + LINEN.replace('\n', '\r\n').encode()
+  latin1 = '# -*- coding: latin-1 -*-\n' + LINEN + "NAME = 'caf\xe9'\n"
+  _tree(tmp_path, {'crlf_bom.py': crlf_bom, 'latin1.py': latin1.encode('latin-1')})
+  result = migrate([tmp_path], rules=RULES, write=True, jobs=1)
+  assert _status(result) == {'crlf_bom.py': 'changed', 'latin1.py': 'changed'}
+  assert (tmp_path / 'crlf_bom.py').read_bytes() == b'\xef\xbb\xbf' + MIGRATED.replace('\n', '\r\n').encode()
+  assert (tmp_path / 'latin1.py').read_bytes() == ('# -*- coding: latin-1 -*-\n' + MIGRATED + "NAME = 'caf\xe9'\n").encode('latin-1')
+
+
+def test_formatting_outside_rewrites_is_kept_and_a_second_run_changes_nothing(tmp_path):
+  source = (
+      'import flax.linen as nn   # the layers\n\n\n'
+      'class Block(nn.Module):  # odd   spacing kept\n'
+      '  features : int=3\n'
+      '  @nn.compact\n'
+      '  def __call__(self, x):\n'
+      '    return nn.Dense( self.features,\n'
+      '                     kernel_init = nn.initializers.lecun_normal() )(x)\n'
+  )
+  path = _tree(tmp_path, {'m.py': source}) / 'm.py'
+  migrate([path], rules=RULES, write=True, jobs=1)
+  assert path.read_text() == source.replace(
+      'import flax.linen as nn   # the layers\n', 'import flax.linen as nn   # the layers\nfrom flax import nnx\n'
+  ).replace('nn.initializers', 'nnx.initializers')
+  again = migrate([path], rules=RULES, write=True, jobs=1)
+  assert _status(again) == {'m.py': 'unchanged'} and not again.files[0].diff
+
+
+def test_files_without_linen_are_skipped_before_parsing_and_stay_byte_identical(tmp_path):
+  other = b'import os\r\n\xef\xbb\xbf = 1 ( not even python\n'
+  plain = b'# uses flax elsewhere\nimport os\n'
+  _tree(tmp_path, {'other.py': other, 'plain.py': plain})
+  result = migrate([tmp_path], rules=RULES, write=True, jobs=1)
+  assert _status(result) == {'other.py': 'skipped', 'plain.py': 'unchanged'}
+  assert (tmp_path / 'other.py').read_bytes() == other and (tmp_path / 'plain.py').read_bytes() == plain
+
+
+def test_gitignore_nested_and_above_and_globs(tmp_path):
+  (tmp_path / '.git').mkdir()
+  _tree(tmp_path, {
+      '.gitignore': 'build/\n*_gen.py\n',
+      'src/.gitignore': 'vendored/\n!keep_gen.py\n',
+      'src/a.py': LINEN, 'src/a_gen.py': LINEN, 'src/keep_gen.py': LINEN,
+      'src/vendored/v.py': LINEN, 'src/tests/a_test.py': LINEN, 'build/b.py': LINEN,
+  })
+  names = lambda result: sorted(o.path.split(str(tmp_path) + '/')[-1] for o in result.files)
+  assert names(migrate([tmp_path / 'src'], rules=RULES, jobs=1)) == ['src/a.py', 'src/keep_gen.py', 'src/tests/a_test.py']
+  assert names(migrate([tmp_path], rules=RULES, jobs=1, exclude=['tests/'])) == ['src/a.py', 'src/keep_gen.py']
+  assert names(migrate([tmp_path], rules=RULES, jobs=1, include=['*_test.py'])) == ['src/tests/a_test.py']
+  # A file named on the command line is taken even when ignored.
+  assert names(migrate([tmp_path / 'build' / 'b.py'], rules=RULES, jobs=1)) == ['build/b.py']
+  with pytest.raises(FileNotFoundError, match='no such file or directory'):
+    migrate([tmp_path / 'missing'], rules=RULES)
+
+
+def _notebook(cells):
+  return {'cells': cells, 'metadata': {'kernelspec': {'name': 'python3'}}, 'nbformat': 4, 'nbformat_minor': 5}
+
+
+def test_notebook_code_cells_are_migrated_and_magics_and_outputs_kept(tmp_path):
+  outputs = [{'output_type': 'stream', 'name': 'stdout', 'text': ['nn.initializers.zeros\n']}]
+  cells = [
+      {'cell_type': 'markdown', 'metadata': {}, 'source': ['Uses `nn.initializers.zeros`.']},
+      {'cell_type': 'code', 'execution_count': 1, 'id': 'a', 'metadata': {}, 'outputs': [],
+       'source': ['%matplotlib inline\n', '!pip install flax\n', 'import flax.linen as nn']},
+      {'cell_type': 'code', 'execution_count': 2, 'id': 'b', 'metadata': {}, 'outputs': outputs,
+       'source': ['if True:\n', '  %time w = nn.initializers.zeros\n', 'w = nn.initializers.ones\n']},
+      {'cell_type': 'code', 'execution_count': 3, 'id': 'c', 'metadata': {}, 'outputs': [],
+       'source': ['%%bash\n', 'echo nn.initializers.zeros\n']},
+  ]
+  text = json.dumps(_notebook(cells), indent=1, ensure_ascii=False) + '\n'
+  path = _tree(tmp_path, {'nb.ipynb': text}) / 'nb.ipynb'
+  result = migrate([path], rules=RULES, write=True, jobs=1)
+  new = json.loads(path.read_text())
+  assert new['cells'][1]['source'] == ['from flax import nnx\n', '\n', '%matplotlib inline\n', '!pip install flax']
+  assert new['cells'][2]['source'] == ['if True:\n', '  %time w = nn.initializers.zeros\n', 'w = nnx.initializers.ones\n']
+  assert new['cells'][0] == cells[0] and new['cells'][3] == cells[3] and new['cells'][2]['outputs'] == outputs
+  entry, = result.files[0].entries
+  assert (entry.cell, entry.line, entry.column) == (2, 3, 5)
+  assert result.files[0].entry_lines()[0].startswith(f'{path.as_posix()}[cell 2]:3:5: L2N001 change:')
+  assert _status(migrate([path], rules=RULES, write=True, jobs=1)) == {'nb.ipynb': 'unchanged'}
+
+
+def test_notebook_classes_are_recorded_by_cell(tmp_path):
+  cells = [
+      {'cell_type': 'code', 'execution_count': 1, 'metadata': {}, 'outputs': [], 'source': 'import flax.linen as nn\n'},
+      {'cell_type': 'code', 'execution_count': 2, 'metadata': {}, 'outputs': [],
+       'source': 'x = 1\nclass M(nn.Module):\n  @nn.compact\n  def __call__(self, x):\n    return nn.Dense(2)(x)\n'},
+  ]
+  path = _tree(tmp_path, {'nb.ipynb': json.dumps(_notebook(cells))}) / 'nb.ipynb'
+  record, = migrate([path], rules=registry.select_rules(['L2N002']), jobs=1).files[0].classes
+  assert (record.cell, record.line, record.linen_name) == (1, 2, 'M')
+  assert [(c.linen_name, c.nnx_attribute) for c in record.children] == [('Dense_0', 'linear')]
+
+
+def test_results_do_not_depend_on_jobs_or_order(tmp_path):
+  files = {f'p{i}/m{i}.py': LINEN for i in range(4)}
+  files.update({'bad.py': 'import flax\nx = (\n', 'other.py': 'import os\n', 'todo.py': 'import flax.linen as nn\nx = nn.initializers.nope\n'})
+  _tree(tmp_path, files)
+  paths = sorted(tmp_path.iterdir())
+  one = migrate(paths, rules=RULES, jobs=1)
+  two = migrate(list(reversed(paths)), rules=RULES, jobs=2)
+  assert one == two
+  assert one.to_json() == two.to_json()
+  assert json.loads(one.to_json())['summary'] == {'changed': 5, 'unchanged': 0, 'skipped': 1, 'failed': 1}
+
+
+# --- transform_source: the shortcuts it takes do not change what the rules produce ----------
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / 'fixtures'
+BOTH_RULES = (
+    'import flax\nfrom flax import linen as nn\n\n\nclass MLP(nn.Module):\n  features: int\n\n'
+    '  @nn.compact\n  def __call__(self, x):\n'
+    '    x = nn.Dense(self.features, kernel_init=nn.initializers.lecun_normal())(x)\n'
+    '    return flax.linen.relu(x)\n'
+)
+
+
+# libcst's own way, rule after rule, in a process that does not import codemods.transform (and so
+# leaves libcst as it is, without codemods.libcst_speedups): what transform_source must give.
+_RULE_AFTER_RULE = """
+import pickle, sys
+import libcst as cst
+from libcst.codemod import CodemodContext
+from codemods import rules as registry
+from codemods.report import ConvertedClass, Entry
+from codemods.rule import CLASSES_KEY, KNOWN_CLASSES_KEY, REPORT_KEY
+
+results = {}
+for name, source, reverse in pickle.load(sys.stdin.buffer):
+  tree, entries, classes = cst.parse_module(source), [], []
+  for rule in registry.ALL_RULES[::-1] if reverse else registry.ALL_RULES:
+    context = CodemodContext(scratch={KNOWN_CLASSES_KEY: tuple(classes)})
+    tree = rule(context).transform_module(tree)
+    entries += context.scratch.get(REPORT_KEY, [])
+    classes += context.scratch.get(CLASSES_KEY, [])
+  results[name] = (tree.bytes, sorted(entries, key=Entry.sort_key), sorted(classes, key=ConvertedClass.sort_key))
+assert 'codemods.libcst_speedups' not in sys.modules
+pickle.dump(results, sys.stdout.buffer)
+"""
+CASES = {
+    **{str(p.relative_to(FIXTURES)): (p.read_bytes(), False) for p in sorted(FIXTURES.glob('**/*.py'))
+       if not p.name.endswith('.out.py')},
+    'both_rules': (BOTH_RULES.encode(), False),
+    'both_rules_reversed': (BOTH_RULES.encode(), True),
+}
+
+
+@pytest.fixture(scope='module')
+def rule_after_rule():
+  cases = pickle.dumps([(name, source, reverse) for name, (source, reverse) in CASES.items()])
+  run = subprocess.run([sys.executable, '-c', _RULE_AFTER_RULE], input=cases, capture_output=True, check=True)
+  return pickle.loads(run.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', CASES)
+def test_transform_source_gives_what_libcst_gives_rule_after_rule(name, rule_after_rule):
+  source, reverse = CASES[name]
+  result = transform_source(source, registry.ALL_RULES[::-1] if reverse else registry.ALL_RULES)
+  assert (result.source, list(result.entries), list(result.classes)) == rule_after_rule[name]
+
+
+class _RenameXRule(MigrationRule):
+  CODE = 'L2N902'
+  DESCRIPTION = 'renames `x` to `needle` and imports it, to test what the next rule sees.'
+
+  def leave_Name(self, original_node, updated_node):
+    if updated_node.value != 'x':
+      return updated_node
+    self.add_needed_import('haystack', 'needle')
+    return updated_node.with_changes(value='needle')
+
+
+class _NeedleRule(MigrationRule):
+  CODE = 'L2N903'
+  DESCRIPTION = 'reports each `needle`, with its position and qualified name.'
+  REQUIRES = ('needle',)
+  METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+
+  def visit_ImportFrom(self, node):
+    return False
+
+  def visit_Name(self, node):
+    if node.value == 'needle':
+      names = ', '.join(sorted(q.name for q in self.get_metadata(QualifiedNameProvider, node)))
+      self.report_change(node, names)
+
+
+def test_a_rule_sees_the_code_and_the_imports_the_rules_before_it_made():
+  result = transform_source('import flax\n\nprint(x)\n', [_RenameXRule, _NeedleRule])
+  assert result.source == 'import flax\nfrom haystack import needle\n\nprint(needle)\n'
+  assert [(e.line, e.column, e.message) for e in result.entries if e.code == 'L2N903'] == [(4, 7, 'haystack.needle')]
+
+
+class _PinRule(MigrationRule):
+  CODE = 'L2N904'
+  DESCRIPTION = 'reports the module, on code that says needle or pin anywhere.'
+  REQUIRES = ('needle', 'pin')
+
+  def visit_Module(self, node):
+    self.report_change(node, 'ran')
+
+
+def test_a_rule_runs_only_on_code_with_a_word_it_requires():
+  assert not transform_source('import flax\n\nprint(x)\n', [_PinRule]).entries
+  assert transform_source('import flax  # a pin\n\nprint(x)\n', [_PinRule]).entries
+  assert transform_source('import flax\n\nprint(x)\n', [_RenameXRule, _PinRule]).entries  # the needle L2N902 wrote
+
+
+class _DecoratedRule(MigrationRule):
+  CODE = 'L2N905'
+  DESCRIPTION = 'renames `x` to `y` inside functions only, through libcst matcher decorators.'
+
+  @m.call_if_inside(m.FunctionDef())
+  @m.leave(m.Name('x'))
+  def rename(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+    return updated_node.with_changes(value='y')
+
+
+def test_matcher_decorators_apply_every_time_next_to_undecorated_rules():
+  source = 'import flax\nx = 1\n\ndef f():\n  return x\n'
+  for rules in ([_DecoratedRule], [*RULES, _DecoratedRule], [_DecoratedRule]):
+    assert transform_source(source, rules).source == source.replace('return x', 'return y')
