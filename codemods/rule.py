@@ -61,6 +61,7 @@ from codemods.report import Entry
 REPORT_KEY = 'linen2nnx.report'
 CLASSES_KEY = 'linen2nnx.classes'
 KNOWN_CLASSES_KEY = 'linen2nnx.known_classes'  # the records of earlier rules, for the rules after them
+KEPT_CLASSES_KEY = 'linen2nnx.kept_classes'  # classes of the file decided to stay Linen -> why
 TODO_PREFIX = '# TODO(linen2nnx): '
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.Decorator)
 
@@ -77,6 +78,17 @@ class MigrationRule(VisitorBasedCodemodCommand):
   def __init__(self, context: cst.codemod.CodemodContext) -> None:
     super().__init__(context)
     self._todo_comments: dict[cst.CSTNode, list[str]] = {}
+    self._outer_class: cst.ClassDef | None = None
+
+  @property
+  def current_class(self) -> str | None:
+    """The outermost class the rule is visiting (None outside classes): the class to blame for an error."""
+    return self._outer_class.name.value if self._outer_class is not None else None
+
+  def on_visit(self, node: cst.CSTNode) -> bool:
+    if self._outer_class is None and isinstance(node, cst.ClassDef):
+      self._outer_class = node
+    return super().on_visit(node)
 
   @property
   def options(self) -> MigrationOptions:
@@ -87,6 +99,11 @@ class MigrationRule(VisitorBasedCodemodCommand):
   def hierarchy(self) -> LinenHierarchy:
     """The Linen classes of the whole run, seen from this file (empty when one source is migrated alone)."""
     return self.context.scratch.get(HIERARCHY_KEY, LinenHierarchy())
+
+  @property
+  def kept_classes(self) -> tp.Mapping[str, str]:
+    """The module-level classes of this file the run decided to keep as Linen, with why (`transform_source`)."""
+    return self.context.scratch.get(KEPT_CLASSES_KEY, {})
 
   def report_change(self, node: cst.CSTNode, message: str) -> None:
     """Records that `node` (of the original tree) was rewritten."""
@@ -114,6 +131,8 @@ class MigrationRule(VisitorBasedCodemodCommand):
 
   def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:
     updated_node = super().on_leave(original_node, updated_node)
+    if original_node is self._outer_class:
+      self._outer_class = None
     comments = self._todo_comments.pop(original_node, None)
     if comments and isinstance(updated_node, _STATEMENTS):
       updated_node = _with_comments(updated_node, comments)

@@ -20,6 +20,7 @@ import typing as tp
 
 import libcst as cst
 from libcst import MetadataWrapper
+from libcst.metadata import PositionProvider
 from libcst.codemod import Codemod
 from libcst.codemod import CodemodContext
 from libcst.codemod import SkipFile
@@ -34,6 +35,7 @@ from codemods.options import MigrationOptions
 from codemods.report import ConvertedClass
 from codemods.report import Entry
 from codemods.rule import CLASSES_KEY
+from codemods.rule import KEPT_CLASSES_KEY
 from codemods.rule import KNOWN_CLASSES_KEY
 from codemods.rule import REPORT_KEY
 from codemods.rule import MigrationRule
@@ -65,17 +67,42 @@ class Transformed(tp.Generic[Source]):
 def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
                      options: MigrationOptions = MigrationOptions(),
                      hierarchy: LinenHierarchy = LinenHierarchy(),
-                     filename: str | None = None) -> Transformed[Source]:
+                     filename: str | None = None,
+                     kept_classes: tp.Mapping[str, str] = {}) -> Transformed[Source]:
   """Applies `rules` in order; bytes keep their encoding, BOM and line endings (libcst does).
 
   `hierarchy`: the Linen classes of the run the source is part of, seen from its file
   (`LinenHierarchy.for_file`); empty, only the source's own classes are known. `filename`: the
-  source's file, whose classes the options' example traces are looked up by.
+  source's file, whose classes the options' example traces are looked up by. `kept_classes`:
+  module-level classes of the source to keep as Linen, with why.
+
+  A rule that fails inside a class, or whose code for a class does not parse, costs that class,
+  not the file: the class is kept as Linen (with a TODO saying so) and the rules run again.
   """
   try:
     tree = cst.parse_module(source)
   except (cst.ParserSyntaxError, UnicodeDecodeError, SyntaxError) as error:
     raise MigrationError(f'does not parse, left untouched: {_one_line(error)}') from None
+  kept = dict(kept_classes)
+  while True:
+    try:
+      return _transform(source, tree, rules, options, hierarchy, filename, kept)
+    except _ClassFailed as failed:
+      if failed.name in kept:
+        raise MigrationError(failed.message) from None
+      kept[failed.name] = f'{failed.message}; please report this'
+
+
+@dataclasses.dataclass
+class _ClassFailed(Exception):
+  """A rule failed on the module-level class `name`, or its code for it does not parse: `message` says how."""
+
+  name: str
+  message: str
+
+
+def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[MigrationRule]], options: MigrationOptions,
+               hierarchy: LinenHierarchy, filename: str | None, kept: tp.Mapping[str, str]) -> Transformed[Source]:
   # A freshly parsed tree holds each node once: no need for the copy MetadataWrapper makes.
   wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
   code = _Code()
@@ -86,28 +113,47 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
     if rule.REQUIRES and not any(word in code(wrapper) for word in (*rule.REQUIRES, *base_words)):
       continue
     context = CodemodContext(filename=filename, scratch={KNOWN_CLASSES_KEY: tuple(classes), OPTIONS_KEY: options,
-                                                         HIERARCHY_KEY: hierarchy})
+                                                         HIERARCHY_KEY: hierarchy, KEPT_CLASSES_KEY: kept})
+    codemod = rule(context)
+    before = wrapper
     try:
-      wrapper = _next(wrapper, _apply(rule(context), wrapper))
+      wrapper = _next(wrapper, _apply(codemod, wrapper))
       for key, visitor in _IMPORT_VISITORS.items():
         if key in context.scratch:
           wrapper = _next(wrapper, _apply(visitor(context), wrapper))
     except SkipFile:
       continue
     except Exception as error:  # a bug in a rule must not stop the run, nor write a file
-      raise MigrationError(f'rule {rule.CODE} failed: {type(error).__name__}: {error}') from error
+      message = f'rule {rule.CODE} failed: {type(error).__name__}: {_one_line(error)}'
+      if codemod.current_class is not None:
+        raise _ClassFailed(codemod.current_class, message) from error
+      raise MigrationError(message) from error
+    if wrapper is not before:
+      _check_parses(rule, wrapper, code(wrapper))
     entries.extend(context.scratch.get(REPORT_KEY, ()))
     classes.extend(context.scratch.get(CLASSES_KEY, ()))
   tree = wrapper.module
   new = tree.bytes if isinstance(source, bytes) else tree.code
-  if new != source:
-    try:
-      ast.parse(new)
-    except (SyntaxError, ValueError) as error:
-      raise MigrationError(f'the migrated code does not parse, left untouched: {_one_line(error)}') from None
   entries.sort(key=Entry.sort_key)
   classes.sort(key=ConvertedClass.sort_key)
   return Transformed(new, tuple(entries), tuple(classes))
+
+
+def _check_parses(rule: type[MigrationRule], wrapper: MetadataWrapper, new: str) -> None:
+  """Raises _ClassFailed naming the module-level class that holds the first line of `rule`'s output `new` that
+  does not parse, MigrationError when no class holds it."""
+  try:
+    ast.parse(new)
+  except (SyntaxError, ValueError) as error:
+    line = getattr(error, 'lineno', None)
+    if line is not None:
+      positions = wrapper.resolve(PositionProvider)
+      for statement in wrapper.module.body:
+        span = positions[statement]
+        if isinstance(statement, cst.ClassDef) and span.start.line <= line <= span.end.line:
+          raise _ClassFailed(statement.name.value,
+                             f'the code {rule.CODE} wrote for it does not parse ({_one_line(error)})') from None
+    raise MigrationError(f'the migrated code does not parse, left untouched: {rule.CODE}: {_one_line(error)}') from None
 
 
 class _Code:

@@ -224,9 +224,10 @@ class Children(PlannerState):
       args += ['rngs=rngs'] if wrapper.rngs else []
       return f'nnx.{wrapper.nnx.rpartition(".")[2]}({", ".join(args)})'
     if child.sibling is not None:
-      fields = child.sibling.field_names
-      args = [code(v) if i < len(fields) and f == fields[i] else f'{f}={code(v)}'
-              for i, (f, v) in enumerate(child.kwargs.items())]
+      fields, args, positional = child.sibling.field_names, [], True
+      for i, (f, v) in enumerate(child.kwargs.items()):  # positional while in field order, keywords after
+        positional = positional and i < len(fields) and f == fields[i]
+        args.append(code(v) if positional else f'{f}={code(v)}')
       args += [f'{k}={v}' for k, v in child.sizes.items()]
       built = f'{self.plan.factory_callee.get(child.ctor, child.sibling.name)}({", ".join([*args, "rngs=rngs"])})'
       if child.stacked is not None:  # one layer per split key, variables stacked on axis 0

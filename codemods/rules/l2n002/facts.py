@@ -136,8 +136,11 @@ class FileFacts:
 
 
 def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, options: MigrationOptions,
-                 hierarchy: LinenHierarchy) -> FileFacts:
-  """The facts of one file, with its factory fields (`factories.scan_factories`)."""
+                 hierarchy: LinenHierarchy, kept: tp.Mapping[str, str] = {}) -> FileFacts:
+  """The facts of one file, with its factory fields (`factories.scan_factories`).
+
+  `kept`: classes of the file the run has decided to keep as Linen (`MigrationRule.kept_classes`), with why.
+  """
   from codemods.rules.l2n002.factories import scan_factories
 
   facts = FileFacts(module, metadata, filename, options, hierarchy)
@@ -151,7 +154,7 @@ def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, o
   class_defs = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
   facts = dataclasses.replace(facts, linen_classes=linen, class_defs=class_defs, global_names=global_names,
                               scanned_cells=scanned)
-  facts = dataclasses.replace(facts, kept_linen=_linen_only_uses(facts))
+  facts = dataclasses.replace(facts, kept_linen={**_linen_only_uses(facts), **kept})
   return dataclasses.replace(facts, factories=scan_factories(facts))
 
 

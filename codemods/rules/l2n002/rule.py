@@ -13,13 +13,13 @@ from codemods.rule import CLASSES_KEY
 from codemods.rule import MigrationRule
 from codemods.rules.l2n002 import emit
 from codemods.rules.l2n002 import entries
+from codemods.rules.l2n002.decide import LeftLinen
+from codemods.rules.l2n002.decide import decide_classes
 from codemods.rules.l2n002.factories import unconverted_suppliers
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.facts import analyse_file
 from codemods.rules.l2n002.plan import ClassRewrite
 from codemods.rules.l2n002.plan import FileRewrite
-from codemods.rules.l2n002.plan import Unsupported
-from codemods.rules.l2n002.planner import ClassPlanner
 from codemods.vocabulary import COMPACT_NAMES
 
 
@@ -35,25 +35,22 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     super().__init__(context)
     self.facts: FileFacts | None = None  # set by visit_Module
     self.file = FileRewrite()
+    self.left: dict[str, LeftLinen] = {}  # the classes left as Linen, by name
 
   def visit_Module(self, node: cst.Module) -> None:
-    self.facts = analyse_file(node, self.get_metadata, self.context.filename, self.options, self.hierarchy)
-    self.file = FileRewrite()
+    facts = analyse_file(node, self.get_metadata, self.context.filename, self.options, self.hierarchy,
+                         self.kept_classes)
+    decisions = decide_classes(facts)
+    self.facts, self.file, self.left = decisions.facts, decisions.file, decisions.left
 
   def visit_ClassDef(self, node: cst.ClassDef) -> None:
-    name = node.name.value
-    if name not in self.facts.linen_classes or not isinstance(self.facts.parent(node), cst.Module):
+    left = self.left.get(node.name.value)
+    if left is not None and self.facts.class_defs.get(node.name.value) is node:
+      self.report_todo(left.node, left.message)
       return
-    if name in self.facts.kept_linen:
-      self.report_todo(node, f'class {name} kept as Linen: {self.facts.kept_linen[name]}; a converted class building '
-                             'it wraps it with nnx_bridge.from_linen')
+    plan = self.file.classes.get(node)
+    if plan is None:
       return
-    try:
-      plan = ClassPlanner(self.facts, self.file.plans, name, self.file.variable_classes).run(node)
-    except Unsupported as error:
-      self.report_todo(error.node, f'class {name} left as Linen: {error.message}')
-      return
-    self.file.add(node, plan)
     for module, obj, asname in plan.imports:
       self.add_needed_import(module, obj, asname)
     self.add_needed_import('flax', 'nnx')
