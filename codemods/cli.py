@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import sys
 import typing as tp
 
@@ -14,6 +15,7 @@ from codemods.commands import migrate
 from codemods.commands import verify
 
 COMMANDS = (migrate, verify, convert, layers, demo)
+EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141  # as a shell reports SIGINT and SIGPIPE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +36,14 @@ def main(argv: tp.Sequence[str] | None = None) -> int:
   if args.command is None:
     parser.print_help()
     return 0
-  return args.run(args)
+  try:
+    return args.run(args)
+  except KeyboardInterrupt:
+    print(f'linen2nnx {args.command}: interrupted', file=sys.stderr)
+    return EXIT_INTERRUPTED
+  except BrokenPipeError:  # `linen2nnx migrate src | head`: the reader has gone, as a SIGPIPE would end us
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when stdout is flushed at exit
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == '__main__':

@@ -7,35 +7,62 @@ subclass, migrated (`transform.py`, or `notebooks.py` for .ipynb), checked to st
 diffed and, with `write=True`, replaced atomically. A file that fails is reported and left
 untouched; the others go on. Outcomes are sorted by path, so the result does not depend on the
 order of `paths` nor on `jobs`.
+
+With more than one job, files are migrated in worker processes (`workers.py`) that never import from the
+migrated tree or the working directory, under a per-file time and memory limit (`workers.Limits`), and a
+worker that crashes is replaced. With `jobs=1` the files are migrated in this process, under the time limit only;
+in both modes a file nested deeper than `MAX_NESTING` is failed before libcst parses it, since libcst's
+recursive parser overflows the C stack (a segfault) on such input.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import multiprocessing
+import contextlib
+import dataclasses
+import io
+import json
 import os
+import re
 import time
 import tokenize
 import typing as tp
 
 from codemods import files
-from codemods.diffs import unified_diff
+from codemods import workers
 from codemods.analysis.hierarchy import LinenHierarchy
 from codemods.analysis.hierarchy import build_hierarchy
+from codemods.decisions import SEAMS_CODE
+from codemods.decisions import decide_run
+from codemods.decisions import with_todos
+from codemods.diffs import unified_diff
 from codemods.notebooks import transform_notebook
 from codemods.options import MigrationOptions
+from codemods.positions import PositionMap
 from codemods.report import CHANGED
 from codemods.report import FAILED
 from codemods.report import SKIPPED
 from codemods.report import UNCHANGED
+from codemods.report import Entry
 from codemods.report import FileOutcome
 from codemods.report import MigrationResult
 from codemods.rule import MigrationRule
 from codemods.transform import MigrationError
 from codemods.transform import transform_source
 
-# Test hook: seconds to sleep after each file, so a test can kill a `--write` run mid-way.
+# Test hook: seconds to sleep after each file migrated and each file written, so a test can kill a run mid-way.
 SLEEP_ENV = 'LINEN2NNX_TEST_SLEEP_PER_FILE'
+
+MAX_NESTING = 500
+"""The deepest expression `migrate` parses, as `nesting_depth` counts it. libcst crashes the interpreter with a C
+stack overflow from about 1,500 nested brackets, and runs for minutes on a 10,000-term sum; Python's recursion
+limit fails the file (a RecursionError, reported) from about 200 nested brackets or 500 chained operators anyway.
+Hand-written code stays far below: a few tens."""
+# Tokens that nest one more expression node in libcst's tree when they chain: a + b + c, a.b.c, not not a.
+_CHAIN_OPERATORS = frozenset({'.', '+', '-', '*', '/', '//', '%', '@', '**', '<<', '>>', '&', '|', '^', '~'})
+_CHAIN_KEYWORDS = frozenset({'and', 'or', 'not', 'if', 'else', 'lambda', 'await'})
+_SEPARATORS = frozenset({',', ':', '=', ';'})
+_CLASS_NAME = re.compile(rb'^class\s+(\w+)', re.MULTILINE)
+_TRIVIA = frozenset({tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT})
 
 
 def migrate(
@@ -48,71 +75,159 @@ def migrate(
     exclude: tp.Sequence[str] = (),
     progress: bool = False,
     options: MigrationOptions = MigrationOptions(),
+    limits: workers.Limits | None = None,
 ) -> MigrationResult:
   """Migrates the .py/.ipynb files under `paths` with `rules`; writes them only when `write`.
 
-  `jobs` processes (default: all cores) share the files that mention flax; `progress` shows a
-  tqdm bar on stderr; `options` are the user's choices for the generated code. Raises FileNotFoundError for a path that does not exist.
+  `jobs` worker processes (default: all cores) share the files that mention flax, each file under `limits`
+  (default: `workers.Limits.from_environment()`); `jobs=1` migrates them in this process. `progress` shows a
+  tqdm bar on stderr; `options` are the user's choices for the generated code. A directory that cannot be read
+  is a failed outcome. Raises FileNotFoundError for a path that does not exist, and ValueError('no Python files
+  found under PATH') when `paths` hold no .py or .ipynb file (but for .gitignore'd ones; none left by the globs is
+  an empty result).
   """
   rules = tuple(rules)
   paths = [os.fspath(path) for path in paths]
-  outcomes: dict[str, FileOutcome] = {}
+  found = files.find_files(paths, include, exclude)
+  if not found.files and not found.unreadable and not found.left_out:
+    raise ValueError(f'no Python files found under {" ".join(paths)}')
+  outcomes = {path: FileOutcome(path, FAILED, error=f'cannot read directory: {error}')
+              for path, error in found.unreadable}
   candidates = []
   sources: dict[str, bytes] = {}  # the .py files that define classes, for the hierarchy pass
-  for path in files.collect_files(paths, include, exclude):
+  originals: dict[str, bytes] = {}  # every file read, as it was
+  for path in found.files:
     try:
       with open(path, 'rb') as file:
         data = file.read()
     except OSError as error:
       outcomes[path] = FileOutcome(path, FAILED, error=f'cannot read: {error}')
       continue
+    originals[path] = data
     if path.endswith('.py') and b'class' in data:
       sources[path] = data
     if files.mentions_flax(data):
       candidates.append(path)
     else:
       outcomes[path] = FileOutcome(path, SKIPPED)
-  hierarchy = build_hierarchy(sources, [os.getcwd(), *(path for path in paths if os.path.isdir(path))])
+  roots = [os.getcwd(), *(path for path in paths if os.path.isdir(path))]
+  hierarchy = build_hierarchy(sources, roots)
   for path in sorted(hierarchy.files - set(candidates)):  # subclasses of a Linen class, never saying flax
     candidates.append(path)
     del outcomes[path]
-  jobs = min(jobs or os.cpu_count() or 1, max(len(candidates), 1))
+  jobs = jobs or os.cpu_count() or 1
+  limits = limits or workers.Limits.from_environment()
   bar = _progress_bar(len(candidates), progress)
   try:
-    for outcome in _run(candidates, rules, write, jobs, options, hierarchy):
-      outcomes[outcome.path] = outcome
-      bar.update()
+    outcomes.update(_outcomes(_run([(path, {}) for path in candidates], rules, jobs, options, hierarchy, limits),
+                              bar))
   finally:
     bar.close()
+  rerun = lambda tasks: _outcomes(_run(tasks, rules, jobs, options, hierarchy, limits))
+  outcomes = _settle(outcomes, originals, roots, rerun)
+  if write:
+    outcomes = {path: _write(outcome, originals.get(path, b'')) for path, outcome in outcomes.items()}
   return MigrationResult(tuple(outcomes[path] for path in sorted(outcomes)), written=write)
 
 
-def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]], write: bool,
-                 options: MigrationOptions = MigrationOptions(),
-                 hierarchy: LinenHierarchy = LinenHierarchy()) -> FileOutcome:
-  """Migrates one file: never raises; a failure is an outcome, and the file is then left untouched.
+def _outcomes(run: tp.Iterator[FileOutcome], bar: tp.Any = None) -> dict[str, FileOutcome]:
+  with contextlib.closing(run):  # on an interrupt, the workers are killed now, not when collected
+    found = {}
+    for outcome in run:
+      found[outcome.path] = outcome
+      if bar is not None:
+        bar.update()
+    return found
 
-  `hierarchy`: the Linen classes of the whole run (`build_hierarchy`).
+
+def _settle(outcomes: dict[str, FileOutcome], originals: tp.Mapping[str, bytes], roots: tp.Sequence[str],
+            rerun: tp.Callable[[list[tuple[str, dict[str, str]]]], dict[str, FileOutcome]]) -> dict[str, FileOutcome]:
+  """The run-wide decisions (`decisions.py`): classes some Linen class of another file uses are kept Linen (their
+  files migrated again), then the broken uses left get their TODO."""
+  kept: dict[str, dict[str, str]] = {}
+  while True:
+    converted = {path: {c.linen_name for c in outcome.classes} for path, outcome in outcomes.items()}
+    words = {name for path, outcome in outcomes.items() if outcome.status != SKIPPED
+             for name in _CLASS_NAME.findall(originals.get(path, b''))}  # of the classes that may be NNX now
+    texts = {path: _text(outcome.source if outcome.source is not None else originals[path], originals[path])
+             for path, outcome in outcomes.items()
+             if path.endswith('.py') and outcome.status != FAILED
+             and (outcome.status != SKIPPED or any(word in originals[path] for word in words))}
+    decision = decide_run(texts, converted, roots)
+    if not decision.keep:
+      break
+    for path, names in decision.keep.items():
+      kept[path] = {**kept.get(path, {}), **names}
+    outcomes = {**outcomes, **rerun([(path, kept[path]) for path in decision.keep])}
+  for path, seams in decision.todos.items():
+    old = _text(originals[path], originals[path])
+    new = with_todos(texts[path], seams)
+    positions = PositionMap(old, texts[path])
+    entries = [Entry(*positions.original(s.line, s.column + 1), SEAMS_CODE, 'todo', s.message) for s in seams]
+    outcome = outcomes[path]
+    entries = tuple(sorted([*outcome.entries, *entries], key=Entry.sort_key))
+    if new == old:
+      outcomes[path] = dataclasses.replace(outcome, entries=entries)
+    else:
+      data = new.encode(_encoding(originals[path]), 'surrogateescape')
+      outcomes[path] = FileOutcome(path, CHANGED, diff=unified_diff(old, new, path), entries=entries,
+                                   classes=outcome.classes, source=data)
+  return outcomes
+
+
+def _write(outcome: FileOutcome, original: bytes) -> FileOutcome:
+  """Writes a changed file atomically, unless it changed on disk since it was read (then it fails, untouched)."""
+  if outcome.status != CHANGED:
+    return outcome
+  try:
+    with open(outcome.path, 'rb') as file:
+      if file.read() != original:
+        return dataclasses.replace(outcome, status=FAILED, diff='',
+                                   error='the file changed on disk during the run, left untouched')
+    files.write_atomic(outcome.path, outcome.source)
+  except OSError as error:
+    return dataclasses.replace(outcome, status=FAILED, diff='', error=f'cannot write: {error}')
+  finally:
+    if os.environ.get(SLEEP_ENV):
+      time.sleep(float(os.environ[SLEEP_ENV]))
+  return outcome
+
+
+def _text(data: bytes, original: bytes) -> str:
+  return data.decode(_encoding(original), 'surrogateescape')
+
+
+def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]],
+                 options: MigrationOptions = MigrationOptions(),
+                 hierarchy: LinenHierarchy = LinenHierarchy(),
+                 kept_classes: tp.Mapping[str, str] = {}) -> FileOutcome:
+  """Migrates one file in memory: never raises; a failure is an outcome. The outcome of a changed file holds
+  its new content (`source`), which `migrate` writes once the whole run is decided.
+
+  `hierarchy`: the Linen classes of the whole run (`build_hierarchy`); `kept_classes`: classes of the file the
+  run keeps Linen, with why.
   """
   try:
     with open(path, 'rb') as file:
       old = file.read()
+    depth = max(map(nesting_depth, _code(path, old)), default=0)
+    if depth > MAX_NESTING:
+      raise MigrationError(f'too deeply nested to parse safely (nesting depth {depth} > {MAX_NESTING}): split '
+                           'the expression into smaller ones, or --exclude the file')
     if path.endswith('.ipynb'):
       result = transform_notebook(old, rules, options, hierarchy.for_file(path), path)
     else:
-      result = transform_source(old, rules, options, hierarchy.for_file(path), path)
+      result = transform_source(old, rules, options, hierarchy.for_file(path), path, kept_classes)
     if result.source == old:
       return FileOutcome(path, UNCHANGED, entries=result.entries, classes=result.classes)
     encoding = 'utf-8' if path.endswith('.ipynb') else _encoding(old)
     diff = unified_diff(old.decode(encoding, 'surrogateescape'), result.source.decode(encoding, 'surrogateescape'), path)
-    if write:
-      with open(path, 'rb') as file:
-        if file.read() != old:
-          raise MigrationError('the file changed on disk during the run, left untouched')
-      files.write_atomic(path, result.source)
-    return FileOutcome(path, CHANGED, diff=diff, entries=result.entries, classes=result.classes)
+    return FileOutcome(path, CHANGED, diff=diff, entries=result.entries, classes=result.classes, source=result.source)
   except MigrationError as error:
     return FileOutcome(path, FAILED, error=str(error))
+  except RecursionError:
+    return FileOutcome(path, FAILED, error="too deeply nested to migrate (Python's recursion limit): split the "
+                                           'expression into smaller ones, or --exclude the file')
   except Exception as error:  # unreadable file, unknown encoding, a bug: report it, go on
     return FileOutcome(path, FAILED, error=f'{type(error).__name__}: {error}')
   finally:
@@ -120,21 +235,79 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]], write: bool
       time.sleep(float(os.environ[SLEEP_ENV]))
 
 
-def _run(paths: list[str], rules: tuple[type[MigrationRule], ...], write: bool, jobs: int,
-         options: MigrationOptions, hierarchy: LinenHierarchy) -> tp.Iterator[FileOutcome]:
+def _migrate_task(task: tuple[str, tp.Mapping[str, str]], rules: tp.Sequence[type[MigrationRule]],
+                  options: MigrationOptions, hierarchy: LinenHierarchy) -> FileOutcome:
+  """`migrate_file` of a worker task: a path and the classes of it the run keeps Linen."""
+  path, kept = task
+  return migrate_file(path, rules, options, hierarchy, kept)
+
+
+def nesting_depth(source: bytes) -> int:
+  """How deep libcst's tree of `source`'s deepest expression is, at most: open brackets plus chained operators.
+
+  Counted on tokens (no parse, so no recursion): each open bracket, and, per bracket, the operators, keywords
+  (`and`, `not`, `if`, ...), trailers (`f(...)(...)`, `x[...]`) and adjacent strings chained since the last
+  `,` `:` `=` or `;`. Code that does not tokenize counts up to where it stops; the parser then reports it.
+  """
+  chained = [0]  # per open bracket
+  total = deepest = 0
+  previous: tokenize.TokenInfo | None = None
+  try:
+    for token in tokenize.tokenize(io.BytesIO(source).readline):
+      kind, text = token.type, token.string
+      if kind in _TRIVIA:
+        continue
+      chains = (kind == tokenize.OP and text in _CHAIN_OPERATORS
+                or kind == tokenize.NAME and text in _CHAIN_KEYWORDS
+                or kind == tokenize.STRING and previous is not None and previous.type == tokenize.STRING
+                or text in ('(', '[') and previous is not None and (previous.type in (tokenize.NAME, tokenize.STRING)
+                                                                    or previous.string in (')', ']')))
+      if chains:
+        chained[-1] += 1
+        total += 1
+      if kind == tokenize.OP and text in '([{':
+        chained.append(0)
+      elif kind == tokenize.OP and text in ')]}' and len(chained) > 1:
+        total -= chained.pop()
+      elif kind == tokenize.NEWLINE:
+        chained, total = [0], 0
+      elif kind == tokenize.OP and text in _SEPARATORS:
+        total -= chained[-1]
+        chained[-1] = 0
+      deepest = max(deepest, len(chained) - 1 + total)
+      previous = token
+  except (tokenize.TokenError, SyntaxError):
+    pass
+  return deepest
+
+
+def _code(path: str, data: bytes) -> list[bytes]:
+  """The Python code of a file: itself, or a notebook's code cells (none when the notebook does not load)."""
+  if not path.endswith('.ipynb'):
+    return [data]
+  try:
+    cells = json.loads(data).get('cells', [])
+    sources = [cell.get('source', '') for cell in cells if cell.get('cell_type') == 'code']
+    return [(''.join(source) if isinstance(source, list) else source).encode() for source in sources]
+  except (ValueError, AttributeError, TypeError, RecursionError):  # not a notebook: transform_notebook reports it
+    return []
+
+
+def _run(tasks: list[tuple[str, dict[str, str]]], rules: tuple[type[MigrationRule], ...], jobs: int,
+         options: MigrationOptions, hierarchy: LinenHierarchy, limits: workers.Limits) -> tp.Iterator[FileOutcome]:
   if jobs <= 1:
-    for path in paths:
-      yield migrate_file(path, rules, write, options, hierarchy)
-    return
-  # spawn, not fork: the parent may have imported jax, whose threads make fork unsafe.
-  context = multiprocessing.get_context('spawn')
-  with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-    futures = {pool.submit(migrate_file, path, rules, write, options, hierarchy): path for path in paths}
-    for future in concurrent.futures.as_completed(futures):
+    for task in tasks:
       try:
-        yield future.result()
-      except Exception as error:  # a worker died (killed, out of memory): the file is unprocessed
-        yield FileOutcome(futures[future], FAILED, error=f'worker process failed: {type(error).__name__}: {error}')
+        with workers.time_limit(limits.seconds):
+          outcome = _migrate_task(task, rules, options, hierarchy)
+      except workers.TimeLimitExceeded:
+        outcome = FileOutcome(task[0], FAILED, error=limits.time_exceeded())
+      yield outcome
+    return
+  run = workers.run_tasks(_migrate_task, (rules, options, hierarchy), tasks, min(jobs, len(tasks)), limits)
+  with contextlib.closing(run):
+    for task, outcome in run:
+      yield FileOutcome(task[0], FAILED, error=outcome.reason) if isinstance(outcome, workers.TaskFailure) else outcome
 
 
 def _encoding(data: bytes) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import tempfile
@@ -13,42 +14,71 @@ SUFFIXES = ('.py', '.ipynb')
 MENTIONS = (b'flax', b'linen')
 
 
-def collect_files(
+@dataclasses.dataclass(frozen=True)
+class FoundFiles:
+  """The files to migrate, sorted; the directories that could not be listed, with the reason; and how many
+  files `include`/`exclude` left out (a run that finds nothing because of them is no error)."""
+
+  files: tuple[str, ...]
+  unreadable: tuple[tuple[str, str], ...] = ()
+  left_out: int = 0
+
+
+def find_files(
     paths: tp.Iterable[str | os.PathLike[str]],
     include: tp.Sequence[str] = (),
     exclude: tp.Sequence[str] = (),
-) -> list[str]:
+) -> FoundFiles:
   """The .py/.ipynb files under `paths`, sorted: .gitignore'd ones left out, then the globs applied.
 
   A file named on the command line is taken even if .gitignore'd; `include`/`exclude` are
   gitignore-style globs matched against the path relative to the directory being walked
-  (`*_test.py`, `build/`, `src/**/legacy.py`); with `include`, a file must match one.
+  (`*_test.py`, `build/`, `src/**/legacy.py`); with `include`, a file must match one. A file found
+  twice (a symlink and its target) is taken once, under the target's name when it is found too.
   """
   include_spec = pathspec.GitIgnoreSpec.from_lines(include) if include else None
   exclude_spec = pathspec.GitIgnoreSpec.from_lines(exclude)
   found: set[str] = set()
+  unreadable: dict[str, str] = {}
+  left_out = 0
   for path in paths:
     path = os.path.normpath(os.fspath(path))
     if os.path.isdir(path):
-      candidates = ((file, os.path.relpath(file, path)) for file in _walk(path))
+      candidates = ((file, os.path.relpath(file, path)) for file in _walk(path, unreadable))
     elif os.path.isfile(path):
       candidates = [(path, os.path.basename(path))]
     else:
       raise FileNotFoundError(f'no such file or directory: {path}')
     for file, relative in candidates:
       relative = pathlib.PurePath(relative).as_posix()
-      if include_spec is not None and not include_spec.match_file(relative):
-        continue
-      if not exclude_spec.match_file(relative):
+      if include_spec is not None and not include_spec.match_file(relative) or exclude_spec.match_file(relative):
+        left_out += 1
+      else:
         found.add(pathlib.PurePath(file).as_posix())
-  return sorted(found)
+  return FoundFiles(_once(found), tuple(sorted(unreadable.items())), left_out)
 
 
-def _walk(root: str) -> tp.Iterator[str]:
-  """Files under `root` with a migratable suffix that no .gitignore (nested, or above up to the repo) ignores."""
+def _once(paths: set[str]) -> tuple[str, ...]:
+  """`paths` sorted, keeping one path per file: the one that is not a symlink, else the first."""
+  by_file: dict[str, list[str]] = {}
+  for path in sorted(paths):
+    by_file.setdefault(os.path.realpath(path), []).append(path)
+  kept = [next((path for path in same if not os.path.islink(path)), same[0]) for same in by_file.values()]
+  return tuple(sorted(kept))
+
+
+def _walk(root: str, unreadable: dict[str, str]) -> tp.Iterator[str]:
+  """Files under `root` with a migratable suffix that no .gitignore (nested, or above up to the repo) ignores.
+
+  A directory that cannot be listed goes into `unreadable` (path -> reason).
+  """
   above = _ignores_above(os.path.abspath(root))
   nested: dict[str, list[tuple[str, pathspec.GitIgnoreSpec]]] = {}
-  for directory, subdirs, files in os.walk(root):
+
+  def record(error: OSError) -> None:
+    unreadable[pathlib.PurePath(error.filename or root).as_posix()] = error.strerror or str(error)
+
+  for directory, subdirs, files in os.walk(root, onerror=record):
     absolute = os.path.abspath(directory)
     ignores = nested.pop(absolute, above)
     spec = _read_gitignore(directory)
@@ -106,16 +136,26 @@ def mentions_flax(data: bytes) -> bool:
 
 
 def write_atomic(path: str, data: bytes) -> None:
-  """Replaces `path` by `data` through a temporary file in the same directory, so it is never half written."""
+  """Replaces `path` by `data` through a temporary file in the same directory, so it is never half written.
+
+  A symlink is written through: its target is replaced, the link stays. The file keeps its mode, and its
+  owner and group where this process may set them (as root, or a group the user is in).
+  """
+  path = os.path.realpath(path)
   directory, name = os.path.split(path)
-  mode = os.stat(path).st_mode & 0o7777
-  descriptor, temporary = tempfile.mkstemp(dir=directory or '.', prefix=f'.{name}.', suffix='.linen2nnx-tmp')
+  status = os.stat(path)
+  descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f'.{name}.', suffix='.linen2nnx-tmp')
   try:
     with os.fdopen(descriptor, 'wb') as file:
       file.write(data)
       file.flush()
       os.fsync(file.fileno())
-    os.chmod(temporary, mode)
+    os.chmod(temporary, status.st_mode & 0o7777)
+    if hasattr(os, 'chown'):
+      try:
+        os.chown(temporary, status.st_uid, status.st_gid)
+      except PermissionError:  # not root: the file is the writer's, as with any editor
+        pass
     os.replace(temporary, path)
   except BaseException:
     if os.path.exists(temporary):

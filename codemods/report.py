@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import re
 import typing as tp
 
 SCHEMA_VERSION = 1
@@ -80,6 +82,7 @@ class FileOutcome:
   entries: tuple[Entry, ...] = ()
   error: str = ''
   classes: tuple[ConvertedClass, ...] = ()
+  source: bytes | None = dataclasses.field(default=None, repr=False)  # a changed file's new content (not in JSON)
 
   def entry_lines(self) -> list[str]:
     """`path:line:col: CODE kind: message` lines, the format compilers and editors link to."""
@@ -108,6 +111,19 @@ class MigrationResult:
   def summary(self) -> dict[str, int]:
     return {status: len(self.with_status(status)) for status in (CHANGED, UNCHANGED, SKIPPED, FAILED)}
 
+  def fates(self) -> dict[str, tp.Any]:
+    """What became of the Linen classes: `converted`, `kept_linen` (with `kept_because`: reason -> count),
+    `bridged` (Linen children wrapped with nnx_bridge), and `todos` (TODO entries left)."""
+    entries = [e for outcome in self.files for e in outcome.entries]
+    reasons = [_kept_reason(m.group(2)) for e in entries if e.kind == 'todo' and (m := _KEPT.match(e.message))]
+    return {
+        'converted': sum(len(outcome.classes) for outcome in self.files),
+        'kept_linen': len(reasons),
+        'kept_because': dict(collections.Counter(reasons).most_common()),
+        'bridged': sum(1 for e in entries if e.kind == 'todo' and 'wrapped with nnx_bridge.' in e.message),
+        'todos': sum(1 for e in entries if e.kind == 'todo'),
+    }
+
   def input_sizes(self) -> dict[str, int]:
     """How the converted classes' layers got their NNX input sizes, summed: `code`, `examples`, `arguments`."""
     return {source: sum(record.input_sizes.get(source, 0) for outcome in self.files for record in outcome.classes)
@@ -119,6 +135,7 @@ class MigrationResult:
         'version': SCHEMA_VERSION,
         'written': self.written,
         'summary': self.summary(),
+        'fates': self.fates(),
         'input_sizes': self.input_sizes(),
         'files': [
             {
@@ -134,6 +151,16 @@ class MigrationResult:
 
   def to_json(self) -> str:
     return json.dumps(self.to_json_dict(), indent=2) + '\n'
+
+
+_KEPT = re.compile(r'class (\w+) (?:left|kept) as Linen: (.*)')
+
+
+def _kept_reason(reason: str) -> str:
+  """A kept class's reason, grouped: the classes kept because another class stays Linen count as one reason."""
+  if re.search(r'(?:, left as Linen,|, which stays Linen,) (?:uses|builds|subclasses) it', reason):
+    return 'used by a class that stays Linen'
+  return reason.split('; ')[0]
 
 
 def _from_json(cls: type, record: tp.Mapping[str, tp.Any]) -> tp.Any:

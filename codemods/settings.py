@@ -8,10 +8,12 @@ select = ["L2N"]              # rule codes or prefixes, as --select
 jobs = 2                      # as -j
 train-state = "keep"          # as --train-state
 step-style = "cached"         # as --step-style
+fail-on-todo = true           # as --fail-on-todo
 ```
 
 The nearest pyproject.toml at or above the current directory is read. Command-line globs add
-to the configured ones; `--select`, `-j`, `--train-state` and `--step-style` replace them.
+to the configured ones; `--select`, `-j`, `--train-state` and `--step-style` replace them, and
+`--fail-on-todo` turns `fail-on-todo` on.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import os
 import tomllib
 import typing as tp
 
-_KEYS = {'include': list, 'exclude': list, 'select': list, 'jobs': int, 'train-state': str, 'step-style': str}
+_KEYS = {'include': list, 'exclude': list, 'select': list, 'jobs': int, 'train-state': str, 'step-style': str,
+         'fail-on-todo': bool}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +37,7 @@ class Settings:
   jobs: int | None = None
   train_state: str | None = None
   step_style: str | None = None
+  fail_on_todo: bool = False
   source: str | None = None
 
 
@@ -67,8 +71,9 @@ def load_settings(start: str | os.PathLike[str] = '.') -> Settings:
     value = table.get(key)
     if value is None:
       continue
-    if not isinstance(value, kind) or (kind is list and not all(isinstance(v, str) for v in value)):
-      expected = {list: 'a list of strings', int: 'an integer', str: 'a string'}[kind]
+    wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool))  # `jobs = true` is no int
+    if wrong or (kind is list and not all(isinstance(v, str) for v in value)):
+      expected = {list: 'a list of strings', int: 'an integer', str: 'a string', bool: 'true or false'}[kind]
       raise ValueError(f'{path}: [tool.linen2nnx] {key} must be {expected}, got {value!r}')
   return Settings(
       include=tuple(table.get('include', ())),
@@ -77,5 +82,6 @@ def load_settings(start: str | os.PathLike[str] = '.') -> Settings:
       jobs=table.get('jobs'),
       train_state=table.get('train-state'),
       step_style=table.get('step-style'),
+      fail_on_todo=table.get('fail-on-todo', False),
       source=path,
   )

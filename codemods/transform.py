@@ -32,6 +32,7 @@ from codemods.analysis.hierarchy import HIERARCHY_KEY
 from codemods.analysis.hierarchy import LinenHierarchy
 from codemods.options import OPTIONS_KEY
 from codemods.options import MigrationOptions
+from codemods.positions import PositionMap
 from codemods.report import ConvertedClass
 from codemods.report import Entry
 from codemods.rule import CLASSES_KEY
@@ -106,6 +107,7 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
   # A freshly parsed tree holds each node once: no need for the copy MetadataWrapper makes.
   wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
   code = _Code()
+  original = code(wrapper)
   entries: list[Entry] = []
   classes: list[ConvertedClass] = []
   base_words = hierarchy.base_words()
@@ -115,7 +117,7 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
     context = CodemodContext(filename=filename, scratch={KNOWN_CLASSES_KEY: tuple(classes), OPTIONS_KEY: options,
                                                          HIERARCHY_KEY: hierarchy, KEPT_CLASSES_KEY: kept})
     codemod = rule(context)
-    before = wrapper
+    before, rule_input = wrapper, code(wrapper)
     try:
       wrapper = _next(wrapper, _apply(codemod, wrapper))
       for key, visitor in _IMPORT_VISITORS.items():
@@ -130,8 +132,14 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
       raise MigrationError(message) from error
     if wrapper is not before:
       _check_parses(rule, wrapper, code(wrapper))
-    entries.extend(context.scratch.get(REPORT_KEY, ()))
-    classes.extend(context.scratch.get(CLASSES_KEY, ()))
+    rule_entries, rule_classes = context.scratch.get(REPORT_KEY, ()), context.scratch.get(CLASSES_KEY, ())
+    if rule_input != original:  # earlier rules moved code: the entries point at the user's source
+      positions = PositionMap(original, rule_input)
+      rule_entries = [dataclasses.replace(e, **dict(zip(('line', 'column'), positions.original(e.line, e.column))))
+                      for e in rule_entries]
+      rule_classes = [dataclasses.replace(c, line=positions.original(c.line, 1)[0]) for c in rule_classes]
+    entries.extend(rule_entries)
+    classes.extend(rule_classes)
   tree = wrapper.module
   new = tree.bytes if isinstance(source, bytes) else tree.code
   entries.sort(key=Entry.sort_key)

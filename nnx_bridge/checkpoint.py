@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import math
 import os
+import pathlib
+import re
 import shutil
+import socket
 import tempfile
 import typing as tp
 
@@ -32,8 +36,10 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from flax.core import meta
 
+from nnx_bridge.errors import ConversionInProgressError
 from nnx_bridge.errors import LossyConversionError
 from nnx_bridge.errors import StateMismatchError
+from nnx_bridge.errors import UnreadableCheckpointError
 from nnx_bridge.state_check import describe
 from nnx_bridge.treemap import LeafRule
 from nnx_bridge.treemap import TreeMapping
@@ -91,8 +97,11 @@ def linen_to_nnx_checkpoint(
   output shardings. `linen_collection` names the collection when `src` holds one collection's
   tree without its name (a TrainState's `params`). Dropped Linen leaves must be zero unless
   `allow_lossy`. Nothing is written unless every check passes; `dst` appears complete or not at all.
+  Staging folders that killed conversions into `dst` left are removed first (`clear_staging`).
   """
+  src, dst = os.path.abspath(src), os.path.abspath(dst)  # orbax takes absolute paths only
   _refuse_existing(dst)
+  clear_staging(dst)
   source = _read_metadata(src)
   linen_key = _linen_key_fn(linen_collection)
   jobs = [
@@ -122,9 +131,12 @@ def nnx_to_linen_checkpoint(
   `linen_abstract_variables` (`jax.eval_shape(model.init, ...)`) is checked against, gives the
   output shardings and the shapes of dropped leaves, which come back as zeros. With
   `linen_collection`, `dst` holds that collection's tree without its name. Nothing is written
-  unless every check passes; `dst` appears complete or not at all.
+  unless every check passes; `dst` appears complete or not at all. Staging folders that killed
+  conversions into `dst` left are removed first (`clear_staging`).
   """
+  src, dst = os.path.abspath(src), os.path.abspath(dst)  # orbax takes absolute paths only
   _refuse_existing(dst)
+  clear_staging(dst)
   source = _read_metadata(src)
   suffix = _VALUE if all(key[-1:] == _VALUE for key in source) else ()
   linen_key = _linen_key_fn(linen_collection)
@@ -261,11 +273,78 @@ def _host() -> jax.sharding.Sharding:
   return jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])
 
 
-def _read_metadata(path: PathLike) -> dict[Key, tp.Any]:
-  """Shape, dtype and sharding of every leaf of the orbax checkpoint at `path`, reading no array data."""
+_JSON_FILES = ('_METADATA', '_sharding', 'array_metadatas')  # what orbax reads as JSON (a folder: its files)
+_DAMAGED = 'the checkpoint is damaged (truncated or overwritten): save it or copy it again'
+
+
+def _read_metadata(path: str) -> dict[Key, tp.Any]:
+  """Shape, dtype and sharding of every leaf of the orbax checkpoint at `path`, reading no array data.
+
+  Raises FileNotFoundError or UnreadableCheckpointError, one line naming the path and what is
+  wrong with it, where orbax would fail with an AttributeError or a tensorstore traceback.
+  """
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'No checkpoint at {path}: no such folder')
   if not os.path.isdir(path):
-    raise FileNotFoundError(f'No checkpoint at {path}')
-  return _flatten(ocp.PyTreeCheckpointer().metadata(path).item_metadata.tree)
+    raise UnreadableCheckpointError(f'{path} is a file; give the folder an orbax checkpointer saved')
+  if not os.path.isfile(os.path.join(path, '_METADATA')):
+    inner = [os.path.relpath(found, path) for found in _checkpoints_under(path)]
+    fix = 'give the folder ocp.StandardCheckpointer().save(path, ...) wrote'
+    if inner:
+      more = ', ...' if len(inner) > 3 else ''
+      fix = f'it holds the checkpoints {", ".join(inner[:3])}{more}: give one of those'
+    raise UnreadableCheckpointError(f'{path} is not an orbax checkpoint (no _METADATA file); {fix}')
+  for file in _json_files(path):
+    try:
+      with open(file, 'rb') as stream:
+        json.load(stream)
+    except (OSError, ValueError) as error:
+      raise UnreadableCheckpointError(f'{file} cannot be read ({_reason(error)}); {_DAMAGED}') from None
+  try:
+    tree = ocp.PyTreeCheckpointHandler().metadata(pathlib.Path(path)).tree
+  except (OSError, ValueError, KeyError, TypeError) as error:
+    raise UnreadableCheckpointError(
+        f'{path} cannot be read as an orbax checkpoint ({_reason(error)}); {_DAMAGED}'
+    ) from None
+  return _flatten(tree)
+
+
+def _json_files(path: str) -> list[str]:
+  """The JSON files of the checkpoint at `path` that orbax reads, those it wrote."""
+  files = []
+  for name in _JSON_FILES:
+    file = os.path.join(path, name)
+    if os.path.isdir(file):
+      files += sorted(os.path.join(file, inner) for inner in os.listdir(file))
+    elif os.path.exists(file):
+      files.append(file)
+  return files
+
+
+def _checkpoints_under(path: str, depth: int = 2) -> list[str]:
+  """Folders up to `depth` levels below `path` that hold an orbax checkpoint (a CheckpointManager's steps)."""
+  found = []
+  for entry in sorted(os.scandir(path), key=lambda entry: entry.name):
+    if not entry.is_dir() or entry.name.startswith('.'):
+      continue
+    if os.path.isfile(os.path.join(entry.path, '_METADATA')):
+      found.append(entry.path)
+    elif depth > 1:
+      found += _checkpoints_under(entry.path, depth - 1)
+  return found
+
+
+def _reason(error: BaseException) -> str:
+  """A read error in one line: the first of its root cause (tensorstore's, which names the file), without
+  the tensorstore spec and source locations appended to it."""
+  for _ in range(8):
+    cause = error.__cause__ or error.__context__
+    if cause is None:
+      break
+    error = cause
+  text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  text = re.sub(r'\s*\[(tensorstore_spec|source locations)=.*$', '', text)
+  return text if len(text) <= 300 else text[:297] + '...'
 
 
 def _restore(
@@ -286,7 +365,13 @@ def _restore(
   args = ocp.args.PyTreeRestore(
       item=tree, restore_args=ocp.checkpoint_utils.construct_restore_args(tree), partial_restore=True
   )
-  return _flatten(ocp.PyTreeCheckpointer().restore(path, args=args))
+  try:
+    return _flatten(ocp.PyTreeCheckpointer().restore(path, args=args))
+  except Exception as error:  # orbax raises a bare Exception; the metadata was read: the arrays' files are damaged
+    names = [path_str(key) for key in item]
+    names = ('one of ' if len(names) > 1 else '') + ', '.join(names[:3]) + (
+        f' and {len(names) - 3} more' if len(names) > 3 else '')
+    raise UnreadableCheckpointError(f'{path}: cannot read {names} ({_reason(error)}); {_DAMAGED}') from None
 
 
 class _StreamingHandler(ocp.type_handlers.TypeHandler):
@@ -398,6 +483,7 @@ def _write(
   os.makedirs(parent, exist_ok=True)
   staging = tempfile.mkdtemp(prefix=f'.{name}.', suffix='.converting', dir=parent)
   try:
+    _claim(staging, dst)
     # save_concurrent_gb as StandardCheckpointer sets it
     handler = ocp.PyTreeCheckpointHandler(save_concurrent_gb=96, type_handler_registry=registry)
     save_args = _nest({key: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES) for key in pending})
@@ -405,3 +491,95 @@ def _write(
     os.rename(os.path.join(staging, name), dst)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
+
+
+# --- staging folders -----------------------------------------------------------------------------
+
+_OWNER_FILE = 'linen2nnx-owner.json'  # in a staging folder: the conversion writing it
+
+
+@dataclasses.dataclass(frozen=True)
+class Leftovers:
+  """The staging folders of earlier conversions into one destination, as `clear_staging` left them."""
+
+  removed: tuple[str, ...]
+  """Left by a conversion on this host whose process has ended: nothing would ever finish them."""
+  kept: tuple[str, ...]
+  """Without an owner this host can check (written on another host, or before owners were recorded)."""
+
+
+def clear_staging(dst: PathLike) -> Leftovers:
+  """Removes the staging folders (`.<name>.*.converting`) that killed conversions into `dst` left.
+
+  Each staging folder records its owner (host, pid, process start time). One is removed only
+  when its owner is a process of this host that has ended (a reused pid has another start
+  time); one whose owner cannot be checked is kept, for the caller to name; a live owner raises
+  ConversionInProgressError, and nothing is removed: two conversions into one `dst` would race for it.
+  """
+  dst = os.path.abspath(dst)
+  parent, name = os.path.split(dst)
+  stale, kept = [], []
+  for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else ():
+    path = os.path.join(parent, entry)
+    if not (entry.startswith(f'.{name}.') and entry.endswith('.converting') and os.path.isdir(path)):
+      continue
+    owner = _owner(path)
+    if owner is not None and owner['dst'] != dst:
+      continue  # another destination's: `.nnx.v2.*.converting` beside `nnx`
+    if owner is None or owner['host'] != socket.gethostname():
+      kept.append(path)
+    elif _process_start(owner['pid']) == owner['started'] and _exists(owner['pid']):
+      raise ConversionInProgressError(
+          f'{path} is being written by process {owner["pid"]}, a conversion into {dst} that is still '
+          'running; wait for it to finish, or stop it and run again'
+      )
+    else:
+      stale.append(path)
+  for path in stale:
+    shutil.rmtree(path)
+  return Leftovers(tuple(stale), tuple(kept))
+
+
+def _claim(staging: str, dst: str) -> None:
+  """Records in `staging` which process writes it, so that a later run can tell when it was abandoned."""
+  pid = os.getpid()
+  owner = {'dst': dst, 'host': socket.gethostname(), 'pid': pid, 'started': _process_start(pid)}
+  with open(os.path.join(staging, _OWNER_FILE), 'w') as stream:
+    json.dump(owner, stream)
+
+
+def _owner(staging: str) -> dict[str, tp.Any] | None:
+  """The owner `_claim` recorded in `staging`, or None when there is none or it is unreadable."""
+  try:
+    with open(os.path.join(staging, _OWNER_FILE)) as stream:
+      owner = json.load(stream)
+  except (OSError, ValueError):
+    return None
+  fields = {'dst': str, 'host': str, 'pid': int, 'started': (str, type(None))}
+  if not isinstance(owner, dict) or any(k not in owner or not isinstance(owner[k], t) for k, t in fields.items()):
+    return None
+  return owner if owner['pid'] > 0 else None
+
+
+def _process_start(pid: int) -> str | None:
+  """When process `pid` started (Linux /proc: clock ticks since boot); None without /proc or such a process.
+
+  A zombie (ended, not yet reaped) counts as ended.
+  """
+  try:
+    with open(f'/proc/{pid}/stat') as stream:
+      fields = stream.read().rpartition(')')[2].split()  # after the command name, which may hold spaces
+  except OSError:
+    return None
+  return None if fields[0] == 'Z' else fields[19]
+
+
+def _exists(pid: int) -> bool:
+  """Whether a process `pid` exists (where there is no /proc to read its start time from)."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True

@@ -26,3 +26,11 @@ class ImmutableCollectionError(BridgeError, RuntimeError):
 
 class LossyConversionError(BridgeError, ValueError):
   """A conversion would drop a non-zero value the target layer has no place for."""
+
+
+class UnreadableCheckpointError(BridgeError, OSError):
+  """A path that is not an orbax checkpoint, or a checkpoint with files that cannot be read (truncated, garbled)."""
+
+
+class ConversionInProgressError(BridgeError, FileExistsError):
+  """A live process is already writing a checkpoint into the same destination."""

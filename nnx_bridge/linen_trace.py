@@ -56,6 +56,14 @@ class LinenTrace:
   first_calls: dict[tuple[Path, str], LinenCall]
 
 
+def _fields(module: nn.Module) -> dict[str, tp.Any]:
+  """The module's dataclass fields that have a value: one declared `field(init=False)` has none until setup()
+  sets it (and none at all if setup() leaves it unset)."""
+  missing = object()
+  values = {f.name: getattr(module, f.name, missing) for f in dataclasses.fields(module)}
+  return {name: value for name, value in values.items() if value is not missing}
+
+
 def _shape(value: tp.Any) -> Shape | None:
   return tuple(value.shape) if hasattr(value, 'shape') else None
 
@@ -93,18 +101,25 @@ def trace_linen(
   call_paths: list[Path] = []
   first_calls: dict[tuple[Path, str], LinenCall] = {}
 
+  def record(module: nn.Module, path: Path, name: str, args: tuple, kwargs: dict) -> None:
+    if (path, name) not in first_calls:
+      first_calls[path, name] = LinenCall(
+          _fields(module), tuple(map(_shape, args)), {k: _shape(v) for k, v in kwargs.items()},
+          _named_shapes(module, name, args, kwargs),
+      )
+
   def interceptor(next_fun, args, kwargs, context):
-    path, name = tuple(context.module.path), context.method_name
-    classes.setdefault(path, type(context.module))
+    module, name = context.module, context.method_name
+    path = tuple(module.path)
+    classes.setdefault(path, type(module))
     if name == '__call__':
       call_paths.append(path)
-    if (path, name) not in first_calls:
-      fields = {f.name: getattr(context.module, f.name) for f in dataclasses.fields(context.module)}
-      first_calls[path, name] = LinenCall(
-          fields, tuple(map(_shape, args)), {k: _shape(v) for k, v in kwargs.items()},
-          _named_shapes(context.module, name, args, kwargs),
-      )
-    return next_fun(*args, **kwargs)
+    if name != 'setup':  # flax runs setup() before any other method: the fields it sets are there
+      record(module, path, name, args, kwargs)
+      return next_fun(*args, **kwargs)
+    result = next_fun(*args, **kwargs)
+    record(module, path, name, args, kwargs)  # after setup(), which sets the fields declared `init=False`
+    return result
 
   def init(*xs):
     rngs = {stream: jax.random.key(index) for index, stream in enumerate(RNG_STREAMS)}

@@ -1,8 +1,9 @@
-"""Linen train/eval arguments driven by NNX's `deterministic` / `use_running_average` attributes.
+"""Linen train/eval arguments and NNX's `deterministic` / `use_running_average` attributes.
 
-The argument names come from the layer table's `MODE_ARGUMENTS`; this module finds the ones a
-given Linen module takes (as a call argument of a method, or as a field) and produces the
-module and call keyword arguments for a mode.
+The argument names come from the layer table's `MODE_ARGUMENTS`. For `from_linen` this module
+finds the ones a given Linen module takes (as a call argument of a method, or as a field) and
+produces the module and call keyword arguments for a mode; for `to_linen` it takes the ones an
+NNX constructor or method does not take out of a call's keyword arguments, as an eval mode.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import dataclasses
 import inspect
 import typing as tp
 
+import numpy as np
 from flax import linen as nn
 
+from nnx_bridge.errors import BridgeError
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 from nnx_bridge.layer_table import ModeArgument
 
@@ -86,3 +89,41 @@ def for_mode(
     elif argument.name in parameters:
       kwargs[argument.name] = value
   return (module.clone(**fields) if fields else module), kwargs
+
+
+def accepts_keyword(target: tp.Callable[..., tp.Any], name: str) -> bool:
+  """Whether `target(name=...)` binds the keyword (a class: its `__init__`); True when unknown."""
+  try:
+    signature = inspect.signature(target.__init__ if isinstance(target, type) else target)
+  except (TypeError, ValueError):
+    return True
+  return any(
+      p.kind is p.VAR_KEYWORD or (p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+      for p in signature.parameters.values()
+  )
+
+
+def take_mode_arguments(
+    kwargs: tp.Mapping[str, tp.Any], target: tp.Callable[..., tp.Any], where: str
+) -> tuple[bool | None, dict[str, tp.Any]]:
+  """Splits off the mode arguments `target` does not take: (eval mode or None, the other kwargs).
+
+  A migrated NNX module lost its `train` / `deterministic` switch to `train()` / `eval()`, so a
+  Linen caller still passing it means that mode: `train=True`, `deterministic=False`,
+  `use_running_average=False` (and `training`, `is_training`) mean train, the opposite values
+  eval. An argument `target` takes is left for it, as a native NNX caller would pass it.
+  """
+  known = {m.name: m for m in MODE_ARGUMENTS}
+  taken = {k: v for k, v in kwargs.items() if k in known and not accepts_keyword(target, k)}
+  for name, value in taken.items():
+    if not isinstance(value, (bool, np.bool_)):
+      raise BridgeError(
+          f'{where}: {name}={value!r} must be a Python bool, as it picks train() or eval(); '
+          f'under jax.jit pass it as a static argument (static_argnames=[{name!r}]).'
+      )
+  modes = {bool(value) != known[name].inverted for name, value in taken.items()}
+  if len(modes) > 1:
+    given = ', '.join(f'{name}={value}' for name, value in taken.items())
+    raise BridgeError(f'{where}: {given} contradict each other (one means train, one eval); pass one.')
+  rest = {k: v for k, v in kwargs.items() if k not in taken}
+  return (modes.pop() if modes else None), rest

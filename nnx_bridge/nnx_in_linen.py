@@ -17,6 +17,12 @@
   if its collection is mutable, otherwise `ImmutableCollectionError` is raised.
 * `nnx_method='encode'` (a keyword of the wrapper's `__call__`, so also of `apply`) calls
   that method of the NNX module instead of `__call__`.
+* train/eval: a mode argument of `MODE_ARGUMENTS` (`train`, `deterministic`,
+  `use_running_average`, `training`, `is_training`) that the NNX method does not take, passed
+  at call time as a Linen parent passes it to a Linen child, runs the module after `train()` or
+  `eval()` (`modes.take_mode_arguments`); one that `to_linen` is given and the NNX constructor
+  does not take does so for every call (`ToLinen.eval_mode`). Without either the module runs
+  in the mode its constructor left it in. An argument the NNX code takes is passed to it.
 
 Stream names: the NNX `__init__` is first traced with an `nnx.Rngs` that creates a stream for
 every name it is asked for, and the real/abstract module is then built with exactly those
@@ -41,7 +47,8 @@ from flax.core import meta
 
 from nnx_bridge import collectionlib
 from nnx_bridge import linen_state
-from nnx_bridge.errors import ImmutableCollectionError, MissingRngError
+from nnx_bridge import modes
+from nnx_bridge.errors import BridgeError, ImmutableCollectionError, MissingRngError
 from nnx_bridge.state_check import Path, check_state, path_str
 
 LinenPath = tuple[str, ...]  # (collection, *keys), keys as strings like Linen's own trees
@@ -110,12 +117,17 @@ def _unbox(leaf: tp.Any) -> tp.Any:
 class ToLinen(linen.Module):
   """A Linen module running `nnx_class(*args, **dict(kwargs), rngs=...)`; build it with `to_linen`.
 
-  Call it like the NNX module; `nnx_method='name'` calls another method of the NNX module.
+  Call it like the NNX module; `nnx_method='name'` calls another method of the NNX module, and
+  `train=` / `deterministic=` / `use_running_average=` that the method does not take pick
+  `train()` or `eval()` for the call. `eval_mode` does so for every call: True `eval()`, False
+  `train()`, None (default) the mode the constructor left. Giving both is an error, as Linen's
+  `merge_param` makes a field that is also a call argument.
   """
 
   nnx_class: tp.Callable[..., nnx.Module]
   args: tuple[tp.Any, ...] = ()
   kwargs: tuple[tuple[str, tp.Any], ...] = ()  # pairs, so values reach nnx_class unconverted
+  eval_mode: bool | None = None
 
   def __call__(self, *args: tp.Any, nnx_method: str = '__call__', **kwargs: tp.Any) -> tp.Any:
     given = traverse_util.flatten_dict(self.variables)
@@ -125,13 +137,31 @@ class ToLinen(linen.Module):
         for path, var in flat_state
     ]
     module = nnx.merge(graphdef, nnx.from_flat_state(call_state))
+    method = getattr(module, nnx_method)
+    eval_mode, kwargs = self._call_mode(method, kwargs)
+    if eval_mode:
+      module.eval()
+    elif eval_mode is not None:
+      module.train()
     before = {path: var.get_raw_value() for path, var in nnx.to_flat_state(nnx.state(module))}
-    out = getattr(module, nnx_method)(*args, **kwargs)
+    out = method(*args, **kwargs)
     after = list(nnx.to_flat_state(nnx.state(module)))
     self._check_rng_use(before, after)
     if not self.is_initializing():
       self._write_changes(before, after, given)
     return out
+
+  def _call_mode(
+      self, method: tp.Callable[..., tp.Any], kwargs: dict[str, tp.Any]
+  ) -> tuple[bool | None, dict[str, tp.Any]]:
+    """The call's eval mode (from mode arguments `method` does not take, else `eval_mode`)."""
+    call_mode, kwargs = modes.take_mode_arguments(kwargs, method, where=self._label())
+    if call_mode is not None and self.eval_mode is not None:
+      raise BridgeError(
+          f'{self._label()} was given a train/eval mode both to to_linen and at call time; pass '
+          'it once (Linen raises the same for a field that is also a call argument).'
+      )
+    return (self.eval_mode if call_mode is None else call_mode), kwargs
 
   def _initial_state(
       self, given: dict[LinenPath, tp.Any]
@@ -261,5 +291,12 @@ def to_linen(
     name: str | None = None,
     **kwargs: tp.Any,
 ) -> ToLinen:
-  """Wraps `nnx_class(*args, **kwargs, rngs=...)` as a Linen module that fails loudly on misuse."""
-  return ToLinen(nnx_class, args=args, kwargs=tuple(kwargs.items()), name=name)
+  """Wraps `nnx_class(*args, **kwargs, rngs=...)` as a Linen module that fails loudly on misuse.
+
+  A mode argument in `kwargs` that `nnx_class` does not take (`train=False`,
+  `deterministic=True`, ...: a switch the migration moved to `train()` / `eval()`) becomes
+  `eval_mode`, so every call runs the module in that mode.
+  """
+  label = f'to_linen({getattr(nnx_class, "__name__", repr(nnx_class))})'
+  eval_mode, kwargs = modes.take_mode_arguments(kwargs, nnx_class, where=label)
+  return ToLinen(nnx_class, args=args, kwargs=tuple(kwargs.items()), eval_mode=eval_mode, name=name)

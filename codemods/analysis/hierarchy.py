@@ -134,12 +134,7 @@ def _classes_of(path: str, data: bytes, roots: tp.Sequence[str]) -> list[_Class]
   except (cst.ParserSyntaxError, UnicodeDecodeError, SyntaxError, ValueError):
     return []
   package_name = _package_module(path)
-  names = [package_name.name]
-  for root in roots:
-    if _is_under(path, root):
-      name = calculate_module_and_package(os.path.abspath(root), os.path.abspath(path)).name
-      if name not in names:
-        names.append(name)
+  names = module_names(path, roots)
   aliases: dict[str, str] = {}
   defined = {s.name.value for s in module.body if isinstance(s, cst.ClassDef)}
   found = []
@@ -219,6 +214,27 @@ def _own_plain(node: cst.ClassDef, aliases: dict[str, str]) -> bool:
       if module.startswith('flax.linen') and last[:1].isupper():
         return False
   return True
+
+
+def module_names(path: str, roots: tp.Sequence[str] = ()) -> list[str]:
+  """The module names `path` is imported by: from the top of its `__init__.py` chain first, then from each root."""
+  names = [_package_module(path).name]
+  for root in roots:
+    if _is_under(path, root):
+      name = calculate_module_and_package(os.path.abspath(root), os.path.abspath(path)).name
+      if name not in names:
+        names.append(name)
+  return names
+
+
+def package_of(path: str) -> str:
+  """The package `path` is part of, as relative imports in it resolve."""
+  return _package_module(path).package
+
+
+def absolute_import(package: str, module: str | None, level: int) -> str | None:
+  """The module `from <level dots><module> import ...` in `package` names; None when it cannot be told."""
+  return get_absolute_module_from_package(package or None, module, level)
 
 
 def _package_module(path: str) -> ModuleNameAndPackage:

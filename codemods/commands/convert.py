@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
+import typing as tp
 
 from codemods.ports import model_arguments
 
@@ -19,8 +22,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           'port (restorable with nnx.eval_shape + orbax restore, as the flax guide does), or the '
           'reverse with --to linen. Both models are built abstractly (no weights) to derive the '
           'leaf mapping and check every leaf before anything is written. Arrays are converted a '
-          'few at a time; DST appears only when complete. Exit 0 on success, 1 when the '
-          'checkpoint does not fit, 2 on usage errors.'
+          'few at a time; DST appears only when complete, and staging folders that killed runs '
+          'left beside it are removed. Exit 0 on success, 1 when the checkpoint does not fit the '
+          'models, 2 on usage errors (including inputs the Linen model fails on, and a SRC that '
+          'is not a readable orbax checkpoint).'
       ),
       epilog=(
           'With --migrate-report, the NNX class is constructed from its record (sizes measured on '
@@ -45,27 +50,34 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  import jax
   from flax import nnx
 
+  from codemods.commands import verify
   from codemods.ports import migrate_report
   from codemods.ports import model_refs
   from nnx_bridge import checkpoint
   from nnx_bridge import derive
-  from nnx_bridge import modes
   from nnx_bridge.errors import BridgeError
+  from nnx_bridge.errors import UnreadableCheckpointError
   from nnx_bridge.treemap import TreeMapping
 
+  if not isinstance(sys.unraisablehook, _DropAbandonedReadReports):
+    sys.unraisablehook = _DropAbandonedReadReports(sys.unraisablehook)
   try:
+    leftovers = checkpoint.clear_staging(args.dst)
     example = model_refs.build_example(args, args.linen)
+    eval_module, eval_kwargs, linen_abstract = verify.abstract_linen(example, args.examples)
     nnx_model, _, port = model_refs.build_nnx(args, args.nnx, example, abstract=True)
     mapping = TreeMapping.load(args.mapping) if args.mapping else None
-  except (model_refs.UsageError, OSError, ValueError) as error:
+  except (model_refs.UsageError, OSError, ValueError) as error:  # ConversionInProgressError is an OSError
     print(f'linen2nnx convert: {error}', file=sys.stderr)
     return EXIT_USAGE
-  eval_module, eval_kwargs = modes.for_mode(
-      example.linen, None, modes.mode_arguments_of(example.linen), **modes.EVAL
-  )
+  for path in leftovers.removed:
+    print(f'linen2nnx convert: removed {path}, left by a conversion that was killed', file=sys.stderr)
+  for path in leftovers.kept:
+    print(f'linen2nnx convert: note: {path} ({_megabytes(path)}) was left by an earlier conversion into '
+          f'{args.dst} that cannot be checked from here; delete it unless that conversion is still running',
+          file=sys.stderr)
   try:
     if mapping is None and port is not None:
       mapping, by_order = port.mapping(eval_module, nnx_model, *example.args, **eval_kwargs, **example.kwargs)
@@ -89,14 +101,11 @@ def run(args: argparse.Namespace) -> int:
           linen_collection=args.linen_collection, allow_lossy=args.allow_lossy,
       )
     else:
-      linen_abstract = jax.eval_shape(
-          lambda: eval_module.init(jax.random.key(0), *example.args, **eval_kwargs, **example.kwargs)
-      )
       checkpoint.nnx_to_linen_checkpoint(
           args.src, args.dst, mapping, linen_abstract_variables=linen_abstract,
           linen_collection=args.linen_collection,
       )
-  except (FileExistsError, FileNotFoundError) as error:
+  except (FileExistsError, FileNotFoundError, UnreadableCheckpointError) as error:
     print(f'linen2nnx convert: {error}', file=sys.stderr)
     return EXIT_USAGE
   except BridgeError as error:
@@ -104,3 +113,30 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_MISMATCH
   print(f'wrote {args.dst} ({len(mapping.rules)} {args.to.upper() if args.to == "nnx" else "Linen"} leaves)')
   return EXIT_OK
+
+
+def _megabytes(path: str) -> str:
+  """The size of the files under `path`, as '215 MB'."""
+  total = sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(path) for name in names)
+  return f'{total / 1e6:.0f} MB'
+
+
+@dataclasses.dataclass(frozen=True)
+class _DropAbandonedReadReports:
+  """An unraisable-exception hook that keeps a damaged checkpoint's error to its one line.
+
+  When one read of a batch fails, orbax closes its event loop at once, abandoning the other
+  reads of the batch: each is reported later, with its traceback, as an unraisable exception,
+  `RuntimeError: Event loop is closed` from a tensorstore thread or the failure of an orbax
+  coroutine that was never finished. Those reports are dropped; every other one goes to the
+  hook that was installed before.
+  """
+
+  previous: tp.Callable[[tp.Any], object]
+
+  def __call__(self, unraisable: tp.Any) -> None:
+    value, code = unraisable.exc_value, getattr(unraisable.object, 'cr_code', None)
+    closed_loop = type(value) is RuntimeError and str(value) == 'Event loop is closed'
+    orbax_coroutine = code is not None and f'{os.sep}orbax{os.sep}' in code.co_filename
+    if not (closed_loop or orbax_coroutine):
+      self.previous(unraisable)

@@ -12,6 +12,7 @@ from codemods.options import TRAIN_STATE_STYLES
 from codemods.options import MigrationOptions
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_FAILED = 0, 1, 2
+_REASONS = 5  # the most frequent reasons for keeping classes Linen the summary names
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -23,10 +24,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           'walked, .gitignore respected; files that never mention flax or linen are skipped). '
           'By default print a unified diff (a/ b/ prefixes: apply it with `git apply` or '
           '`patch -p1` from this directory) and write nothing; the report goes to stderr. '
-          'Exit 0 when done, 1 with --check when a file would change, 2 when a file could not '
-          'be processed (the other files are still processed) or on usage errors. Defaults '
-          'come from [tool.linen2nnx] in the nearest pyproject.toml (include, exclude, select, '
-          'jobs, train-state, step-style); command-line globs add to them, the other options replace them.'
+          'Exit 0 when done, 1 with --check when a file would change or with --fail-on-todo when a '
+          'TODO is left, 2 when a file could not be processed (the other files are still processed) or '
+          'on usage errors. Defaults come from [tool.linen2nnx] in the nearest pyproject.toml (include, '
+          'exclude, select, jobs, train-state, step-style, fail-on-todo); command-line globs add to them, '
+          'the other options replace them.'
       ),
   )
   parser.add_argument('paths', nargs='+', metavar='PATH', help='files or directories')
@@ -55,6 +57,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
            'a step a style cannot be applied to stays nnx-jit, with a report entry',
   )
   parser.add_argument(
+      '--fail-on-todo', action='store_true', default=None,
+      help='exit 1 when a TODO(linen2nnx) is left anywhere (for CI; [tool.linen2nnx] fail-on-todo = true)',
+  )
+  parser.add_argument(
       '--examples', metavar='FILE.py',
       help='a Python file whose public functions each return (linen_module, inputs[, call_kwargs]): the models '
            'are initialised abstractly (this imports and runs your code) and each layer input size the code does '
@@ -77,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     options = MigrationOptions(train_state=args.train_state or settings.train_state or 'nnx',
                                step_style=args.step_style or settings.step_style or 'functional',
                                example_sizes=_example_sizes(args.examples))
+    for failure in options.example_sizes.failures:
+      print(f'linen2nnx migrate: warning: {failure.describe()}', file=sys.stderr)
     if jobs is not None and jobs < 1:
       raise ValueError(f'-j must be at least 1, got {jobs}')
     result = engine.migrate(
@@ -103,6 +111,17 @@ def run(args: argparse.Namespace) -> int:
       f'{summary["skipped"]} skipped (no flax), {summary["failed"]} failed',
       file=sys.stderr,
   )
+  fates = result.fates()
+  print(
+      f'linen2nnx migrate: classes: {fates["converted"]} converted, {fates["kept_linen"]} kept as Linen, '
+      f'{fates["bridged"]} bridged with nnx_bridge; {fates["todos"]} TODOs left',
+      file=sys.stderr,
+  )
+  if fates['kept_because']:
+    reasons = '; '.join(f'{count} {why}' for why, count in list(fates['kept_because'].items())[:_REASONS])
+    more = len(fates['kept_because']) - _REASONS
+    print(f'linen2nnx migrate: kept as Linen because: {reasons}' + (f'; {more} other reasons' if more > 0 else ''),
+          file=sys.stderr)
   sizes = result.input_sizes()
   total = sum(sizes.values())
   if total:
@@ -117,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
       file.write(result.to_json())
   if result.failed:
     return EXIT_FAILED
-  return EXIT_WOULD_CHANGE if args.check and result.changed else EXIT_OK
+  if args.check and result.changed:
+    return EXIT_WOULD_CHANGE
+  return EXIT_WOULD_CHANGE if (args.fail_on_todo or settings.fail_on_todo) and fates['todos'] else EXIT_OK
 
 
 def _example_sizes(path: str | None) -> ExampleSizes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import typing as tp
@@ -25,7 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           '(or given) leaf mapping, and compare, leaf by leaf: the eval-mode outputs, the '
           'gradient of a scalar loss for every parameter, the outputs and updated state after '
           'one train-mode call (dropout off on both sides), and the partition specs. '
-          'Exit 0 when everything is within tolerance, 1 when not, 2 on usage errors.'
+          'Exit 0 when everything is within tolerance, 1 when not, 2 on usage errors (including '
+          'inputs the Linen model itself fails on).'
       ),
       epilog=(
           'LINEN and NNX are path/to/file.py:ClassName or package.module:ClassName. The NNX '
@@ -69,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
   try:
     example = model_refs.build_example(args, None if args.linen == '-' else args.linen)
+    abstract_linen(example, args.examples)
     nnx_model, origins, port = model_refs.build_nnx(args, args.nnx, example)
     mapping = TreeMapping.load(args.mapping) if args.mapping else None
     rules = None
@@ -88,9 +91,7 @@ def run(args: argparse.Namespace) -> int:
     print(f'linen2nnx verify: the NNX port does not match: {error}', file=sys.stderr)
     return EXIT_MISMATCH
   except flax.errors.InvalidRngError as error:
-    reason = str(error).splitlines()[0]
-    print(f'linen2nnx verify: the Linen model draws from an rng stream it was not given ({reason}); '
-          'name the stream with --rng-streams', file=sys.stderr)
+    print(f'linen2nnx verify: {_rng_stream_message(error)}', file=sys.stderr)
     return EXIT_USAGE
   if args.write_mapping:
     mapping.save(args.write_mapping)
@@ -130,3 +131,63 @@ def check_port(example: model_refs.Example, nnx_model: tp.Any, port: migrate_rep
   report = parity.compare(example.linen, variables, nnx_model, *example.args, mapping=mapping,
                           **compare_options, **example.kwargs)
   return report, mapping
+
+
+def abstract_linen(
+    example: model_refs.Example, examples_file: str | None
+) -> tuple[tp.Any, dict[str, tp.Any], tp.Any]:
+  """The Linen model in eval mode, its mode keyword arguments, and its variables as shapes (no arrays).
+
+  Run before anything is built from the inputs: the Linen model is the reference, so when it
+  fails on them (an unknown input name, a wrong rank or size) the command line is wrong, not the
+  port, and that is a one-line model_refs.UsageError (exit 2), never a traceback or exit 1.
+  `examples_file` is where the inputs came from, if not from --input.
+  """
+  import flax.errors
+  import jax
+
+  from codemods.ports import model_refs
+  from nnx_bridge import modes
+
+  eval_module, eval_kwargs = modes.for_mode(
+      example.linen, None, modes.mode_arguments_of(example.linen), **modes.EVAL
+  )
+  try:
+    variables = jax.eval_shape(
+        lambda: eval_module.init(jax.random.key(0), *example.args, **eval_kwargs, **example.kwargs)
+    )
+  except flax.errors.InvalidRngError as error:
+    raise model_refs.UsageError(_rng_stream_message(error)) from None
+  except Exception as error:  # whatever the user's model raises on inputs it does not take
+    raise model_refs.UsageError(_linen_failure(example, error, examples_file, eval_kwargs)) from None
+  return eval_module, eval_kwargs, variables
+
+
+def _rng_stream_message(error: Exception) -> str:
+  return (f'the Linen model draws from an rng stream it was not given ({str(error).splitlines()[0]}); '
+          'name the stream with --rng-streams')
+
+
+def _linen_failure(
+    example: model_refs.Example, error: Exception, examples_file: str | None, mode_kwargs: dict[str, tp.Any]
+) -> str:
+  """One line: the Linen class, the inputs it failed on, the error, the line of the user's code that
+  raised it, and what `__call__` takes besides the mode arguments (`train=False`) the commands pass."""
+  from codemods.examples import where_raised
+  from nnx_bridge.state_check import describe
+
+  name = type(example.linen).__name__
+  shown = lambda value: describe(value) if hasattr(value, 'shape') else type(value).__name__
+  inputs = [shown(value) for value in example.args]
+  inputs += [f'{key}={shown(value)}' for key, value in example.kwargs.items()]
+  reason = (str(error).strip().splitlines() or [''])[0]
+  try:
+    signature = inspect.signature(type(example.linen).__call__)
+    takes = ', '.join(param for param in list(signature.parameters)[1:] if param not in mode_kwargs)
+  except (TypeError, ValueError):
+    takes = '...'
+  fix = (f'fix the inputs {examples_file} returns' if examples_file
+         else f'give --input the names, ranks and sizes {name}.__call__({takes}) takes')
+  at = where_raised(error)
+  return (f'the Linen model {name} fails on the inputs {", ".join(inputs)}: {type(error).__name__}: '
+          f'{reason}{f" (at {at})" if at else ""}; {fix}')

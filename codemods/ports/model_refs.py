@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
 
+from codemods.examples import where_raised
 from codemods.ports import migrate_report
 
 
@@ -79,7 +80,7 @@ def _load_file(path: str) -> tp.Any:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    _run_module(spec, module, path)
     return module
   alias = f'{USER_MODULE_PREFIX}{parts[0]}_{digest}'
   if alias not in sys.modules:
@@ -88,9 +89,27 @@ def _load_file(path: str) -> tp.Any:
                                                   submodule_search_locations=[root])
     package = importlib.util.module_from_spec(spec)
     sys.modules[alias] = package
-    spec.loader.exec_module(package)
+    _run_module(spec, package, path)
   inner = [p for p in parts[1:] if p != '__init__']
-  return importlib.import_module('.'.join([alias, *inner]))
+  try:
+    return importlib.import_module('.'.join([alias, *inner]))
+  except Exception as error:
+    raise UsageError(_import_failure(path, error)) from None
+
+
+def _run_module(spec: importlib.machinery.ModuleSpec, module: tp.Any, path: str) -> None:
+  """Runs a user file; one that does not parse or import is a UsageError naming the file and the line."""
+  try:
+    spec.loader.exec_module(module)
+  except Exception as error:
+    raise UsageError(_import_failure(path, error)) from None
+
+
+def _import_failure(path: str, error: Exception) -> str:
+  if isinstance(error, SyntaxError):
+    return f'{path}: it cannot be imported: {type(error).__name__} at {error.filename}:{error.lineno}: {error.msg}'
+  at = where_raised(error)
+  return f'{path}: it cannot be imported: {type(error).__name__}: {error}' + (f' (at {at})' if at else '')
 
 
 def parse_json_kwargs(text: str | None, what: str) -> dict[str, tp.Any]:
@@ -116,7 +135,11 @@ def parse_inputs(specs: tp.Sequence[str], seed: int) -> tuple[tuple[tp.Any, ...]
     match = _INPUT.match(spec.replace(' ', ''))
     if match is None:
       raise UsageError(f'--input {spec!r}: expected [name=]dtype[d0,d1,...][:max], e.g. x=float32[2,784]')
-    dtype = jnp.dtype(match['dtype'])
+    try:
+      dtype = jnp.dtype(match['dtype'])
+    except TypeError:
+      raise UsageError(f'--input {spec!r}: unknown dtype {match["dtype"]!r}; use a numpy dtype name such as float32, '
+                       'bfloat16 or int32') from None
     shape = tuple(int(d) for d in match['shape'].split(',') if d)
     sub = jax.random.fold_in(key, index)
     if jnp.issubdtype(dtype, jnp.integer):
@@ -150,7 +173,12 @@ def example_from_file(path: str, name: str | None) -> Example:
   if namespace_ref is None:
     raise UsageError('--examples needs --example NAME (the function to call)')
   function = load_object(namespace_ref)
-  result = function()
+  try:
+    result = function()
+  except Exception as error:
+    at = where_raised(error)
+    raise UsageError(f'{namespace_ref}() raised {type(error).__name__}: {error}' + (f' (at {at})' if at else '')) \
+        from None
   if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
     raise UsageError(f'{namespace_ref} must return (linen_module, inputs)')
   module, inputs = result
@@ -175,7 +203,7 @@ def nnx_constructor_kwargs(
   (`in_features`, `din`, ...) read off the first input's last axis. Anything else is a usage error.
   """
   parameters = inspect.signature(nnx_class.__init__).parameters
-  fields = {f.name for f in dataclasses.fields(linen)} - {'parent', 'name'}
+  fields = {f.name for f in dataclasses.fields(linen) if f.init} - {'parent', 'name'}
   kwargs, origins = {}, []
   for name, parameter in list(parameters.items())[1:]:
     if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):

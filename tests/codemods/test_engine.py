@@ -13,7 +13,9 @@ import pytest
 from libcst.metadata import QualifiedNameProvider
 
 from codemods import rules as registry
+from codemods.engine import MAX_NESTING
 from codemods.engine import migrate
+from codemods.engine import nesting_depth
 from codemods.rule import MigrationRule
 from codemods.transform import transform_source
 
@@ -214,23 +216,30 @@ BOTH_RULES = (
 
 
 # libcst's own way, rule after rule, in a process that does not import codemods.transform (and so
-# leaves libcst as it is, without codemods.libcst_speedups): what transform_source must give.
+# leaves libcst as it is, without codemods.libcst_speedups): what transform_source must give, the
+# positions each rule reports traced back to the original source.
 _RULE_AFTER_RULE = """
-import pickle, sys
+import dataclasses, pickle, sys
 import libcst as cst
 from libcst.codemod import CodemodContext
 from codemods import rules as registry
+from codemods.positions import PositionMap
 from codemods.report import ConvertedClass, Entry
 from codemods.rule import CLASSES_KEY, KNOWN_CLASSES_KEY, REPORT_KEY
 
 results = {}
 for name, source, reverse in pickle.load(sys.stdin.buffer):
   tree, entries, classes = cst.parse_module(source), [], []
+  original = tree.code
   for rule in registry.ALL_RULES[::-1] if reverse else registry.ALL_RULES:
     context = CodemodContext(scratch={KNOWN_CLASSES_KEY: tuple(classes)})
+    positions = PositionMap(original, tree.code)
     tree = rule(context).transform_module(tree)
-    entries += context.scratch.get(REPORT_KEY, [])
-    classes += context.scratch.get(CLASSES_KEY, [])
+    for e in context.scratch.get(REPORT_KEY, []):
+      line, column = positions.original(e.line, e.column)
+      entries.append(dataclasses.replace(e, line=line, column=column))
+    classes += [dataclasses.replace(c, line=positions.original(c.line, 1)[0])
+                for c in context.scratch.get(CLASSES_KEY, [])]
   results[name] = (tree.bytes, sorted(entries, key=Entry.sort_key), sorted(classes, key=ConvertedClass.sort_key))
 assert 'codemods.libcst_speedups' not in sys.modules
 pickle.dump(results, sys.stdout.buffer)
@@ -287,7 +296,8 @@ class _NeedleRule(MigrationRule):
 def test_a_rule_sees_the_code_and_the_imports_the_rules_before_it_made():
   result = transform_source('import flax\n\nprint(x)\n', [_RenameXRule, _NeedleRule])
   assert result.source == 'import flax\nfrom haystack import needle\n\nprint(needle)\n'
-  assert [(e.line, e.column, e.message) for e in result.entries if e.code == 'L2N903'] == [(4, 7, 'haystack.needle')]
+  # The position is the user's source's (print(x) is on line 3 there), not the one L2N902's import moved it to.
+  assert [(e.line, e.column, e.message) for e in result.entries if e.code == 'L2N903'] == [(3, 7, 'haystack.needle')]
 
 
 class _PinRule(MigrationRule):
@@ -319,3 +329,65 @@ def test_matcher_decorators_apply_every_time_next_to_undecorated_rules():
   source = 'import flax\nx = 1\n\ndef f():\n  return x\n'
   for rules in ([_DecoratedRule], [*RULES, _DecoratedRule], [_DecoratedRule]):
     assert transform_source(source, rules).source == source.replace('return x', 'return y')
+
+
+# --- pathological files: reported failed, never a crash of the run ---------------------------
+
+HEAD = 'import flax.linen as nn\n'
+PATHOLOGICAL = {
+    'sum.py': HEAD + 'x = ' + ' + '.join(['1'] * 10_000) + '\n',
+    'lists.py': HEAD + 'x = ' + '[' * 5_000 + ']' * 5_000 + '\n',
+    'chain.py': HEAD + 'x = a' + '.b' * 50_000 + '\n',
+}
+
+
+@pytest.mark.parametrize('jobs', [1, 2])
+def test_a_too_deeply_nested_file_fails_alone_at_any_jobs(tmp_path, jobs):
+  _tree(tmp_path, {**PATHOLOGICAL, 'good.py': LINEN})
+  result = migrate([tmp_path], rules=RULES, write=True, jobs=jobs)
+  assert _status(result) == {'chain.py': 'failed', 'good.py': 'changed', 'lists.py': 'failed', 'sum.py': 'failed'}
+  assert {pathlib.Path(o.path).name: o.error.split(')')[0] for o in result.failed} == {
+      'chain.py': 'too deeply nested to parse safely (nesting depth 50000 > 500',
+      'lists.py': 'too deeply nested to parse safely (nesting depth 5000 > 500',
+      'sum.py': 'too deeply nested to parse safely (nesting depth 9999 > 500',
+  }
+  assert (tmp_path / 'good.py').read_text() == MIGRATED
+  assert all((tmp_path / name).read_text() == source for name, source in PATHOLOGICAL.items())
+
+
+def test_the_migrate_command_exits_2_on_pathological_files_and_migrates_the_others(tmp_path):
+  _tree(tmp_path, {**PATHOLOGICAL, 'good.py': LINEN})
+  run = subprocess.run([sys.executable, '-m', 'codemods.cli', 'migrate', '.', '--write', '-j', '2'],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+  assert run.returncode == 2, run.stderr
+  assert 'linen2nnx migrate: 1 changed, 0 unchanged, 0 skipped (no flax), 3 failed' in run.stderr
+  assert (tmp_path / 'good.py').read_text() == MIGRATED
+
+
+@pytest.mark.parametrize('source, depth', [
+    ('x = 1\n', 0),
+    ('x = a + b * c\n', 2),
+    ('x = [[1, 2], [3, [4]]]\n', 3),
+    ('x = [-1, -2, -3, -4]\n', 2),  # a comma starts a new element: flat
+    ('x = {"a": 1 + 2, "b": 3 + 4}\n', 2),
+    ('x = f(a)(b)(c)\n', 4),
+    ("x = ('a'\n     'b'\n     'c')\n", 3),
+    ('x = a.b.c.d\ny = 1\n', 3),  # per statement
+    ('x = not not a and b\n', 3),
+    ('x = (1 +\n', 2),  # does not tokenize: counted up to the end
+], ids=['flat', 'operators', 'brackets', 'elements', 'dict', 'calls', 'strings', 'statements', 'keywords', 'broken'])
+def test_nesting_depth(source, depth):
+  assert nesting_depth(source.encode()) == depth
+
+
+def test_nesting_depth_of_real_code_is_far_below_the_limit():
+  sources = [*pathlib.Path(cst.__file__).parent.glob('_nodes/*.py'), *FIXTURES.glob('**/*.in.py')]
+  assert max(nesting_depth(path.read_bytes()) for path in sources) < MAX_NESTING // 10
+
+
+def test_a_notebook_cell_too_deeply_nested_fails_the_notebook(tmp_path):
+  cells = [{'cell_type': 'code', 'execution_count': 1, 'metadata': {}, 'outputs': [],
+            'source': PATHOLOGICAL['lists.py']}]
+  path = _tree(tmp_path, {'nb.ipynb': json.dumps(_notebook(cells))}) / 'nb.ipynb'
+  result = migrate([path], rules=RULES, jobs=1)
+  assert result.failed[0].error.startswith('too deeply nested to parse safely (nesting depth 5000 > 500)')

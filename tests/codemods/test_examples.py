@@ -1,44 +1,80 @@
 """Example traces (`--examples`): sizes read off abstract Linen inits become expressions of a class's fields
-when exactly one simple expression agrees with every traced instance; bad examples files are named errors."""
+when exactly one simple expression agrees with every traced instance and variants the fit did not see confirm it;
+an example that cannot be traced is reported and skipped; an examples file that cannot be used is a named error."""
 
+import os
 import pathlib
+import subprocess
+import sys
 import textwrap
 
 import pytest
 
 from codemods.example_sizes import resolve
 from codemods.examples import ExamplesError
+from codemods.examples import load_examples
 from codemods.examples import trace_examples
 
 
-@pytest.mark.parametrize('observations, expression', [
-    ([({'self.a': 4, 'self.b': 6}, 4)], 'self.a'),
-    ([({'self.a': 4, 'self.b': 6}, 8)], '2 * self.a'),  # multiples come before sums
-    ([({'self.a': 8, 'self.b': 3}, 4)], 'self.a // 2'),
-    ([({'self.a': 4, 'self.b': 6}, 10)], 'self.a + self.b'),
-    ([({'self.a': 4, 'self.b': 6}, 24), ({'self.a': 2, 'self.b': 6}, 12)], 'self.a * self.b'),
+@pytest.mark.parametrize('observations, check, expression', [
+    ([({'self.a': 4, 'self.b': 6}, 4)], ({'self.a': 5, 'self.b': 6}, 5), 'self.a'),
+    ([({'self.a': 4, 'self.b': 6}, 8)], ({'self.a': 5, 'self.b': 6}, 10), '2 * self.a'),  # multiples before sums
+    ([({'self.a': 8, 'self.b': 3}, 4)], ({'self.a': 16, 'self.b': 3}, 8), 'self.a // 2'),
+    ([({'self.a': 4, 'self.b': 6}, 10)], ({'self.a': 5, 'self.b': 6}, 11), 'self.a + self.b'),
+    ([({'self.a': 4, 'self.b': 6}, 24), ({'self.a': 2, 'self.b': 6}, 12)], ({'self.a': 4, 'self.b': 7}, 28),
+     'self.a * self.b'),
 ])
-def test_the_simplest_agreeing_expression_wins(observations, expression):
-  assert resolve(observations).expression == expression
+def test_the_simplest_agreeing_expression_wins(observations, check, expression):
+  traced = resolve(observations, [('a variant', *check)])
+  assert traced.expression == expression and traced.confirmations == 1
 
 
 def test_equally_simple_expressions_are_ambiguous():
-  traced = resolve([({'self.a': 4, 'self.b': 6}, 12)])  # 3 * self.a and 2 * self.b
+  traced = resolve([({'self.a': 4, 'self.b': 6}, 12)], [])  # 3 * self.a and 2 * self.b
   assert traced.expression is None and traced.candidates == ('3 * self.a', '2 * self.b')
 
 
 def test_ambiguity_is_reported_and_more_instances_settle_it():
-  one = resolve([({'self.dim': 16, 'self.hidden': 16}, 16)])
+  one = resolve([({'self.dim': 16, 'self.hidden': 16}, 16)], [])
   assert one.expression is None and one.candidates == ('self.dim', 'self.hidden')
   assert 'self.dim and self.hidden all match' in one.describe()
-  two = resolve([({'self.dim': 16, 'self.hidden': 16}, 16), ({'self.dim': 16, 'self.hidden': 32}, 16)])
+  two = resolve([({'self.dim': 16, 'self.hidden': 16}, 16), ({'self.dim': 16, 'self.hidden': 32}, 16)],
+                [('dim=17', {'self.dim': 17, 'self.hidden': 16}, 17)])
   assert two.expression == 'self.dim'
+  assert two.describe() == '2 traced instances agree (sizes 16), confirmed on 1 of variants the fit did not see'
 
 
 def test_no_expression_for_a_size_the_fields_do_not_give():
-  traced = resolve([({'self.a': 4}, 49), ({'self.a': 8}, 49)])
+  traced = resolve([({'self.a': 4}, 49), ({'self.a': 8}, 49)], [])
   assert traced.expression is None and not traced.candidates
   assert traced.describe() == 'the example trace saw 49, which no expression of the fields matches'
+
+
+def test_a_held_out_variant_refutes_an_expression_that_fits_by_coincidence():
+  """A ResNet's head width is 2 * num_filters for two stages: three stages (held out) say otherwise."""
+  fit = [({'self.num_filters': 8, 'len(self.stage_sizes)': 2}, 16),
+         ({'self.num_filters': 16, 'len(self.stage_sizes)': 2}, 32)]
+  traced = resolve(fit, [('stage_sizes=(2, 2, 2)', {'self.num_filters': 8, 'len(self.stage_sizes)': 3}, 32)])
+  assert traced.expression is None and traced.unconfirmed == '2 * self.num_filters'
+  assert traced.describe() == ('the example trace saw 16, 32; 2 * self.num_filters fits the examples but not the '
+                               'variant stage_sizes=(2, 2, 2), which traced 32 where it gives 16')
+  confirmed = resolve(fit, [('num_filters=9', {'self.num_filters': 9, 'len(self.stage_sizes)': 2}, 18)])
+  assert confirmed.expression == '2 * self.num_filters' and confirmed.confirmations == 1
+
+
+def test_an_expression_no_new_variant_tested_is_not_taken():
+  fit = [({'self.a': 4}, 8), ({'self.a': 8}, 16)]
+  traced = resolve(fit, [('b=2', {'self.a': 4}, 8)])  # the same atoms as a fitted instance: no test of the fit
+  assert traced.expression is None and traced.unconfirmed == '2 * self.a'
+  assert 'no variant changing its fields could be traced to confirm it' in traced.describe()
+  assert resolve(fit, []).expression is None
+
+
+def test_a_width_doubled_per_stage_is_an_expression_of_the_sequence_length():
+  fit = [({'self.width': 4, 'len(self.stages)': 2}, 8), ({'self.width': 8, 'len(self.stages)': 2}, 16),
+         ({'self.width': 4, 'len(self.stages)': 3}, 16)]
+  traced = resolve(fit, [('stages=(1, 1, 1, 1)', {'self.width': 4, 'len(self.stages)': 4}, 32)])
+  assert traced.expression == 'self.width * 2 ** (len(self.stages) - 1)'
 
 
 MODELS = '''
@@ -189,17 +225,202 @@ def test_a_module_field_renamed_in_nnx_is_not_an_atom(tmp_path, on_path):
   assert 'no expression' in encoder[('mix', 'in_features')].describe()
 
 
-@pytest.mark.parametrize('body, message', [
-    ('def broken():\n  raise RuntimeError("no data")\n', 'broken() raised RuntimeError: no data'),
-    ('def wrong():\n  return 3\n', 'wrong() must return (module, inputs)'),
-    ('X = 1\n', 'no public function returning (module, inputs)'),
-    ('import jax.numpy as jnp\nfrom models_under_trace import Block\n\n'
-     'def bad_input():\n  return Block(8, 8), (jnp.zeros((2, 3)),)\n', 'bad_input(): the Linen init failed'),
-])
-def test_a_bad_examples_file_is_a_named_error(tmp_path, on_path, body, message):
-  examples, _ = _project(tmp_path, body)
-  with pytest.raises(ExamplesError, match=message.replace('(', r'\(').replace(')', r'\)')):
-    trace_examples(examples)
+def test_an_example_that_cannot_be_traced_is_reported_and_the_others_are_traced(tmp_path, on_path):
+  examples, models = _project(tmp_path, '''
+      import jax.numpy as jnp
+      from models_under_trace import Block
+
+      def broken():
+        raise RuntimeError('no data')
+
+      def wrong():
+        return 3
+
+      def bad_input():
+        return Block(8, 8), (jnp.zeros((2, 3)),)
+
+      def square():
+        return Block(dim=8, hidden=8), (jnp.zeros((2, 8)),)
+
+      def wide():
+        return Block(dim=8, hidden=32), (jnp.zeros((2, 8)),)
+  ''')
+  sizes = trace_examples(examples)
+  assert sizes.of_class(models, 'Block')[('LayerNorm_0', 'num_features')].expression == 'self.dim'
+  broken, wrong, bad_input = sizes.failures
+  assert (broken.function, broken.error, broken.where) == ('broken', 'RuntimeError: no data', f'{examples}:6')
+  assert broken.describe() == f'{examples}: example broken() skipped, it cannot be traced: RuntimeError: no data ' \
+                              f'(at {examples}:6)'
+  assert wrong.function == 'wrong' and wrong.error.startswith('it returned int; an example returns (module, inputs)')
+  assert bad_input.function == 'bad_input' and bad_input.error.startswith('the Linen init failed: ')
+  assert bad_input.where == f'{models}:17'  # Block.__call__'s return: the 3-wide input meets the 8-wide Dense
+  with pytest.raises(ExamplesError, match=r'broken\(\) skipped, it cannot be traced'):
+    load_examples(examples)  # `linen2nnx demo` checks every example: there, one that fails is an error
+
+
+SETUP_FIELD = '''
+import dataclasses
+import flax.linen as nn
+
+
+class Head(nn.Module):
+  width: int
+  hidden: int = dataclasses.field(init=False)
+
+  def setup(self):
+    self.hidden = 2 * self.width
+    self.up = nn.Dense(self.hidden)
+    self.down = nn.Dense(self.width)
+
+  def __call__(self, x):
+    return self.down(nn.relu(self.up(x)))
+
+
+class Net(nn.Module):
+  width: int
+
+  @nn.compact
+  def __call__(self, x):
+    return Head(self.width)(nn.Dense(self.width)(x))
+'''
+
+
+def test_a_field_set_in_setup_is_read_after_setup_and_is_not_an_atom(tmp_path, on_path):
+  """`hidden: int = field(init=False)`, set in setup(): the trace reads it only once setup() ran (before, it has
+  no value), and a size is not written in its terms (the converted __init__ may not have set it yet)."""
+  (tmp_path / 'models_under_trace.py').write_text(SETUP_FIELD)
+  (tmp_path / 'examples.py').write_text('import jax.numpy as jnp\nfrom models_under_trace import Net\n\n\n'
+                                        'def net():\n  return Net(4), (jnp.zeros((2, 3)),)\n')
+  sizes = trace_examples(str(tmp_path / 'examples.py'))
+  assert not sizes.failures
+  head = sizes.of_class(str(tmp_path / 'models_under_trace.py'), 'Head')
+  assert head[('down', 'in_features')].expression == '2 * self.width'
+  assert head[('up', 'in_features')].expression == 'self.width'
+
+
+def test_trace_records_a_field_set_in_setup_with_its_value():
+  import jax.numpy as jnp
+
+  from nnx_bridge.linen_trace import trace_linen
+
+  namespace = {}
+  exec(compile(SETUP_FIELD, 'setup_field.py', 'exec'), namespace)
+  trace = trace_linen(namespace['Net'](4), (jnp.zeros((2, 3)),), {})
+  assert trace.first_calls[('Head_0',), 'setup'].fields['hidden'] == 8
+  assert trace.first_calls[('Head_0',), '__call__'].fields['hidden'] == 8
+
+
+TOWER = '''
+from typing import Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class Stage(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.relu(nn.Dense(self.features)(x))
+
+
+class Tower(nn.Module):
+  stage_sizes: Sequence[int]
+  width: int
+  classes: int
+
+  @nn.compact
+  def __call__(self, x):
+    for i, _ in enumerate(self.stage_sizes):
+      x = Stage(self.width * 2**i)(x)
+    x = jnp.mean(x, axis=1)
+    return nn.Dense(self.classes)(x)
+'''
+
+
+def test_a_width_doubled_per_stage_holds_for_more_stages_than_the_example(tmp_path, on_path, capsys):
+  """Two stages in the example: `2 * self.width` fits it, the variants with three and four stages do not; the head
+  gets `self.width * 2 ** (len(self.stage_sizes) - 1)`, and the port of a four-stage tower matches Linen."""
+  import runpy
+
+  import jax
+  from flax import nnx
+
+  import nnx_bridge
+  from codemods import cli
+
+  models = tmp_path / 'models_under_trace.py'
+  models.write_text(TOWER)
+  (tmp_path / 'examples.py').write_text('import jax.numpy as jnp\nfrom models_under_trace import Tower\n\n\n'
+                                        'def tower():\n  return Tower((1, 1), 4, 3), (jnp.zeros((2, 6, 5)),)\n')
+  linen = runpy.run_path(str(models))
+  assert cli.main(['migrate', str(models), '--examples', str(tmp_path / 'examples.py'), '--write']) == 0
+  assert 'in_features of self.linear = self.width * 2 ** (len(self.stage_sizes) - 1), from the example trace' \
+      in capsys.readouterr().err
+  converted = runpy.run_path(str(models))
+  x = jax.random.normal(jax.random.key(1), (2, 6, 5))
+  linen_module = linen['Tower']((1, 2, 1, 1), 4, 3)
+  variables = linen_module.init(jax.random.key(0), x)
+  model = converted['Tower']((1, 2, 1, 1), 4, 3, stages_linear_in_features=5, rngs=nnx.Rngs(0))
+  parity = nnx_bridge.compare(linen_module, variables, model, x)
+  assert parity.ok, parity.to_text()
+
+
+PADDED = '''
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class Padded(nn.Module):
+  width: int
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(self.width)(x)
+    h = jnp.pad(h, ((0, 0), (0, -self.width % 8)))  # to a multiple of 8
+    return nn.Dense(3)(h)
+
+
+class Even(nn.Module):
+  width: int
+
+  def __post_init__(self):
+    if self.width % 2:
+      raise ValueError('width must be even')
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(3)(jnp.mean(nn.Dense(self.width)(x), axis=1))
+'''
+
+
+def test_an_expression_a_variant_refutes_or_none_confirms_stays_a_constructor_argument(tmp_path, on_path, capsys):
+  """A width padded to a multiple of 8: `self.width` fits widths 8 and 16, width 9 (held out) pads to 16. A width
+  that must be even: its held-out variant cannot be built, so nothing confirms `self.width`. Both stay arguments,
+  and the report says why."""
+  from codemods import cli
+
+  models = tmp_path / 'models_under_trace.py'
+  models.write_text(PADDED)
+  (tmp_path / 'examples.py').write_text(
+      'import jax.numpy as jnp\nfrom models_under_trace import Even, Padded\n\n\n'
+      'def padded():\n  return Padded(8), (jnp.zeros((2, 3)),)\n\n\n'
+      'def even():\n  return Even(8), (jnp.zeros((2, 5, 3)),)\n')
+  sizes = trace_examples(str(tmp_path / 'examples.py'))
+  padded = sizes.of_class(str(models), 'Padded')[('Dense_1', 'in_features')]
+  assert padded.expression is None and padded.unconfirmed == 'self.width'
+  even = sizes.of_class(str(models), 'Even')[('Dense_0', 'in_features')]  # the outer Dense, built first
+  assert even.expression is None and even.unconfirmed == 'self.width'
+  assert cli.main(['migrate', str(models), '--examples', str(tmp_path / 'examples.py')]) == 0
+  captured = capsys.readouterr()
+  assert captured.out.count('linear2_in_features: int') == 2  # Padded's and Even's
+  assert ('new constructor argument linear2_in_features: in_features of self.linear2, the input dimension of '
+          "self.linear2's call argument h (the example trace saw 8, 16; self.width fits the examples but not the "
+          'variant padded() with width=9, which traced 16 where it gives 9)') in captured.err
+  assert 'self.width fits the examples but no variant changing its fields could be traced to confirm it' \
+      in captured.err
 
 
 def test_migrate_with_examples_writes_the_traced_sizes_and_the_port_matches_linen(tmp_path, on_path, capsys):
@@ -241,13 +462,27 @@ def test_migrate_with_examples_writes_the_traced_sizes_and_the_port_matches_line
   assert jnp.shape(converted['Block'](8, 16, rngs=nnx.Rngs(0))(x)) == (2, 8)
 
 
-def test_migrate_names_a_broken_examples_file(tmp_path, on_path, capsys):
+@pytest.mark.parametrize('body, message', [
+    ('import jax.numpy as jnp\nimport no_such_models\n',
+     "it cannot be imported: ModuleNotFoundError: No module named 'no_such_models' (at {examples}:2); the folder "
+     'of the examples file and the working directory are importable'),
+    ('def model(:\n  pass\n', 'it cannot be imported: SyntaxError at {examples}:1: '),
+    ('X = 1\n', 'no example: each public top-level function of the file is called without arguments'),
+])
+def test_an_examples_file_that_cannot_be_used_is_one_line_and_exit_2(tmp_path, body, message):
+  examples, models = _project(tmp_path, body)
+  run = subprocess.run([sys.executable, '-c', 'import sys; from codemods import cli; sys.exit(cli.main())',
+                        'migrate', models, '--examples', examples], capture_output=True, text=True,
+                       cwd=tmp_path, env={**os.environ, 'PYTHONPATH': str(pathlib.Path(__file__).parents[2])})
+  assert run.returncode == 2, run.stderr
+  assert run.stderr.startswith(f'linen2nnx migrate: {examples}: {message.format(examples="examples.py")}')
+  assert run.stderr.count('\n') == 1 and 'Traceback' not in run.stderr
+
+
+def test_migrate_names_a_missing_examples_file(tmp_path, capsys):
   from codemods import cli
 
-  examples, models = _project(tmp_path, 'def broken():\n  raise RuntimeError("no data")\n')
-  assert cli.main(['migrate', models, '--examples', examples]) == 2
-  assert 'broken() raised RuntimeError: no data' in capsys.readouterr().err
-  assert cli.main(['migrate', models, '--examples', str(tmp_path / 'missing.py')]) == 2
+  assert cli.main(['migrate', str(tmp_path), '--examples', str(tmp_path / 'missing.py')]) == 2
   assert 'no such file' in capsys.readouterr().err
 
 
@@ -289,7 +524,6 @@ def test_the_vit_fixture_with_an_example_keeps_only_the_image_channels(tmp_path,
   import sys
 
   import jax
-  import jax.numpy as jnp
   from flax import nnx
 
   import nnx_bridge

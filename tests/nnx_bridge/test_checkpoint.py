@@ -1,7 +1,9 @@
 """Streaming orbax checkpoint conversion between the Linen and NNX layouts."""
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,8 +18,10 @@ from flax import linen as nn
 from flax import nnx
 
 from nnx_bridge import checkpoint
+from nnx_bridge.errors import ConversionInProgressError
 from nnx_bridge.errors import LossyConversionError
 from nnx_bridge.errors import StateMismatchError
+from nnx_bridge.errors import UnreadableCheckpointError
 from nnx_bridge.treemap import LeafRule
 from nnx_bridge.treemap import TreeMapping
 
@@ -310,7 +314,7 @@ _KILLED_CHILD = textwrap.dedent('''
 ''')
 
 
-def test_killed_conversion_leaves_no_destination(linen_ckpt, tmp_path):
+def test_killed_conversion_leaves_no_destination_and_the_next_run_removes_its_staging(linen_ckpt, tmp_path):
   MAPPING.save(tmp_path / 'mapping.json')
   started = tmp_path / 'started'
   child = subprocess.Popen(
@@ -329,6 +333,112 @@ def test_killed_conversion_leaves_no_destination(linen_ckpt, tmp_path):
   assert not (tmp_path / 'nnx').exists()
   staging = [name for name in os.listdir(tmp_path) if name.startswith('.nnx.')]
   assert len(staging) == 1 and os.listdir(tmp_path / staging[0])  # killed mid-write, a hidden sibling stays
+
+  assert checkpoint.clear_staging(tmp_path / 'nnx') == checkpoint.Leftovers((str(tmp_path / staging[0]),), ())
+  checkpoint.linen_to_nnx_checkpoint(linen_ckpt[0], tmp_path / 'nnx', MAPPING)
+  assert sorted(os.listdir(tmp_path)) == ['linen', 'mapping.json', 'nnx', 'started']
+
+
+def _staging(tmp_path, dst: str, owner: dict | None) -> str:
+  """A staging folder beside tmp_path/dst as a conversion leaves it, recording `owner` (None: no record)."""
+  path = tmp_path / f'.{dst}.abc123.converting'
+  (path / dst).mkdir(parents=True)
+  (path / dst / 'part').write_bytes(b'x' * 1000)
+  if owner is not None:
+    record = {'dst': str(tmp_path / dst), 'host': socket.gethostname(), 'pid': os.getpid(), **owner}
+    (path / 'linen2nnx-owner.json').write_text(json.dumps(record))
+  return str(path)
+
+
+def test_staging_folder_of_a_live_conversion_is_refused_and_kept(linen_ckpt, tmp_path):
+  path = _staging(tmp_path, 'nnx', {'started': checkpoint._process_start(os.getpid())})  # this process is alive
+  with pytest.raises(ConversionInProgressError, match='still running'):
+    checkpoint.linen_to_nnx_checkpoint(linen_ckpt[0], tmp_path / 'nnx', MAPPING)
+  assert os.path.exists(path) and not (tmp_path / 'nnx').exists()
+
+
+def test_staging_folder_of_an_ended_process_whose_pid_was_reused_is_removed(linen_ckpt, tmp_path):
+  path = _staging(tmp_path, 'nnx', {'started': 'another start time'})
+  checkpoint.linen_to_nnx_checkpoint(linen_ckpt[0], tmp_path / 'nnx', MAPPING)
+  assert not os.path.exists(path) and (tmp_path / 'nnx').is_dir()
+
+
+def test_staging_folders_that_cannot_be_checked_or_are_another_destinations_are_kept(linen_ckpt, tmp_path):
+  unowned = _staging(tmp_path, 'nnx', None)
+  other = _staging(tmp_path, 'nnx.v2', {'started': 'another start time'})  # `.nnx.v2.*` also starts `.nnx.`
+  foreign = tmp_path / '.nnx.def456.converting'
+  foreign.mkdir()
+  (foreign / 'linen2nnx-owner.json').write_text(
+      json.dumps({'dst': str(tmp_path / 'nnx'), 'host': 'another-host', 'pid': 1, 'started': None})
+  )
+
+  assert checkpoint.clear_staging(tmp_path / 'nnx') == checkpoint.Leftovers((), (unowned, str(foreign)))
+  checkpoint.linen_to_nnx_checkpoint(linen_ckpt[0], tmp_path / 'nnx', MAPPING)
+  assert all(os.path.exists(path) for path in (unowned, other, foreign)) and (tmp_path / 'nnx').is_dir()
+
+
+def test_relative_paths(linen_ckpt, tmp_path, monkeypatch):
+  _, variables = linen_ckpt
+  monkeypatch.chdir(tmp_path)
+  checkpoint.linen_to_nnx_checkpoint('linen', 'nnx', MAPPING, nnx_abstract_state=_abstract_state())
+  checkpoint.nnx_to_linen_checkpoint('nnx', 'back', MAPPING, linen_abstract_variables=_linen_abstract())
+
+  np.testing.assert_allclose(_restore_nnx(tmp_path / 'nnx')(X), LinenNet().apply(variables, X), rtol=1e-6)
+  back = ocp.StandardCheckpointer().restore(tmp_path / 'back')
+  assert np.array_equal(back['params']['Dense_1']['kernel'], variables['params']['Dense_1']['kernel'])
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_named(linen_ckpt, tmp_path):
+  (tmp_path / 'notes').mkdir()
+  (tmp_path / 'notes' / 'README').write_text('not a checkpoint')
+  with pytest.raises(UnreadableCheckpointError, match=r'notes is not an orbax checkpoint \(no _METADATA file\)'):
+    checkpoint.linen_to_nnx_checkpoint(tmp_path / 'notes', tmp_path / 'nnx', MAPPING)
+  with pytest.raises(UnreadableCheckpointError, match='README is a file'):
+    checkpoint.linen_to_nnx_checkpoint(tmp_path / 'notes' / 'README', tmp_path / 'nnx', MAPPING)
+  with pytest.raises(FileNotFoundError, match='No checkpoint at .*missing: no such folder'):
+    checkpoint.linen_to_nnx_checkpoint(tmp_path / 'missing', tmp_path / 'nnx', MAPPING)
+
+  # A CheckpointManager's folder: its steps are named.
+  (tmp_path / 'run' / '100').mkdir(parents=True)
+  os.rename(linen_ckpt[0], tmp_path / 'run' / '100' / 'default')
+  with pytest.raises(UnreadableCheckpointError, match='it holds the checkpoints 100/default: give one of those'):
+    checkpoint.linen_to_nnx_checkpoint(tmp_path / 'run', tmp_path / 'nnx', MAPPING)
+  checkpoint.linen_to_nnx_checkpoint(tmp_path / 'run' / '100' / 'default', tmp_path / 'nnx', MAPPING)
+  assert (tmp_path / 'nnx').is_dir()
+
+
+def _largest_file(folder) -> str:
+  files = [os.path.join(root, name) for root, _, names in os.walk(folder) for name in names]
+  return max(files, key=os.path.getsize)
+
+
+def _truncate(path: str) -> None:
+  with open(path, 'r+b') as stream:
+    stream.truncate(os.path.getsize(path) // 2)
+
+
+@pytest.mark.parametrize(
+    'damage, message',
+    [
+        (lambda ckpt: _truncate(ckpt / '_METADATA'), r'_METADATA cannot be read \(Expecting'),
+        (lambda ckpt: _truncate(ckpt / 'array_metadatas' / 'process_0'), r'process_0 cannot be read'),
+        (lambda ckpt: _truncate(ckpt / 'manifest.ocdbt'), r'cannot be read as an orbax checkpoint \(DATA_LOSS'),
+        # One kernel large enough to be stored apart from the metadata: it fails when its data is read.
+        (lambda ckpt: _truncate(_largest_file(ckpt)), r'cannot read one of bias, kernel \(.*"kernel/0.0"'),
+    ],
+    ids=['metadata', 'array_metadatas', 'manifest', 'array_data'],
+)
+def test_a_damaged_checkpoint_is_named_in_one_line(tmp_path, damage, message):
+  variables = nn.Dense(64).init(jax.random.key(0), jnp.ones((1, 64)))
+  _save(tmp_path / 'linen', variables['params'])
+  mapping = TreeMapping(tuple(LeafRule((name,), (('params', name),)) for name in ('kernel', 'bias')))
+  damage(tmp_path / 'linen')
+
+  with pytest.raises(UnreadableCheckpointError, match=message) as info:
+    checkpoint.linen_to_nnx_checkpoint(tmp_path / 'linen', tmp_path / 'nnx', mapping, linen_collection='params')
+  assert str(tmp_path / 'linen') in str(info.value) and 'save it or copy it again' in str(info.value)
+  assert '\n' not in str(info.value) and 'tensorstore_spec' not in str(info.value)
+  assert sorted(os.listdir(tmp_path)) == ['linen']  # neither dst nor a staging directory
 
 
 _SHARDED_CHILD = textwrap.dedent('''

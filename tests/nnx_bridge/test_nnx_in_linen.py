@@ -1,15 +1,18 @@
 """to_linen: an NNX module inside Linen, checked against the same NNX module run natively."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import errors as flax_errors
 from flax import linen as nn
 from flax import nnx
 from flax import traverse_util
 
 from nnx_bridge import collectionlib
-from nnx_bridge.errors import ImmutableCollectionError, MissingRngError, StateMismatchError
+from nnx_bridge.errors import BridgeError, ImmutableCollectionError, MissingRngError, StateMismatchError
 from nnx_bridge.state_check import check_state
 from nnx_bridge.nnx_in_linen import ToLinen, to_linen
 
@@ -430,3 +433,213 @@ def test_layer_axis_of_linen_scan_is_kept():
   for i in range(3):  # the same three layers, applied one after another
     h = h @ scanned['kernel'].value[i] + scanned['bias'][i]
   np.testing.assert_allclose(y, h, rtol=1e-6)
+
+
+# --- train / eval from the Linen parent --------------------------------------------------------
+
+
+class MigratedBlock(nnx.Module):
+  """A migrated Linen block: its `train` switch went to `train()` / `eval()`.
+
+  It starts in the other mode than the one a test runs, so the test sees the mode being set.
+  """
+
+  def __init__(self, din, dout, *, starts_in_eval: bool = False, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(din, dout, rngs=rngs)
+    self.norm = nnx.BatchNorm(dout, momentum=0.5, use_running_average=starts_in_eval, rngs=rngs)
+    self.dropout = nnx.Dropout(0.5, deterministic=starts_in_eval, rngs=rngs)
+
+  def __call__(self, x):
+    return self.dropout(self.norm(self.linear(x)))
+
+
+class LinenBlock(nn.Module):
+  """The Linen original of MigratedBlock, with the NNX attribute names, so variables match."""
+
+  features: int
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    h = nn.Dense(self.features, name='linear')(x)
+    h = nn.BatchNorm(use_running_average=not train, momentum=0.5, name='norm')(h)
+    return nn.Dropout(0.5, deterministic=not train, name='dropout')(h)
+
+
+def _block(starts_in_eval: bool, **kwargs) -> ToLinen:
+  return to_linen(MigratedBlock, 3, 4, starts_in_eval=starts_in_eval, name='block', **kwargs)
+
+
+MODE_PASSING = {  # how a Linen parent passes its mode to the block, as it did to LinenBlock
+    'train': lambda h, train: _block(train)(h, train=train),
+    'deterministic': lambda h, train: _block(train)(h, deterministic=not train),
+    'use_running_average': lambda h, train: _block(train)(h, use_running_average=not train),
+    'constructor': lambda h, train: _block(train, train=train)(h),
+    'linen': lambda h, train: LinenBlock(4, name='block')(h, train=train),
+}
+
+
+class Parent(nn.Module):
+  """A Linen model calling the block through MODE_PASSING[passing]."""
+
+  passing: str
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    return MODE_PASSING[self.passing](nn.Dense(3, name='stem')(x), train)
+
+
+def _trained_variables():
+  """Linen variables of Parent with non-trivial batch stats, so eval mode visibly uses them."""
+  variables = Parent('linen').init({'params': KEY}, X, train=False)
+  stats = variables['batch_stats']['block']['norm']
+  stats['mean'] = jnp.array([0.3, -0.1, 0.2, 0.0])
+  stats['var'] = jnp.array([2.0, 0.5, 1.0, 3.0])
+  return variables
+
+
+def _key_at_block(key):
+  """The key Linen's make_rng('dropout') gives at path 'block' (what the wrapper draws)."""
+
+  class Probe(nn.Module):
+    @nn.compact
+    def __call__(self):
+      return self.make_rng('dropout')
+
+  class Root(nn.Module):
+    @nn.compact
+    def __call__(self):
+      return Probe(name='block')()
+
+  return Root().apply({}, rngs={'dropout': key})
+
+
+BRIDGED = ['train', 'deterministic', 'use_running_average', 'constructor']
+
+
+@pytest.mark.parametrize('passing', BRIDGED)
+def test_eval_mode_init_and_apply_need_no_dropout_rng_and_match_linen(passing):
+  model = Parent(passing)
+  variables = model.init({'params': KEY}, X, train=False)  # no dropout rng in eval mode
+  linen_variables = Parent('linen').init({'params': KEY}, X, train=False)
+  assert jax.tree.map(jnp.shape, variables) == jax.tree.map(jnp.shape, linen_variables)
+  variables = _trained_variables()
+  expected = Parent('linen').apply(variables, X, train=False)
+  for apply in (model.apply, jax.jit(model.apply, static_argnames='train')):
+    y = apply(variables, X, train=False)  # no rngs, batch_stats not mutable
+    np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('passing', BRIDGED)
+def test_train_mode_uses_linen_dropout_rng_and_updates_stats_like_linen(passing):
+  model = Parent(passing)
+  variables = _trained_variables()
+  key = jax.random.key(3)
+  _, expected = Parent('linen').apply(
+      variables, X, train=True, rngs={'dropout': key}, mutable=['batch_stats']
+  )
+  native = load(MigratedBlock(3, 4, rngs=nnx.Rngs(1)), {
+      'params': variables['params']['block'], 'batch_stats': variables['batch_stats']['block']
+  })
+  stem = variables['params']['stem']
+  h = X @ stem['kernel'] + stem['bias']
+  native.train()
+  y_native = native.dropout(native.norm(native.linear(h)), rngs=nnx.RngStream(_key_at_block(key), tag='dropout'))
+  apply = functools.partial(model.apply, mutable=['batch_stats'])
+  for run in (apply, jax.jit(apply, static_argnames='train')):
+    y, updates = run(variables, X, train=True, rngs={'dropout': key})
+    np.testing.assert_allclose(y, y_native, rtol=1e-6, atol=1e-6)
+    assert_trees_close(updates, expected)
+  assert_trees_close(updates['batch_stats']['block'], variables_of(native)['batch_stats'])
+  assert not np.allclose(updates['batch_stats']['block']['norm']['mean'],
+                         variables['batch_stats']['block']['norm']['mean'])
+  assert (y == 0).any() and not np.array_equal(
+      y, apply(variables, X, train=True, rngs={'dropout': jax.random.key(4)})[0]
+  )
+
+
+def test_train_mode_without_dropout_rng_or_mutable_fails_where_linen_fails():
+  variables = _trained_variables()
+  with pytest.raises(flax_errors.InvalidRngError, match='dropout'):
+    Parent('linen').apply(variables, X, train=True, mutable=['batch_stats'])
+  with pytest.raises(MissingRngError, match=r"\['dropout'\].*rngs=\{'dropout': key\}"):
+    Parent('train').apply(variables, X, train=True, mutable=['batch_stats'])
+  with pytest.raises(flax_errors.ModifyScopeVariableError, match='batch_stats'):
+    Parent('linen').apply(variables, X, train=True, rngs={'dropout': KEY})
+  with pytest.raises(ImmutableCollectionError, match=r"at 'block' wrote to batch_stats/norm/mean.*mutable=\['batch_stats'\]"):
+    Parent('train').apply(variables, X, train=True, rngs={'dropout': KEY})
+
+
+def test_mode_must_be_static_and_given_once():
+  module = to_linen(MigratedBlock, 3, 4, train=False)
+  block_variables = module.init(KEY, X)
+  with pytest.raises(BridgeError, match=r"train=.*must be a Python bool.*static_argnames=\['train'\]"):
+    jax.jit(lambda v, train: to_linen(MigratedBlock, 3, 4).apply(v, X, train=train))(block_variables, True)
+  with pytest.raises(BridgeError, match='both to to_linen and at call time'):
+    module.apply(block_variables, X, train=True)
+  with pytest.raises(BridgeError, match='train=True, deterministic=True contradict each other'):
+    to_linen(MigratedBlock, 3, 4).apply(block_variables, X, train=True, deterministic=True)
+
+
+@pytest.mark.parametrize('train', [False, True])
+def test_mode_reaches_blocks_under_linen_vmap(train):
+  def ensemble(make_block):
+    class Ensemble(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        def member(module, x):
+          return make_block()(x, train=train)
+
+        return nn.vmap(
+            member, variable_axes={'params': 0, 'batch_stats': 0},
+            split_rngs={'params': True, 'dropout': True}, in_axes=None, axis_size=2,
+        )(self, x)
+
+    return Ensemble()
+
+  bridged = ensemble(lambda: _block(train))
+  linen = ensemble(lambda: LinenBlock(4, name='block'))
+  rngs = {'params': KEY, 'dropout': KEY} if train else {'params': KEY}
+  variables = bridged.init(rngs, X)
+  assert jax.tree.map(jnp.shape, variables) == jax.tree.map(jnp.shape, linen.init(rngs, X))
+  if not train:
+    np.testing.assert_allclose(bridged.apply(variables, X), linen.apply(variables, X), rtol=1e-6)
+    return
+  kwargs = {'rngs': {'dropout': KEY}, 'mutable': ['batch_stats']}
+  y, updates = bridged.apply(variables, X, **kwargs)
+  y_linen, expected = linen.apply(variables, X, **kwargs)
+  assert_trees_close(updates, expected)  # BatchNorm runs before Dropout: stats do not see masks
+  kept = (y != 0) & (y_linen != 0)
+  assert (y == 0).any() and kept.any()
+  np.testing.assert_allclose(y[kept], y_linen[kept], rtol=1e-6)  # same normalization and scale
+
+
+class FrozenNormBlock(nnx.Module):
+  """An NNX module that takes `deterministic` itself, with a BatchNorm frozen in eval mode."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.norm = nnx.BatchNorm(3, use_running_average=True, rngs=rngs)
+    self.dropout = nnx.Dropout(0.5, rngs=rngs)
+
+  def __call__(self, x, deterministic: bool):
+    return self.dropout(self.norm(x), deterministic=deterministic)
+
+
+def test_mode_argument_the_nnx_method_takes_is_passed_and_sets_no_mode():
+  module = to_linen(FrozenNormBlock)
+  variables = module.init({'params': KEY, 'dropout': KEY}, X, deterministic=True)
+  # train() would unfreeze the norm and write batch_stats, which are immutable here
+  y = module.apply(variables, X, deterministic=False, rngs={'dropout': KEY})
+  native = load(FrozenNormBlock(rngs=nnx.Rngs(1)), variables)
+  expected = native.dropout(native.norm(X), deterministic=False,
+                            rngs=nnx.RngStream(_key_at_root(KEY), tag='dropout'))
+  np.testing.assert_allclose(y, expected, rtol=1e-6)
+  np.testing.assert_allclose(module.apply(variables, X, deterministic=True), native.norm(X), rtol=1e-6)
+
+
+def _key_at_root(key):
+  class Probe(nn.Module):
+    @nn.compact
+    def __call__(self):
+      return self.make_rng('dropout')
+
+  return Probe().apply({}, rngs={'dropout': key})

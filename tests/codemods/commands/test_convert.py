@@ -1,6 +1,10 @@
 """`linen2nnx convert` on the bundled MLP: both directions, and refusals that write nothing."""
 
+import json
+import os
 import pathlib
+import socket
+import subprocess
 import sys
 
 import jax
@@ -10,6 +14,7 @@ import pytest
 from flax import nnx
 
 from codemods import cli
+from nnx_bridge import checkpoint
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / 'fixtures' / 'examples'
 MODELS = [f'--linen={EXAMPLES}/mlp_linen.py:MLP', f'--nnx={EXAMPLES}/mlp_nnx.py:MLP', '--input', 'x=float32[3,8]']
@@ -65,3 +70,92 @@ def test_checkpoint_of_another_model_writes_nothing(tmp_path, linen_checkpoint, 
   assert cli.main(argv) == 1
   assert 'nothing written' in capsys.readouterr().err
   assert not (tmp_path / 'nnx').exists()
+
+
+def test_relative_paths_from_the_working_directory(tmp_path, linen_checkpoint, example_classes, monkeypatch):
+  _, variables = linen_checkpoint
+  linen_class, nnx_class = example_classes
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(['convert', 'linen', 'nnx', *MODELS]) == 0
+  model = nnx_class(8, rngs=nnx.Rngs(0))
+  with ocp.StandardCheckpointer() as checkpointer:
+    nnx.update(model, checkpointer.restore(tmp_path / 'nnx', nnx.state(model, nnx.Not(nnx.RngState))))
+  x = jax.random.normal(jax.random.key(1), (3, 8))
+  np.testing.assert_array_equal(model(x), linen_class().apply(variables, x))
+
+
+def _one_line_error(argv, capsys) -> str:
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err
+  assert err.count('\n') == 1 and 'Traceback' not in err, err
+  return err
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_a_usage_error(tmp_path, capsys):
+  (tmp_path / 'logs').mkdir()
+  (tmp_path / 'logs' / 'events.txt').write_text('step 1')
+  err = _one_line_error(['convert', str(tmp_path / 'logs'), str(tmp_path / 'nnx'), *MODELS], capsys)
+  assert f'{tmp_path / "logs"} is not an orbax checkpoint (no _METADATA file)' in err
+  assert not (tmp_path / 'nnx').exists()
+
+
+def test_inputs_the_linen_model_does_not_take_are_a_usage_error(tmp_path, linen_checkpoint, capsys):
+  src, _ = linen_checkpoint
+  argv = ['convert', str(src), str(tmp_path / 'nnx'), *MODELS[:2], '--input', 'y=float32[3,8]']
+  err = _one_line_error(argv, capsys)
+  assert "the Linen model MLP fails on the inputs y=float32[3,8]: TypeError: " in err
+  assert 'give --input the names, ranks and sizes MLP.__call__(x) takes' in err
+
+
+_CLI = 'import sys; from codemods.cli import main; sys.exit(main(sys.argv[1:]))'
+
+
+def test_a_damaged_checkpoint_is_one_line_on_stderr_and_exit_2(tmp_path, linen_checkpoint):
+  """In a process of its own: orbax's abandoned reads are reported after the error, as the process ends."""
+  src, _ = linen_checkpoint
+  (node,) = (src / 'd').iterdir()  # the b-tree node every leaf's metadata is read through
+  with open(node, 'r+b') as stream:
+    stream.truncate(100)
+  result = subprocess.run([sys.executable, '-c', _CLI, 'convert', str(src), str(tmp_path / 'nnx'), *MODELS],
+                          capture_output=True, text=True, check=False)
+  lines = result.stderr.splitlines()
+  assert result.returncode == 2 and len(lines) == 1, result.stderr
+  assert lines[0].startswith(f'linen2nnx convert: {src} cannot be read as an orbax checkpoint (OUT_OF_RANGE: ')
+  assert lines[0].endswith('the checkpoint is damaged (truncated or overwritten): save it or copy it again')
+  assert sorted(os.listdir(tmp_path)) == ['linen']
+
+
+def _leftover(tmp_path, owner: dict | None) -> pathlib.Path:
+  """A staging folder as a killed `convert SRC nnx` leaves it, with its owner record (None: none)."""
+  staging = tmp_path / '.nnx.k1ll3d.converting'
+  (staging / 'nnx').mkdir(parents=True)
+  (staging / 'nnx' / 'part').write_bytes(b'\0' * 2_000_000)
+  if owner is not None:
+    record = {'dst': str(tmp_path / 'nnx'), 'host': socket.gethostname(), 'pid': os.getpid(), **owner}
+    (staging / 'linen2nnx-owner.json').write_text(json.dumps(record))
+  return staging
+
+
+def test_a_killed_conversions_staging_folder_is_removed_by_the_next_run(tmp_path, linen_checkpoint, capsys):
+  src, _ = linen_checkpoint
+  staging = _leftover(tmp_path, {'started': 'not this process'})  # its pid now belongs to another process
+  assert cli.main(['convert', str(src), str(tmp_path / 'nnx'), *MODELS]) == 0
+  assert f'removed {staging}, left by a conversion that was killed' in capsys.readouterr().err
+  assert sorted(os.listdir(tmp_path)) == ['linen', 'nnx']
+
+
+def test_a_staging_folder_without_an_owner_is_named_and_kept(tmp_path, linen_checkpoint, capsys):
+  src, _ = linen_checkpoint
+  staging = _leftover(tmp_path, None)
+  assert cli.main(['convert', str(src), str(tmp_path / 'nnx'), *MODELS]) == 0
+  err = capsys.readouterr().err
+  assert f'note: {staging} (2 MB) was left by an earlier conversion into {tmp_path / "nnx"}' in err
+  assert staging.is_dir() and (tmp_path / 'nnx').is_dir()
+
+
+def test_a_staging_folder_of_a_running_conversion_is_a_usage_error(tmp_path, linen_checkpoint, capsys):
+  src, _ = linen_checkpoint
+  staging = _leftover(tmp_path, {'started': checkpoint._process_start(os.getpid())})  # this very process
+  err = _one_line_error(['convert', str(src), str(tmp_path / 'nnx'), *MODELS], capsys)
+  assert f'{staging} is being written by process {os.getpid()}' in err and 'still running' in err
+  assert staging.is_dir() and not (tmp_path / 'nnx').exists()

@@ -122,7 +122,6 @@ def test_compiled_code_does_the_same_work(migrated):
 
 def test_the_flop_check_tells_models_apart():
   """The FLOP comparison above can fail: a port with a wider hidden layer compiles to more work."""
-  import jax
   import jax.numpy as jnp
   from flax import nnx
 

@@ -184,3 +184,107 @@ def test_the_json_report_records_each_converted_class_the_same_with_any_jobs(tmp
       ('rngs', 'rngs', None),
   ]
   assert [(c['linen_name'], c['nnx_attribute']) for c in model['children']] == [('Block_0', 'block'), ('Dense_0', 'linear')]
+
+
+# --- the whole run decides: seams between files, the summary, --fail-on-todo -------------------------------
+
+LAYERS = '''import flax.linen as nn
+
+
+class Block(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.relu(nn.Dense(self.features)(x))
+'''
+# A Linen tower in another file that cannot be converted (nn.with_logical_constraint) builds the block.
+TOWER = '''import flax.linen as nn
+
+from pkg.layers import Block
+
+
+class Tower(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    x = Block(self.features)(x)
+    return nn.with_logical_constraint(x, ('batch', 'embed'))
+'''
+TRAIN = '''import jax.numpy as jnp
+
+from pkg.layers import Block
+
+
+def init_block(rng):
+  block = Block(3)
+  return block.init(rng, jnp.ones((1, 4)))
+'''
+
+
+def _package(tmp_path, monkeypatch, **files: str) -> None:
+  monkeypatch.chdir(tmp_path)
+  pathlib.Path('pkg').mkdir()
+  pathlib.Path('pkg/__init__.py').write_text('')
+  for name, text in files.items():
+    pathlib.Path(f'pkg/{name}.py').write_text(text)
+
+
+def _run_tower(root: pathlib.Path) -> list:
+  """Imports pkg.models from `root` in a fresh interpreter and applies the tower: what the original program ran."""
+  code = ('import jax, jax.numpy as jnp\nfrom pkg.models import Tower\nm = Tower(3)\nx = jnp.ones((2, 4))\n'
+          'print(m.apply(m.init(jax.random.key(0), x), x).tolist())\n')
+  run = subprocess.run([sys.executable, '-c', code], cwd=root, capture_output=True, text=True)
+  assert run.returncode == 0, run.stderr
+  return json.loads(run.stdout)
+
+
+def test_a_class_another_file_builds_from_linen_stays_linen_and_the_program_runs(tmp_path, monkeypatch, capsys):
+  _package(tmp_path, monkeypatch, layers=LAYERS, models=TOWER)
+  before = _run_tower(tmp_path)
+  assert _main('pkg', '--write', '-j', '1') == 0
+  err = capsys.readouterr().err
+  assert ('pkg/layers.py:4:1: L2N002 todo: class Block kept as Linen: the class Tower of pkg/models.py, which stays '
+          'Linen, builds it') in err
+  assert 'class Block(nn.Module)' in pathlib.Path('pkg/layers.py').read_text()
+  assert 'classes: 0 converted, 2 kept as Linen, 0 bridged with nnx_bridge; 2 TODOs left' in err
+  assert '1 used by a class that stays Linen' in err
+  assert _run_tower(tmp_path) == before
+  assert _main('pkg', '--check', '-j', '2') == 0  # a second run changes nothing
+
+
+def test_plain_code_using_a_converted_class_gets_a_todo_at_its_line(tmp_path, monkeypatch, capsys):
+  _package(tmp_path, monkeypatch, layers=LAYERS, train=TRAIN)
+  assert _main('pkg', '--write', '-j', '2', '--report-json', 'report.json') == 0
+  err = capsys.readouterr().err
+  assert 'pkg/train.py:7:3: L2N000 todo: Block is now an NNX module and needs linear_in_features, rngs here' in err
+  assert 'pkg/train.py:8:3: L2N000 todo: .init() of a Linen module, on Block, now an NNX module' in err
+  lines = pathlib.Path('pkg/train.py').read_text().splitlines()
+  assert lines[6].startswith('  # TODO(linen2nnx): Block is now an NNX module') and lines[7] == '  block = Block(3)'
+  fates = json.loads(pathlib.Path('report.json').read_text())['fates']
+  assert fates == {'converted': 1, 'kept_linen': 0, 'kept_because': {}, 'bridged': 0, 'todos': 2}
+  assert _main('pkg', '--check', '-j', '1') == 0  # the TODOs are not added again
+  assert _main('pkg', '--check', '--fail-on-todo') == 1  # TODOs left: CI fails
+
+
+def test_fail_on_todo_from_the_project_settings(tmp_path, monkeypatch):
+  _package(tmp_path, monkeypatch, layers=LAYERS)
+  assert _main('pkg', '--check') == 1 and _main('pkg', '--write') == 0 and _main('pkg', '--check') == 0
+  pathlib.Path('pkg/train.py').write_text(TRAIN)
+  assert _main('pkg', '--write') == 0  # TODOs added, no failure without the setting
+  pathlib.Path('pyproject.toml').write_text('[tool.linen2nnx]\nfail-on-todo = true\n')
+  assert _main('pkg', '--check') == 1
+  pathlib.Path('pyproject.toml').write_text('[tool.linen2nnx]\nfail-on-todo = "yes"\n')
+  assert _main('pkg', '--check') == 2  # a wrong value is a usage error
+
+
+def test_a_closed_pipe_in_diff_mode_ends_quietly(tmp_path):
+  for i in range(20):
+    (tmp_path / f'm{i}.py').write_text(LINEN)
+  diff = subprocess.Popen([sys.executable, '-m', 'codemods.cli', 'migrate', str(tmp_path), '-j', '1'],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  diff.stdout.readline()
+  diff.stdout.close()  # the reader goes away, as `| head -1` does
+  _, err = diff.communicate()
+  assert b'Traceback' not in err and diff.returncode == 141

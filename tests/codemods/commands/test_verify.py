@@ -72,12 +72,52 @@ def test_mapping_is_written_and_can_be_given_back(tmp_path, capsys):
         (['mlp_linen.py:Nope', 'mlp_nnx.py:MLP', '--input', 'x=float32[3,8]'], "has no 'Nope'"),
         (['mlp_linen.py:MLP', 'mlp_nnx.py:MLP', '--input', 'x=float32[3,8]', '--nnx-kwargs', '{"depth": 2}'],
          'takes no'),
+        # Inputs the Linen model (the reference) fails on: the command line is wrong, not the port.
+        (['mlp_linen.py:MLP', 'mlp_nnx.py:MLP', '--input', 'y=float32[3,8]'],
+         ("the Linen model MLP fails on the inputs y=float32[3,8]: TypeError: MLP.__call__() got an unexpected "
+          "keyword argument 'y'; give --input the names, ranks and sizes MLP.__call__(x) takes")),
+        (['mlp_linen.py:MLP', 'mlp_nnx.py:MLP', '--input', 'x=floot32[3,8]'], "--input 'x=floot32[3,8]': unknown dtype 'floot32'"),
+        (['mlp_linen.py:MLP', 'mlp_nnx.py:MLP', '--input', 'x=float32[3,0]'],
+         'the Linen model MLP fails on the inputs x=float32[3,0]: ZeroDivisionError: division by zero'),
+        (['cnn_linen.py:CNN', 'cnn_nnx.py:CNN', '--input', 'x=float32[2,28,28]'],
+         ('the Linen model CNN fails on the inputs x=float32[2,28,28]: ZeroDivisionError: integer modulo by zero '
+          '(at cnn_linen.py:19); give --input the names, ranks and sizes CNN.__call__(x) takes')),
     ],
 )
-def test_usage_errors_exit_2(argv, message, capsys, monkeypatch):
+def test_usage_errors_exit_2_in_one_line(argv, message, capsys, monkeypatch):
   monkeypatch.chdir(EXAMPLES)
   assert verify(*argv) == 2
-  assert message in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert message in err and err.count('\n') == 1, err
+
+
+def test_inputs_from_an_examples_file_that_the_linen_model_fails_on(tmp_path, capsys):
+  examples = tmp_path / 'head_examples.py'
+  examples.write_text(
+      'import flax.linen as nn\n'
+      'import jax.numpy as jnp\n'
+      'from flax import nnx\n\n'
+      'class Head(nn.Module):\n'
+      '  @nn.compact\n'
+      '  def __call__(self, x):\n'
+      '    return nn.Dense(2)(x)\n\n'
+      'class NNXHead(nnx.Module):\n'
+      '  def __init__(self, in_features, *, rngs):\n'
+      '    self.linear = nnx.Linear(in_features, 2, rngs=rngs)\n\n'
+      '  def __call__(self, x):\n'
+      '    return self.linear(x)\n\n'
+      'def scalar():\n'
+      '  return Head(), (jnp.float32(1.0),)\n\n'
+      'def batch():\n'
+      '  return Head(), (jnp.ones((3, 8)),)\n'
+  )
+  argv = ['-', f'{examples}:NNXHead', '--examples', str(examples)]
+  assert verify(*argv, '--example', 'scalar') == 2
+  err = capsys.readouterr().err
+  assert 'the Linen model Head fails on the inputs float32[]: IndexError' in err
+  assert f'{examples.name}:8); fix the inputs {examples} returns' in err
+  assert verify(*argv, '--example', 'batch') == 0  # inputs Head takes
+  assert 'RESULT: the NNX port matches the Linen model' in capsys.readouterr().out
 
 
 @pytest.mark.slow

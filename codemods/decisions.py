@@ -1,0 +1,69 @@
+"""The run's decisions across files, taken once every file is migrated in memory (the engine's *decide* phase).
+
+The rules decide one file at a time; `find_seams` (`analysis/seams.py`) then reads the migrated run
+for uses of NNX classes that would break. `decide_run` turns them into decisions:
+
+- a class this run converted that a Linen class builds or subclasses (in any file) is kept as
+  Linen: its file is migrated again with it in `kept_classes`, and the run is checked again, until
+  no such use is left (the kept classes only grow, so this ends);
+- any other broken use (an NNX class built without the arguments its `__init__` requires, `.init`
+  / `.apply` on one, or a Linen class building an NNX class the run did not convert) gets a TODO
+  right above its statement (`with_todos`), reported as an `L2N000` entry. A TODO already there is
+  not added again, so that a second run changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+from codemods.analysis.seams import LINEN_BUILDS_NNX
+from codemods.analysis.seams import LINEN_SUBCLASSES_NNX
+from codemods.analysis.seams import Seam
+from codemods.analysis.seams import find_seams
+
+SEAMS_CODE = 'L2N000'  # the code of the report entries for run-wide findings
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDecision:
+  """What to do next: classes to keep Linen (by file, with why), else the TODOs to add and report (by file)."""
+
+  keep: dict[str, dict[str, str]]
+  todos: dict[str, list[Seam]]
+
+
+def decide_run(sources: tp.Mapping[str, str], converted: tp.Mapping[str, tp.Collection[str]],
+               roots: tp.Sequence[str] = ()) -> RunDecision:
+  """The decision for the migrated .py `sources` (path -> code); `converted`: the classes this run converted,
+  by file."""
+  keep: dict[str, dict[str, str]] = {}
+  todos: dict[str, list[Seam]] = {}
+  for seam in find_seams(sources, roots):
+    name = seam.target.rpartition('.')[2]
+    if seam.kind in (LINEN_BUILDS_NNX, LINEN_SUBCLASSES_NNX) and name in converted.get(seam.target_path, ()):
+      verb = 'builds' if seam.kind == LINEN_BUILDS_NNX else 'subclasses'
+      keep.setdefault(seam.target_path, {}).setdefault(
+          name, f'the class {seam.user} of {seam.path}, which stays Linen, {verb} it')
+    else:
+      todos.setdefault(seam.path, []).append(seam)
+  return RunDecision(keep, {} if keep else todos)
+
+
+def with_todos(source: str, seams: tp.Sequence[Seam]) -> str:
+  """`source` with each seam's TODO line right above its statement, at its indentation, unless already there."""
+  lines = source.splitlines(keepends=True)
+  for line, group in sorted(_by_line(seams).items(), reverse=True):
+    text = lines[line - 1]
+    indent = text[:len(text) - len(text.lstrip())]
+    newline = '\r\n' if text.endswith('\r\n') else '\n'
+    lines[line - 1:line - 1] = [f'{indent}{seam.todo}{newline}' for seam in group if not seam.flagged]
+  return ''.join(lines)
+
+
+def _by_line(seams: tp.Sequence[Seam]) -> dict[int, list[Seam]]:
+  found: dict[int, list[Seam]] = {}
+  for seam in seams:
+    if all(s.todo != seam.todo for s in found.get(seam.line, ())):
+      found.setdefault(seam.line, []).append(seam)
+  return found

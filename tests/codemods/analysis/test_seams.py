@@ -1,0 +1,109 @@
+"""find_seams: the uses of NNX classes a migrated tree would break on, across files, and none where the code works."""
+
+import dataclasses
+
+from codemods.analysis import seams
+from codemods.analysis.seams import find_seams
+
+LAYERS = '''from flax import nnx
+
+
+class Block(nnx.Module):
+  def __init__(self, features: int, *, linear_in_features: int, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(linear_in_features, features, rngs=rngs)
+
+  def __call__(self, x):
+    return self.linear(x)
+'''
+
+BROKEN_MODELS = '''import flax.linen as nn
+
+from pkg.layers import Block
+
+
+class Tower(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return Block(3)(x)
+
+
+class Wider(Block):
+  features: int
+
+  def setup(self):
+    pass
+'''
+
+BROKEN_TRAIN = '''import jax.numpy as jnp
+
+from pkg import layers
+
+
+def init(rng):
+  block = layers.Block(3)
+  return block.init(rng, jnp.ones((1, 4)))
+
+
+def init_again(rng):
+  return layers.Block(3, linear_in_features=4, rngs=rng).init_with_output(rng, jnp.ones((1, 4)))
+'''
+
+WORKING_MODELS = '''import flax.linen as nn
+from flax import nnx
+
+import nnx_bridge
+from pkg.layers import Block
+
+
+class Tower(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nnx_bridge.to_linen(Block, 3, linear_in_features=4)(x)
+
+
+def build(features: int):
+  block: Block = Block(features, linear_in_features=4, rngs=nnx.Rngs(0))
+  return block(1.0)
+'''
+
+
+def _seams(tmp_path, **files: str) -> list[seams.Seam]:
+  """The seams of a package `pkg` (its layers and `files`), written under tmp_path, with paths relative to it."""
+  tree = {'pkg/__init__.py': '', 'pkg/layers.py': LAYERS, **{f'pkg/{k}.py': v for k, v in files.items()}}
+  for path, text in tree.items():
+    (tmp_path / path).parent.mkdir(exist_ok=True)
+    (tmp_path / path).write_text(text)
+  found = find_seams({str(tmp_path / path): text for path, text in tree.items()}, [str(tmp_path)])
+  relative = lambda path: path[len(str(tmp_path)) + 1:]
+  return [dataclasses.replace(s, path=relative(s.path), target_path=relative(s.target_path)) for s in found]
+
+
+def test_each_kind_of_broken_use_is_found_across_files(tmp_path):
+  found = _seams(tmp_path, models=BROKEN_MODELS, train=BROKEN_TRAIN)
+  assert [(s.path, s.line, s.kind, s.user) for s in found] == [
+      ('pkg/models.py', 9, seams.LINEN_BUILDS_NNX, 'Tower'),
+      ('pkg/models.py', 12, seams.LINEN_SUBCLASSES_NNX, 'Wider'),
+      ('pkg/train.py', 7, seams.MISSING_ARGUMENTS, None),
+      ('pkg/train.py', 8, seams.LINEN_API_ON_NNX, None),
+      ('pkg/train.py', 12, seams.LINEN_API_ON_NNX, None),
+  ]
+  assert all(s.target == 'pkg.layers.Block' and s.target_path == 'pkg/layers.py' for s in found)
+  missing = found[2]
+  assert 'needs linear_in_features, rngs here' in missing.message and not missing.flagged
+
+
+def test_working_uses_are_not_seams(tmp_path):
+  """Bridged with to_linen, built with every required argument, named in an annotation: nothing to report."""
+  assert _seams(tmp_path, models=WORKING_MODELS) == []
+
+
+def test_a_use_whose_todo_is_already_there_is_flagged(tmp_path):
+  found = _seams(tmp_path, train=BROKEN_TRAIN)
+  lines = BROKEN_TRAIN.splitlines(keepends=True)
+  lines.insert(6, f'  {found[0].todo}\n')
+  again = _seams(tmp_path, train=''.join(lines))
+  assert [s.flagged for s in again] == [True, False, False]
+
+
+def test_files_that_do_not_parse_are_left_out(tmp_path):
+  assert {s.path for s in _seams(tmp_path, train='def broken(:\n', models=BROKEN_MODELS)} == {'pkg/models.py'}
