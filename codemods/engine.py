@@ -3,10 +3,12 @@
 First the .py files are looked over together for the run's Linen class hierarchy
 (`analysis/hierarchy.py`), so that a subclass of a project base class of another file is known to be a
 Linen module. Then each file is skipped unless it mentions flax or linen or defines such a
-subclass, migrated (`transform.py`, or `notebooks.py` for .ipynb), checked to still parse,
-diffed and, with `write=True`, replaced atomically. A file that fails is reported and left
-untouched; the others go on. Outcomes are sorted by path, so the result does not depend on the
-order of `paths` nor on `jobs`.
+subclass, migrated in memory (`transform.py`, or `notebooks.py` for .ipynb), checked to still
+parse and diffed. Then the run is decided across files (`decisions.py`: classes another file's
+Linen class uses are kept Linen and their files migrated again; other broken uses of NNX classes
+get a TODO), and only then, with `write=True`, are the changed files replaced atomically. A file
+that fails is reported and left untouched; the others go on. Outcomes are sorted by path, so the
+result does not depend on the order of `paths` nor on `jobs`.
 
 With more than one job, files are migrated in worker processes (`workers.py`) that never import from the
 migrated tree or the working directory, under a per-file time and memory limit (`workers.Limits`), and a
@@ -45,6 +47,7 @@ from codemods.report import UNCHANGED
 from codemods.report import Entry
 from codemods.report import FileOutcome
 from codemods.report import MigrationResult
+from codemods.rule import TODO_PREFIX
 from codemods.rule import MigrationRule
 from codemods.transform import MigrationError
 from codemods.transform import transform_source
@@ -62,6 +65,7 @@ _CHAIN_OPERATORS = frozenset({'.', '+', '-', '*', '/', '//', '%', '@', '**', '<<
 _CHAIN_KEYWORDS = frozenset({'and', 'or', 'not', 'if', 'else', 'lambda', 'await'})
 _SEPARATORS = frozenset({',', ':', '=', ';'})
 _CLASS_NAME = re.compile(rb'^class\s+(\w+)', re.MULTILINE)
+_TODO_LINE = re.compile(rb'^[ \t"]*' + re.escape(TODO_PREFIX.encode()), re.MULTILINE)
 _TRIVIA = frozenset({tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT})
 
 
@@ -125,6 +129,8 @@ def migrate(
     bar.close()
   rerun = lambda tasks: _outcomes(_run(tasks, rules, jobs, options, hierarchy, limits))
   outcomes = _settle(outcomes, originals, roots, rerun)
+  outcomes = {path: dataclasses.replace(outcome, todos=_todos(outcome.source or originals.get(path, b'')))
+              for path, outcome in outcomes.items()}
   if write:
     outcomes = {path: _write(outcome, originals.get(path, b'')) for path, outcome in outcomes.items()}
   return MigrationResult(tuple(outcomes[path] for path in sorted(outcomes)), written=write)
@@ -191,6 +197,11 @@ def _write(outcome: FileOutcome, original: bytes) -> FileOutcome:
     if os.environ.get(SLEEP_ENV):
       time.sleep(float(os.environ[SLEEP_ENV]))
   return outcome
+
+
+def _todos(data: bytes) -> int:
+  """The TODO(linen2nnx) comment lines of a file (of a notebook's JSON too: one per line of a cell's source)."""
+  return len(_TODO_LINE.findall(data))
 
 
 def _text(data: bytes, original: bytes) -> str:

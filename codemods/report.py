@@ -83,6 +83,7 @@ class FileOutcome:
   error: str = ''
   classes: tuple[ConvertedClass, ...] = ()
   source: bytes | None = dataclasses.field(default=None, repr=False)  # a changed file's new content (not in JSON)
+  todos: int = 0  # the TODO(linen2nnx) lines the file holds after the run, old ones included
 
   def entry_lines(self) -> list[str]:
     """`path:line:col: CODE kind: message` lines, the format compilers and editors link to."""
@@ -113,7 +114,7 @@ class MigrationResult:
 
   def fates(self) -> dict[str, tp.Any]:
     """What became of the Linen classes: `converted`, `kept_linen` (with `kept_because`: reason -> count),
-    `bridged` (Linen children wrapped with nnx_bridge), and `todos` (TODO entries left)."""
+    `bridged` (Linen children wrapped with nnx_bridge), and `todos` (the TODO(linen2nnx) lines the files hold)."""
     entries = [e for outcome in self.files for e in outcome.entries]
     reasons = [_kept_reason(m.group(2)) for e in entries if e.kind == 'todo' and (m := _KEPT.match(e.message))]
     return {
@@ -121,7 +122,7 @@ class MigrationResult:
         'kept_linen': len(reasons),
         'kept_because': dict(collections.Counter(reasons).most_common()),
         'bridged': sum(1 for e in entries if e.kind == 'todo' and 'wrapped with nnx_bridge.' in e.message),
-        'todos': sum(1 for e in entries if e.kind == 'todo'),
+        'todos': sum(outcome.todos for outcome in self.files),
     }
 
   def input_sizes(self) -> dict[str, int]:
@@ -142,6 +143,7 @@ class MigrationResult:
                 'path': outcome.path,
                 'status': outcome.status,
                 'error': outcome.error or None,
+                'todos': outcome.todos,
                 'entries': [dataclasses.asdict(entry) for entry in outcome.entries],
                 'classes': [dataclasses.asdict(record) for record in outcome.classes],
             }

@@ -176,8 +176,14 @@ class MigrationRule(VisitorBasedCodemodCommand):
     self.context.scratch.setdefault(REPORT_KEY, []).append(entry)
 
   def _statement_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The statement a TODO goes above; for the first decorator, the decorated definition, whose leading lines
+    a comment above the decorators parses back into (so that a second run finds it there)."""
     while node is not None and not isinstance(node, _STATEMENTS):
       node = self.get_metadata(ParentNodeProvider, node, None)
+    if isinstance(node, cst.Decorator):
+      owner = self.get_metadata(ParentNodeProvider, node, None)
+      if isinstance(owner, (cst.FunctionDef, cst.ClassDef)) and owner.decorators and owner.decorators[0] is node:
+        return owner
     return node
 
 

@@ -118,9 +118,8 @@ def test_static_argnums_keep_their_numbers():
 def test_other_remats_stay_linen_with_a_todo(remat, reason):
   source = STATIC.format(remat=remat).replace('class M', 'n = 2\n\n\nclass M')
   result = transform_source(source, RULES)
-  assert 'class Block(nnx.Module)' in result.source  # the rematted class alone converts
   assert 'class M(nn.Module)' in result.source and 'nnx.remat(' not in result.source
-  (todo,) = [e for e in result.entries if e.kind == 'todo']
+  todo = _kept_with(result, 'Block')  # M stays Linen and runs Block through nn.remat: Block stays Linen too
   assert todo.message.startswith('class M left as Linen: ') and reason in todo.message, todo.message
   assert f'# TODO(linen2nnx): {todo.message}' in result.source
 
@@ -135,5 +134,14 @@ def test_rematted_submodule_used_otherwise_stays_linen(body, reason):
   source = STATIC.replace('    return {remat}(3)(x, True)\n', body).format(remat='nn.remat(Block)')
   result = transform_source(source, RULES)
   assert 'class M(nn.Module)' in result.source
-  (todo,) = [e for e in result.entries if e.kind == 'todo']
+  todo = _kept_with(result, 'Block')
   assert reason in todo.message, todo.message
+
+
+def _kept_with(result, child: str):
+  """The TODO of the class M left as Linen, after checking that `child`, which M uses, was kept Linen with it."""
+  todos = {e.message.split(' ')[1]: e for e in result.entries if e.kind == 'todo'}
+  assert set(todos) == {'M', child}, todos
+  assert f'class {child}(nn.Module)' in result.source
+  assert todos[child].message.startswith(f'class {child} kept as Linen: the class M, left as Linen, uses it')
+  return todos['M']

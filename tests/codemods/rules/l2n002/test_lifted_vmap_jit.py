@@ -105,6 +105,15 @@ class M(nn.Module):
 ])
 def test_other_lifted_options_stay_linen_with_a_todo(lifted, reason):
   result = transform_source(LIFTED.format(lifted=lifted), RULES)
-  assert 'class Block(nnx.Module)' in result.source and 'class M(nn.Module)' in result.source
-  (todo,) = [e for e in result.entries if e.kind == 'todo']
+  assert 'class M(nn.Module)' in result.source
+  todo = _kept_with(result, 'Block')  # M stays Linen and lifts Block with a Linen transform: Block stays Linen too
   assert todo.message.startswith('class M left as Linen: ') and reason in todo.message, todo.message
+
+
+def _kept_with(result, child: str):
+  """The TODO of the class M left as Linen, after checking that `child`, which M uses, was kept Linen with it."""
+  todos = {e.message.split(' ')[1]: e for e in result.entries if e.kind == 'todo'}
+  assert set(todos) == {'M', child}, todos
+  assert f'class {child}(nn.Module)' in result.source
+  assert todos[child].message.startswith(f'class {child} kept as Linen: the class M, left as Linen, uses it')
+  return todos['M']
