@@ -12,7 +12,8 @@ result does not depend on the order of `paths` nor on `jobs`.
 
 With more than one job, files are migrated in worker processes (`workers.py`) that never import from the
 migrated tree or the working directory, under a per-file time and memory limit (`workers.Limits`), and a
-worker that crashes is replaced. With `jobs=1` the files are migrated in this process, under the time limit only;
+worker that crashes is replaced. With `jobs=1`, or a single file to migrate, the files are migrated in this
+process, under the time limit only;
 in both modes a file nested deeper than `MAX_NESTING` is failed before libcst parses it, since libcst's
 recursive parser overflows the C stack (a segfault) on such input.
 """
@@ -306,7 +307,7 @@ def _code(path: str, data: bytes) -> list[bytes]:
 
 def _run(tasks: list[tuple[str, dict[str, str]]], rules: tuple[type[MigrationRule], ...], jobs: int,
          options: MigrationOptions, hierarchy: LinenHierarchy, limits: workers.Limits) -> tp.Iterator[FileOutcome]:
-  if jobs <= 1:
+  if jobs <= 1 or len(tasks) <= 1:  # one file: no worker to start (the pre-commit hook's usual run)
     for task in tasks:
       try:
         with workers.time_limit(limits.seconds):
