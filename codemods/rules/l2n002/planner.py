@@ -44,6 +44,13 @@ from codemods.vocabulary import SCOPE_APIS
 from nnx_bridge.layer_table import WRAPPERS
 
 
+_DEFERRED: dict[type[cst.CSTNode], str] = {  # where a construction runs only sometimes, or later
+    cst.Lambda: 'a lambda', cst.ListComp: 'a list comprehension', cst.SetComp: 'a set comprehension',
+    cst.DictComp: 'a dict comprehension', cst.GeneratorExp: 'a generator expression', cst.FunctionDef: 'a function',
+    cst.IfExp: 'a conditional expression (a if c else b)', cst.BooleanOperation: 'an and/or expression',
+}
+
+
 class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, DecodeCaches):
   """Plans the conversion of one class of a file."""
 
@@ -231,8 +238,7 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
     for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
       if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors \
           and call not in ctors:
-        raise Unsupported(call, f'{self.facts.code(call.func.func)}(...)(...) builds a submodule from a '
-                                 'ModuleDef, factory or layer NNX has no counterpart of')
+        raise Unsupported(call, self._unknown_builder(call.func.func))
     variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and scope_api(c) in ('param', 'variable')]
     if not ctors and not variables and not plan.children:
       raise Unsupported(method, 'no submodule or variable created in the @nn.compact method')
@@ -240,11 +246,12 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
     self._straight_line(method.body, {*ctors, *variables} - caches)
     outer = {}
     for sub in descendants(method):
-      if isinstance(sub, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.FunctionDef,
-                          cst.IfExp, cst.BooleanOperation)):
-        if any(c in ctors or c in variables for c in descendants(sub)):
-          raise Unsupported(sub, 'a submodule or variable created in a lambda, comprehension, nested function '
-                                  'or conditional expression')
+      if isinstance(sub, tuple(_DEFERRED)):
+        created = next((c for c in descendants(sub) if c in ctors or c in variables), None)
+        if created is not None:
+          where = f'the nested function {sub.name.value}' if isinstance(sub, cst.FunctionDef) else _DEFERRED[type(sub)]
+          raise Unsupported(created, f'{self.facts.code(created)} is created inside {where}, which NNX cannot build '
+                                     'in __init__')
       if isinstance(sub, cst.Call) and sub.func in ctors:
         outer[sub.func] = sub
     scan_names: dict[cst.Call, list[cst.Name]] = {}
@@ -347,6 +354,21 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
       taken.add(attr)
 
   # --- sizes and train/eval switches -----------------------------------------------------------
+
+  def _unknown_builder(self, func: cst.BaseExpression) -> str:
+    """Why `func(...)(...)` cannot be built in __init__: what `func` is."""
+    if isinstance(func, cst.Call):  # `nn.scan(...)(3)(x)` with options no NNX counterpart takes
+      name = f'{self.facts.code(func.func)}(...)'
+      what = f'{name}, a lifted transform or factory call whose result L2N002 cannot build'
+    elif isinstance(func, cst.Attribute) and is_self_attr(func):
+      name, what = self.facts.code(func), f'the field {func.attr.value}, a ModuleDef or factory that is not converted'
+    elif self.facts.is_linen_name(func):
+      name = self.facts.code(func)
+      what = f'{name}, a Linen layer the layer table has no NNX counterpart of'
+    else:
+      name = self.facts.code(func)
+      what = f'{name}, which is neither a table layer nor a Linen class of this file'
+    return f'{name}(...)(...) builds a submodule from {what}'
 
   def _plain_base_plan(self, node: cst.ClassDef) -> ClassRewrite:
     """A base class of the run that only holds helpers (`LinenHierarchy.plain_bases`): an nnx.Module with its
