@@ -358,8 +358,7 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
   def _unknown_builder(self, func: cst.BaseExpression) -> str:
     """Why `func(...)(...)` cannot be built in __init__: what `func` is."""
     if isinstance(func, cst.Call):  # `nn.scan(...)(3)(x)` with options no NNX counterpart takes
-      name = f'{self.facts.code(func.func)}(...)'
-      what = f'{name}, a lifted transform or factory call whose result L2N002 cannot build'
+      name, what = self.facts.code(func), 'a lifted transform or factory call whose result L2N002 cannot build'
     elif isinstance(func, cst.Attribute) and is_self_attr(func):
       name, what = self.facts.code(func), f'the field {func.attr.value}, a ModuleDef or factory that is not converted'
     elif self.facts.is_linen_name(func):
