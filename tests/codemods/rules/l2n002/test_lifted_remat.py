@@ -15,6 +15,7 @@ from flax import nnx
 import nnx_bridge
 from codemods import rules as registry
 from codemods.transform import transform_source
+from tests.codemods.rules.l2n002.kept_linen import kept_with
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[4] / 'fixtures' / 'L2N002'
 RULES = registry.select_rules(['L2N002'])
@@ -119,7 +120,7 @@ def test_other_remats_stay_linen_with_a_todo(remat, reason):
   source = STATIC.format(remat=remat).replace('class M', 'n = 2\n\n\nclass M')
   result = transform_source(source, RULES)
   assert 'class M(nn.Module)' in result.source and 'nnx.remat(' not in result.source
-  todo = _kept_with(result, 'Block')  # M stays Linen and runs Block through nn.remat: Block stays Linen too
+  todo = kept_with(result, 'Block')  # M stays Linen and runs Block through nn.remat: Block stays Linen too
   assert todo.message.startswith('class M left as Linen: ') and reason in todo.message, todo.message
   assert f'# TODO(linen2nnx): {todo.message}' in result.source
 
@@ -134,14 +135,5 @@ def test_rematted_submodule_used_otherwise_stays_linen(body, reason):
   source = STATIC.replace('    return {remat}(3)(x, True)\n', body).format(remat='nn.remat(Block)')
   result = transform_source(source, RULES)
   assert 'class M(nn.Module)' in result.source
-  todo = _kept_with(result, 'Block')
+  todo = kept_with(result, 'Block')
   assert reason in todo.message, todo.message
-
-
-def _kept_with(result, child: str):
-  """The TODO of the class M left as Linen, after checking that `child`, which M uses, was kept Linen with it."""
-  todos = {e.message.split(' ')[1]: e for e in result.entries if e.kind == 'todo'}
-  assert set(todos) == {'M', child}, todos
-  assert f'class {child}(nn.Module)' in result.source
-  assert todos[child].message.startswith(f'class {child} kept as Linen: the class M, left as Linen, uses it')
-  return todos['M']

@@ -14,6 +14,7 @@ from flax import nnx
 import nnx_bridge
 from codemods import rules as registry
 from codemods.transform import transform_source
+from tests.codemods.rules.l2n002.kept_linen import kept_with
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[4] / 'fixtures' / 'L2N002'
 RULES = registry.select_rules(['L2N002'])
@@ -86,7 +87,7 @@ class M(nn.Module):
 def test_other_scans_stay_linen_with_a_todo(scan, reason):
   result = transform_source(CELL.format(scan=scan), RULES)
   assert 'class M(nn.Module)' in result.source and 'nnx.scan(' not in result.source
-  todo = _kept_with(result, 'Cell')  # M stays Linen and scans Cell with nn.scan: Cell stays Linen too
+  todo = kept_with(result, 'Cell')  # M stays Linen and scans Cell with nn.scan: Cell stays Linen too
   assert todo.message.startswith('class M left as Linen: ') and reason in todo.message, todo.message
   assert f'# TODO(linen2nnx): {todo.message}' in result.source
 
@@ -101,7 +102,7 @@ def test_scanned_cell_used_otherwise_stays_linen(body, reason):
   source = CELL.replace('    return {scan}(3)(carry, x)\n', body).format(scan=scan)
   result = transform_source(source, RULES)
   assert 'class M(nn.Module)' in result.source
-  todo = _kept_with(result, 'Cell')
+  todo = kept_with(result, 'Cell')
   assert reason in todo.message, todo.message
 
 
@@ -119,12 +120,3 @@ def test_scan_called_where_built_converts():
   messages = [e.message for e in result.entries]
   assert 'new constructor argument x_features: the size of the last axis of x' in messages
   assert 'flax.linen' not in result.source and 'nn.' not in result.source.replace('nnx.', '')
-
-
-def _kept_with(result, child: str):
-  """The TODO of the class M left as Linen, after checking that `child`, which M uses, was kept Linen with it."""
-  todos = {e.message.split(' ')[1]: e for e in result.entries if e.kind == 'todo'}
-  assert set(todos) == {'M', child}, todos
-  assert f'class {child}(nn.Module)' in result.source
-  assert todos[child].message.startswith(f'class {child} kept as Linen: the class M, left as Linen, uses it')
-  return todos['M']

@@ -15,6 +15,7 @@ import nnx_bridge
 from codemods import rules as registry
 from codemods.transform import transform_source
 from tests.codemods.rules import test_fixture_parity as fixture_parity
+from tests.codemods.rules.l2n002.kept_linen import kept_with
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[4] / 'fixtures' / 'L2N002'
 RULES = registry.select_rules(['L2N002'])
@@ -106,14 +107,5 @@ class M(nn.Module):
 def test_other_lifted_options_stay_linen_with_a_todo(lifted, reason):
   result = transform_source(LIFTED.format(lifted=lifted), RULES)
   assert 'class M(nn.Module)' in result.source
-  todo = _kept_with(result, 'Block')  # M stays Linen and lifts Block with a Linen transform: Block stays Linen too
+  todo = kept_with(result, 'Block')  # M stays Linen and lifts Block with a Linen transform: Block stays Linen too
   assert todo.message.startswith('class M left as Linen: ') and reason in todo.message, todo.message
-
-
-def _kept_with(result, child: str):
-  """The TODO of the class M left as Linen, after checking that `child`, which M uses, was kept Linen with it."""
-  todos = {e.message.split(' ')[1]: e for e in result.entries if e.kind == 'todo'}
-  assert set(todos) == {'M', child}, todos
-  assert f'class {child}(nn.Module)' in result.source
-  assert todos[child].message.startswith(f'class {child} kept as Linen: the class M, left as Linen, uses it')
-  return todos['M']
