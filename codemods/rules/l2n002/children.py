@@ -177,13 +177,22 @@ class Children(PlannerState):
       scope = self.facts.scope(value)
       outer = (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)
       assignments = list(scope[value.value]) if scope is not None else []
-      if scope is not None and not isinstance(scope, outer) and any(not isinstance(a.scope, outer) for a in assignments):
+      if scope is not None and not isinstance(scope, outer) and any(not isinstance(a.scope, outer) for a in assignments) \
+          and not self._setup_local(assignments):
         alias = self._self_alias(assignments)
         if alias is None:
           raise Unsupported(value, f'a constructor argument uses the local {value.value}')
         self.plan.aliases[value] = alias
     for child in value.children:
       self.check_hoistable(child, skip, linen)
+
+  def _setup_local(self, assignments: list[cst.metadata.BaseAssignment]) -> bool:
+    """Whether a local is one of setup()'s: plain setup() code stays, in its place, in __init__ (`setup_code.py`),
+    so code there sees it."""
+    return bool(assignments) and all(isinstance(a.scope, cst.metadata.FunctionScope) and isinstance(a.scope.node, cst.FunctionDef)
+                                     and a.scope.node.name.value == 'setup'
+                                     and a.scope.node in self.facts.class_defs[self.plan.name].body.body
+                                     for a in assignments)
 
   def _self_alias(self, assignments: list[cst.metadata.BaseAssignment]) -> str | None:
     """`self.config` when the local is bound once, by `name = self.config` (or a longer chain, or an attribute

@@ -24,6 +24,7 @@ from codemods.rules.l2n002.nodes import field_name
 from codemods.rules.l2n002.nodes import has_call
 from codemods.rules.l2n002.nodes import has_scope_call
 from codemods.rules.l2n002.nodes import if_arms
+from codemods.rules.l2n002.nodes import if_tests
 from codemods.rules.l2n002.nodes import is_docstring
 from codemods.rules.l2n002.nodes import is_initializing_if
 from codemods.rules.l2n002.nodes import is_self_attr
@@ -35,6 +36,8 @@ from codemods.rules.l2n002.plan import Child
 from codemods.rules.l2n002.plan import ClassRewrite
 from codemods.rules.l2n002.plan import Unsupported
 from codemods.rules.l2n002.scope import ScopeCalls
+from codemods.rules.l2n002.setup_code import plain_attributes
+from codemods.rules.l2n002.setup_code import setup_code_blocker
 from codemods.rules.l2n002.sizes import Sizes
 from codemods.vocabulary import COMPACT_NAMES
 from codemods.vocabulary import CONVERTED_APIS
@@ -61,6 +64,7 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
     self.plan = ClassRewrite(name, variable_classes=dict(variable_classes))
     self.loops = Loops()  # layers built in for loops -> nnx.List attributes
     self.factories = ClassFactories(self)  # ModuleDef / partial factory fields
+    self.plain_attributes: set[str] = set()  # assigned by plain setup() code: not for children
 
   def run(self, node: cst.ClassDef) -> ClassRewrite:
     """The class's plan; raises Unsupported (the class stays Linen) with the first thing that keeps it so."""
@@ -133,6 +137,7 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
     if setup is not None:
       self._plan_setup(plan, setup, counts)
     inline = self._plan_compact(plan, method, counts) if method is not None else {}
+    taken |= self.plain_attributes
     self._name_children(plan.children, taken)
     for child in plan.children:
       if child.condition is not None:
@@ -210,25 +215,44 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
     return {i: name for i, name in enumerate(names) if name in MODE_PARAMS}
 
   def _plan_setup(self, plan: ClassRewrite, setup: cst.FunctionDef, counts: dict[str, int]) -> None:
-    """setup() statements: `self.<attr> = <table layer or same-file class>(...)`, self.param or self.variable."""
+    """setup() statements: `self.<attr> = <table layer or same-file class>(...)`, self.param or self.variable, and
+    plain code that stays as it is (`setup_code.py`)."""
     for statement in setup.body.body:
-      if self.loops.setup_append(self, statement, setup):  # `layers = []` + `for ...: layers.append(...)`: go
-        continue
-      target = self_assignment(statement)
-      value = statement.body[0].value if target is not None else None
-      if isinstance(value, cst.Call) and scope_api(value) in ('param', 'variable'):
-        child = self._variable(value, target, hoisted=False)
-      elif isinstance(value, cst.Call) and self.constructed(value) is not None:
-        child = self._child(value, counts, target)
-      elif isinstance(value, cst.ListComp):  # `self.layers = [nn.Dense(f) for f in ...]`: an nnx.List (loops.py)
-        child = self._child(self.loops.setup_list(self, value, target), counts, target)
-      elif (appended := self.loops.appended(self, value, target)) is not None:  # `self.layers = layers` (appended)
-        child = self._child(appended, counts, target)
-      else:
-        raise Unsupported(statement, 'a setup() statement other than self.<attr> = <layer>(...) / self.param / self.variable')
-      if target in {c.attr for c in plan.children}:
-        raise Unsupported(statement, f'self.{target} assigned twice')
-      plan.children.append(child)
+      if not self.loops.setup_append(self, statement, setup):  # `layers = []` + `for ...: layers.append(...)`: go
+        self._setup_statement(plan, statement, counts)
+
+  def _setup_statement(self, plan: ClassRewrite, statement: cst.BaseStatement, counts: dict[str, int]) -> None:
+    """One statement of setup(), or of an `if` block of it: a child, or plain code that stays as it is."""
+    target = self_assignment(statement)
+    value = statement.body[0].value if target is not None else None
+    if isinstance(value, cst.Call) and scope_api(value) in ('param', 'variable'):
+      child = self._variable(value, target, hoisted=False)
+    elif isinstance(value, cst.Call) and self.constructed(value) is not None:
+      child = self._child(value, counts, target)
+    elif isinstance(value, cst.ListComp):  # `self.layers = [nn.Dense(f) for f in ...]`: an nnx.List (loops.py)
+      child = self._child(self.loops.setup_list(self, value, target), counts, target)
+    elif (appended := self.loops.appended(self, value, target)) is not None:  # `self.layers = layers` (appended)
+      child = self._child(appended, counts, target)
+    elif isinstance(statement, cst.If) and all(isinstance(arm, (cst.IndentedBlock, type(None))) for arm in if_arms(statement)):
+      for test in if_tests(statement):  # `if self.config.add_pooling_layer: self.pooler = ...`: the same `if` in __init__
+        self._plain_setup_code(plan, test)
+      for arm in if_arms(statement):
+        for inner in (arm.body if arm is not None else ()):
+          self._setup_statement(plan, inner, counts)
+      return
+    else:  # plain code (`head_dim = ...`, `if ...: raise`): it stays, in its place in __init__
+      self._plain_setup_code(plan, statement)
+      return
+    if target in {c.attr for c in plan.children}:
+      raise Unsupported(statement, f'self.{target} assigned twice')
+    plan.children.append(child)
+
+  def _plain_setup_code(self, plan: ClassRewrite, node: cst.CSTNode) -> None:
+    """Plain setup() code that stays as it is in __init__; raises Unsupported if it may build a module."""
+    blocker = setup_code_blocker(self.facts, self.facts.class_defs[plan.name], node)
+    if blocker is not None:
+      raise Unsupported(*blocker)
+    self.plain_attributes |= plain_attributes(node)
 
   def _plan_compact(self, plan: ClassRewrite, method: cst.FunctionDef, counts: dict[str, int]) -> dict[cst.Call, cst.Call]:
     """Layers and variables built inline in the @nn.compact method; returns each layer's call."""

@@ -1,0 +1,115 @@
+"""Plain code in setup(): statements that are not a submodule or variable, kept as they are in `__init__`.
+
+Real setup() methods hold more than `self.x = Layer(...)`: `embed_dim = self.config.hidden_size`,
+`self.head_dim = self.embed_dim // self.num_heads`, `if ...: raise ValueError(...)`,
+`self.activation = ACT2FN[self.config.hidden_act]`. NNX runs `__init__` where Linen ran setup(), with the
+fields already stored, so such a statement means the same there and stays, in its place among the
+submodules. `setup_code_blocker` finds what would not: a statement that builds or names a Linen module
+other than as `self.<attr> = Layer(...)`, uses a scope API (`self.param` inside an expression), or
+calls code L2N002 does not follow and that could build a module (a method of the class, a function of
+the project that builds Linen modules).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import QualifiedNameSource
+
+from codemods.nodes import descendants
+from codemods.rules.l2n002.facts import FileFacts
+from codemods.rules.l2n002.nodes import field_name
+from codemods.rules.l2n002.nodes import is_self_attr
+from codemods.rules.l2n002.nodes import scope_api
+
+_INSIDE: dict[type[cst.CSTNode], str] = {  # where a construction in a plain statement sits
+    cst.IfExp: 'a conditional expression (a if c else b)', cst.BooleanOperation: 'an and/or expression',
+    cst.ListComp: 'a list comprehension', cst.GeneratorExp: 'a generator expression', cst.Lambda: 'a lambda',
+    cst.DictComp: 'a dict comprehension', cst.List: 'a list', cst.Tuple: 'a tuple', cst.Dict: 'a dict',
+    cst.If: 'an if block', cst.For: 'a for loop', cst.While: 'a while loop',
+}
+
+
+def plain_attributes(statement: cst.CSTNode) -> set[str]:
+  """The attributes a plain setup() statement assigns (`self.head_dim = ...`), which children must not take."""
+  found = set()
+  for sub in (statement, *descendants(statement)):
+    targets = [t.target for t in sub.targets] if isinstance(sub, cst.Assign) else \
+        [sub.target] if isinstance(sub, (cst.AugAssign, cst.AnnAssign)) else []
+    for target in targets:
+      for node in (target, *descendants(target)):
+        if isinstance(node, cst.Attribute) and is_self_attr(node):
+          found.add(node.attr.value)
+  return found
+
+
+def setup_code_blocker(facts: FileFacts, node: cst.ClassDef, statement: cst.CSTNode
+                       ) -> tuple[cst.CSTNode, str] | None:
+  """Why the setup() `statement` of the class `node` cannot stay as it is in `__init__` (the node at fault and
+  the message), or None when it can."""
+  for sub in (statement, *descendants(statement)):
+    if isinstance(sub, cst.Call) and scope_api(sub) is not None:
+      return sub, (f'self.{scope_api(sub)}(...) inside a setup() statement: only `self.<attr> = '
+                   f'self.{scope_api(sub)}(...)` is converted')
+    if isinstance(sub, (cst.Name, cst.Attribute)) and _names_linen_class(facts, sub):
+      return sub, f'{facts.code(sub)}, a Linen module class, {_where(facts, sub, statement)}'
+    if isinstance(sub, cst.Call) and not (isinstance(sub.func, (cst.Name, cst.Attribute)) and _names_linen_class(facts, sub.func)):
+      blocker = _call_blocker(facts, sub, node)
+      if blocker is not None:
+        return sub, blocker
+  return None
+
+
+def _names_linen_class(facts: FileFacts, node: cst.Name | cst.Attribute) -> bool:
+  """Whether `node` names a Linen class of the file or, imported, of the run."""
+  return any(q.source is QualifiedNameSource.LOCAL and q.name in facts.linen_classes
+             or q.source is QualifiedNameSource.IMPORT and facts.hierarchy.resolve(q.name) is not None
+             for q in facts.qualified_names(node))
+
+
+def _where(facts: FileFacts, node: cst.CSTNode, statement: cst.CSTNode) -> str:
+  """How a Linen class is used in a plain statement, for the TODO: built inside some construct, or named."""
+  parent = facts.parent(node)
+  built = isinstance(parent, cst.Call) and parent.func is node
+  inside = None
+  while parent is not None and inside is None and node is not statement:
+    inside, node, parent = _INSIDE.get(type(parent)), parent, facts.parent(parent)
+  if built and inside is not None:
+    return f'is built inside {inside}; NNX builds submodules in __init__: give it a statement self.<attr> = ...(...)'
+  if built:
+    return 'is built other than as self.<attr> = ...(...) in setup()'
+  return 'is named other than to build it (a ModuleDef local or attribute): build it as self.<attr> = ...(...)'
+
+
+def _call_blocker(facts: FileFacts, call: cst.Call, node: cst.ClassDef) -> str | None:
+  """Why a call in plain setup() code may build a Linen module that NNX would then hold, else None."""
+  func = call.func
+  if isinstance(func, cst.Attribute) and is_self_attr(func):
+    if any(isinstance(s, cst.FunctionDef) and s.name.value == func.attr.value for s in node.body.body):
+      return f'self.{func.attr.value}(...) calls a method of the class from setup(), which L2N002 does not follow'
+    if func.attr.value in {field_name(s) for s in node.body.body}:
+      return f'self.{func.attr.value}(...) calls the field {func.attr.value} (a ModuleDef or function) from setup()'
+  for qualified in facts.qualified_names(func):
+    name = qualified.name
+    if qualified.source is QualifiedNameSource.IMPORT and _is_project(facts, name):
+      return f'{facts.code(func)}(...) calls {name}, code of this project L2N002 does not follow'
+    if qualified.source is QualifiedNameSource.LOCAL and name in facts.global_names and _builds_modules(facts, name):
+      return f'{facts.code(func)}(...) calls {name} of this file, which may build Linen modules'
+  return None
+
+
+def _is_project(facts: FileFacts, qualified: str) -> bool:
+  """Whether an imported name comes from this project: a relative import, the file's own top package, or a module
+  that holds Linen classes of the run."""
+  top = qualified.partition('.')[0]
+  return (qualified.startswith('.') or '.' in facts.hierarchy.module and top == facts.hierarchy.module.partition('.')[0]
+          or any(c.startswith(f'{top}.') for c in facts.hierarchy.classes))
+
+
+def _builds_modules(facts: FileFacts, name: str) -> bool:
+  """Whether the module-level function `name` of the file names a Linen class or layer (and may build one)."""
+  function = next((s for s in facts.module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+  if function is None:
+    return not isinstance(facts.class_defs.get(name), cst.ClassDef) or name in facts.linen_classes
+  return any(isinstance(sub, (cst.Name, cst.Attribute)) and (
+      _names_linen_class(facts, sub) or facts.is_linen_name(sub) and facts.code(sub).rpartition('.')[2][:1].isupper())
+      for sub in descendants(function))

@@ -1,0 +1,78 @@
+"""L2N002 on plain code in setup() (`codemods/rules/l2n002/setup_code.py`): what stays as it is in `__init__`
+(parity: fixtures/L2N002/setup_plain_code.parity.json), and what keeps the class Linen, with a TODO at the
+statement that names the exact blocker, the Linen program left as it was."""
+
+import textwrap
+
+import pytest
+
+from codemods import rules as registry
+from codemods.transform import transform_source
+
+RULES = registry.select_rules(['L2N002'])
+
+SOURCE = '''import flax.linen as nn
+from .layers import make_norm
+
+ACT2FN = {{"gelu": nn.gelu}}
+
+
+def helper_dense(width):
+  return nn.Dense(width)
+
+
+def scale(width):
+  return width * 2
+
+
+class Identity(nn.Module):
+  def __call__(self, x):
+    return x
+
+
+class M(nn.Module):
+  width: int
+  act: str = "gelu"
+
+  def setup(self):
+    self.dense = nn.Dense(self.width)
+{statement}
+
+  def _sizes(self):
+    return self.width
+
+  def __call__(self, x):
+    return self.dense(x)
+'''
+
+
+@pytest.mark.parametrize('statement, line, blocker', [
+    ('self.activation = ACT2FN[self.act] if self.act else Identity()', 26,
+     'Identity, a Linen module class, is built inside a conditional expression (a if c else b)'),
+    ('block = Identity', 26, 'Identity, a Linen module class, is named other than to build it'),
+    ('self.norm = make_norm(self.width)', 26,
+     'make_norm(...) calls .layers.make_norm, code of this project L2N002 does not follow'),
+    ('self.head = helper_dense(self.width)', 26, 'helper_dense(...) calls helper_dense of this file, which may build'),
+    ('self.size = self._sizes()', 26, 'self._sizes(...) calls a method of the class from setup()'),
+    ('self.scale = self.param("scale", nn.initializers.ones, (self.width,)) * 2', 26,
+     'self.param(...) inside a setup() statement'),
+    ('for _ in range(2):\n  self.extra = Identity()', 27,
+     'Identity, a Linen module class, is built inside a for loop'),
+])
+def test_a_statement_that_may_build_a_module_keeps_the_class_linen_with_its_blocker(statement, line, blocker):
+  source = SOURCE.format(statement=textwrap.indent(statement, '    '))
+  result = transform_source(source, RULES)
+  assert 'class M(nn.Module)' in result.source and 'def setup(self):' in result.source
+  (todo,) = [e for e in result.entries if e.kind == 'todo' and 'class M ' in e.message]
+  assert todo.message.startswith('class M left as Linen: ') and blocker in todo.message, todo.message
+  assert todo.line == line, todo
+
+
+def test_plain_statements_stay_in_place_and_a_helper_that_builds_nothing_is_called():
+  statement = 'width = scale(self.width)\nself.activation = ACT2FN[self.act]\nself.out = nn.Dense(width)'
+  result = transform_source(SOURCE.format(statement=textwrap.indent(statement, '    ')), RULES)
+  assert 'class M(nnx.Module)' in result.source
+  init = result.source[result.source.index('class M('):result.source.index('def _sizes')]
+  lines = [line.strip() for line in init.splitlines()[1:] if line.strip()]
+  assert lines[4:] == ['width = scale(self.width)', 'self.activation = ACT2FN[self.act]',
+                       'self.out = nnx.Linear(in_features=out_in_features, out_features=width, rngs=rngs)'], lines
