@@ -15,6 +15,7 @@ INPUT_SIZE_SOURCES = ('code', 'examples', 'arguments')
 """Where a layer's NNX input size came from: derived from the code, from example traces, or left as a constructor
 argument."""
 EXAMPLE_INPUTS = 'example_inputs'  # a tuple of example inputs for a Linen child wrapped by nnx_bridge.from_linen
+FLAG = 'flag'  # a keyword-only `bool = False` switch of the converted class (a tied layer's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,7 @@ class ConstructorArgument:
   """One argument of a converted class's NNX `__init__` and where its value comes from."""
 
   name: str
-  origin: str  # FIELD | INPUT_DIMENSION | UNDETERMINED | RNGS | EXAMPLE_INPUTS
+  origin: str  # FIELD | INPUT_DIMENSION | UNDETERMINED | FLAG | EXAMPLE_INPUTS | RNGS
   detail: str = ''  # the field's declaration, or which size of which child it is and why
   child: str | None = None  # for sizes: the NNX attribute of the child (or variable) that takes it
   child_argument: str | None = None  # for a child's size: the argument of the child's NNX constructor it feeds

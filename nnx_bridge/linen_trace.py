@@ -28,13 +28,15 @@ RNG_STREAMS = ('params', 'dropout')
 class LinenCall:
   """The first call of one method of a Linen module in an abstract init: fields and input shapes.
 
-  `named` are the shapes by the method's parameter names (None for what is not an array).
+  `named` are the shapes by the method's parameter names (None for what is not an array); `example` the
+  positional arguments themselves, each array as a `jax.ShapeDtypeStruct` (example inputs that rebuild the call).
   """
 
   fields: dict[str, tp.Any]
   args: tuple[Shape | None, ...]
   kwargs: dict[str, Shape | None]
   named: dict[str, Shape | None]
+  example: tuple[tp.Any, ...] = ()
 
   def shapes(self, call_args: tp.Sequence[str]) -> tuple[Shape | None, ...]:
     """The shapes of the inputs a layer-table row names, positional or by keyword."""
@@ -66,6 +68,32 @@ def _fields(module: nn.Module) -> dict[str, tp.Any]:
 
 def _shape(value: tp.Any) -> Shape | None:
   return tuple(value.shape) if hasattr(value, 'shape') else None
+
+
+def _abstract(value: tp.Any) -> tp.Any:
+  """An array (a tracer of the abstract init) as its `jax.ShapeDtypeStruct`; any other value as it is."""
+  return jax.ShapeDtypeStruct(value.shape, value.dtype) if isinstance(value, jax.Array) else value
+
+
+def _example(module: nn.Module, method: str, args: tuple[tp.Any, ...], kwargs: dict[str, tp.Any]) -> tuple[tp.Any, ...]:
+  """The call's inputs as positional example inputs (arrays as `jax.ShapeDtypeStruct`s): the arguments in the
+  method's parameter order, keywords included and the defaults between them filled in, up to the last one given
+  before a train/eval argument (which `nnx_bridge.from_linen` drives itself)."""
+  function = getattr(type(module), method, None)
+  try:
+    parameters = list(inspect.signature(function).parameters.values())[1:]
+    given = inspect.signature(function).bind(module, *args, **kwargs).arguments
+  except (TypeError, ValueError):
+    return jax.tree.map(_abstract, args)
+  modes_taken = {m.name for m in modes.MODE_ARGUMENTS}
+  values: list[tp.Any] = []
+  for parameter in parameters:
+    if parameter.name in modes_taken or parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+      break
+    values.append(given[parameter.name] if parameter.name in given else parameter.default)
+  while values and len(values) > len(args) and parameters[len(values) - 1].name not in given:
+    values.pop()  # a default after the last argument given
+  return tuple(jax.tree.map(_abstract, values))
 
 
 def _named_shapes(
@@ -105,7 +133,7 @@ def trace_linen(
     if (path, name) not in first_calls:
       first_calls[path, name] = LinenCall(
           _fields(module), tuple(map(_shape, args)), {k: _shape(v) for k, v in kwargs.items()},
-          _named_shapes(module, name, args, kwargs),
+          _named_shapes(module, name, args, kwargs), _example(module, name, args, kwargs),
       )
 
   def interceptor(next_fun, args, kwargs, context):

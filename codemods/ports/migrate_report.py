@@ -129,8 +129,9 @@ class Port:
           'the report is of another version of the class; run linen2nnx migrate --report-json again'
       )
 
-  def measured_sizes(self) -> dict[str, tp.Callable[[], tuple[int, str]]]:
-    """For each size argument of the record, a function measuring it: (value, where it was read)."""
+  def measured_sizes(self) -> dict[str, tp.Callable[[], tuple[tp.Any, str]]]:
+    """For each size argument and each example-inputs argument of the record, a function measuring it on the
+    Linen model: (value, where it was read)."""
 
     def measure(name: str) -> tuple[int, str]:
       try:
@@ -138,11 +139,40 @@ class Port:
       except ReportError as error:
         raise ReportError(f'{error}; pass it: --nnx-kwargs \'{{"{name}": ...}}\'') from None
 
-    return {
+    def example(name: str) -> tuple[tuple[tp.Any, ...], str]:
+      try:
+        return self._example_inputs(self.record, name, ())
+      except ReportError as error:
+        raise ReportError(f'{error}; pass it: --nnx-kwargs \'{{"{name}": ...}}\'') from None
+
+    measured = {
         argument.name: functools.partial(measure, argument.name)
         for argument in self.record.arguments
         if argument.origin in (report.INPUT_DIMENSION, report.UNDETERMINED)
     }
+    return {**measured, **{argument.name: functools.partial(example, argument.name)
+                           for argument in self.record.arguments if argument.origin == report.EXAMPLE_INPUTS}}
+
+  def _example_inputs(self, record: report.ConvertedClass, name: str, path: Path) -> tuple[tuple[tp.Any, ...], str]:
+    """Example inputs argument `name` of `record`'s class (the Linen module at `path`): the positional inputs of
+    the first call of the Linen child it is for, arrays as `jax.ShapeDtypeStruct`s; followed into a converted
+    child's record when it passes them on (`child_argument`)."""
+    argument = next((a for a in record.arguments if a.name == name), None)
+    linen_name = {c.nnx_attribute: c.linen_name for c in record.children}.get(argument.child) if argument else None
+    if linen_name is None:
+      raise ReportError(f'{self.where}: {record.nnx_name}({name}=...) names no Linen child of its record')
+    child = (*path, linen_name)
+    if argument.child_argument is not None:
+      inner = self._record_at(child)
+      if inner is None:
+        raise ReportError(f'{self.where}: {self._label(child)} is not a converted class with a record')
+      return self._example_inputs(inner, argument.child_argument, child)
+    call = self.calls.get((child, '__call__'))
+    if call is None:
+      raise ReportError(f'{self._label(child)} is not called on these inputs, so {record.nnx_name}({name}=...) '
+                        'cannot be measured')
+    shapes = ', '.join(str(list(shape)) for shape in call.args if shape is not None)
+    return call.example, f'the inputs of the first call of {self._label(child)} ({shapes})'
 
   def _measure(self, record: report.ConvertedClass, name: str, path: Path) -> tuple[int, str]:
     """Size argument `name` of `record`'s class, the Linen module at `path`, and how it was read.

@@ -193,7 +193,7 @@ def nnx_constructor_kwargs(
     inputs: tuple[tp.Any, ...],
     explicit: dict[str, tp.Any],
     seed: int,
-    measured: tp.Mapping[str, tp.Callable[[], tuple[int, str]]] | None = None,
+    measured: tp.Mapping[str, tp.Callable[[], tuple[tp.Any, str]]] | None = None,
 ) -> tuple[dict[str, tp.Any], list[str]]:
   """Keyword arguments for the NNX class, and a line saying which value each got and where from.
 
@@ -219,7 +219,7 @@ def nnx_constructor_kwargs(
       origins.append(f'rngs: nnx.Rngs({seed})')
     elif measured is not None and name in measured:
       kwargs[name], how = measured[name]()
-      origins.append(f'{name}={kwargs[name]}: {how}')
+      origins.append(f'{name}={kwargs[name]}: {how}' if isinstance(kwargs[name], int) else f'{name}: {how}')
     elif measured is None and name in _SIZE_NAMES and inputs and hasattr(inputs[0], 'shape'):
       kwargs[name] = int(inputs[0].shape[-1])
       origins.append(f'{name}={kwargs[name]}: the first input\'s last axis (traced from the inputs)')

@@ -167,6 +167,43 @@ class Children(PlannerState):
           if child.stacked is not None:
             self._stack_call(parent, child)
 
+  def called_when(self, plan: ClassRewrite, calls: dict[cst.Call, Child]) -> None:
+    """A setup() submodule that every call runs under one construction-time condition (`self.pooler(h) if
+    self.add_pooling_layer else None`) is created only when it holds, else None: Linen creates the variables of a
+    submodule only when it is called, so NNX then has the same variables."""
+    conditions: dict[str, set[str | None]] = {}
+    for call, child in calls.items():
+      if not child.hoisted and child.api is None and child.condition is None:
+        conditions.setdefault(child.attr, set()).add(self._call_condition(call))
+    for child in plan.children:
+      found = conditions.get(child.attr, {None})
+      if len(found) == 1 and None not in found:
+        child.condition = found.pop()
+        self.plan.pending.append((child.ctor, f'self.{child.attr} is created only when {child.condition} (else None): '
+                                              'it is called only then, and Linen creates its variables only then'))
+
+  def _call_condition(self, call: cst.Call) -> str | None:
+    """The construction-time condition a call runs under (the innermost `if` or `a if c else b` around it), as
+    code valid in __init__; None when it runs always, or under a test on the call."""
+    node, parent = call, self.facts.parent(call)
+    while parent is not None and not isinstance(parent, cst.FunctionDef):
+      if isinstance(parent, (cst.IfExp, cst.If)) and node is not parent.test:
+        names = [n for n in (parent.test, *descendants(parent.test)) if isinstance(n, (cst.Name, cst.Attribute))]
+        if any(isinstance(n, cst.Name) and n.value in self.plan.switches
+               or isinstance(n, cst.Attribute) and is_self_attr(n) and n.attr.value in self.plan.mode_fields
+               for n in names):
+          return None  # a train/eval switch: NNX has the submodule in both modes
+        try:
+          self.check_hoistable(parent.test)
+        except Unsupported:
+          return None
+        code = self.code(parent.test)
+        if node is parent.body:
+          return code
+        return f'not {code}' if isinstance(parent.test, (cst.Name, cst.Attribute)) else f'not ({code})'
+      node, parent = parent, self.facts.parent(parent)
+    return None
+
   def check_hoistable(self, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = (), linen: bool = False) -> None:
     """Code moved into __init__ must mean the same there: no locals (but `skip`), Linen names NNX shares (any
     Linen name, with `linen`: code that stays Linen)."""
@@ -238,6 +275,7 @@ class Children(PlannerState):
         positional = positional and i < len(fields) and f == fields[i]
         args.append(code(v) if positional else f'{f}={code(v)}')
       args += [f'{k}={v}' for k, v in child.sizes.items()]
+      args += [f'{name}={child.attr}_{name}' for name in child.sibling.example_params]
       built = f'{self.plan.factory_callee.get(child.ctor, child.sibling.name)}({", ".join([*args, "rngs=rngs"])})'
       if child.stacked is not None:  # one layer per split key, variables stacked on axis 0
         metadata = f', transform_metadata={child.stacked.metadata}' if child.stacked.metadata else ''

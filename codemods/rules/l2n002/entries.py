@@ -6,6 +6,7 @@ from __future__ import annotations
 import libcst as cst
 
 from codemods.report import EXAMPLE_INPUTS
+from codemods.report import FLAG
 from codemods.report import FIELD
 from codemods.report import INPUT_SIZE_SOURCES
 from codemods.report import RNGS
@@ -76,7 +77,12 @@ def constructor_arguments(plan: ClassRewrite) -> list[ConstructorArgument]:
   examples = [ConstructorArgument(f'{c.attr}_example_inputs', EXAMPLE_INPUTS,
                                   f'example inputs of self.{c.attr}, the Linen {linen_class(c)} wrapped by '
                                   'nnx_bridge.from_linen', c.attr) for c in plan.children if c.bridged]
-  return [*fields, *plan.size_arguments, *examples, ConstructorArgument('rngs', RNGS, 'nnx.Rngs')]
+  examples += [ConstructorArgument(f'{c.attr}_{name}', EXAMPLE_INPUTS, f'{name} of self.{c.attr} ({c.sibling.name})',
+                                   c.attr, child_argument=name)
+               for c in plan.children if c.sibling is not None for name in c.sibling.example_params]
+  flags = [ConstructorArgument(name, FLAG, f'{name}: bool = False, ties a layer (see the class\'s TODO)')
+           for name in plan.flags]
+  return [*fields, *plan.size_arguments, *flags, *examples, ConstructorArgument('rngs', RNGS, 'nnx.Rngs')]
 
 
 def child_names(plan: ClassRewrite) -> list[ChildName]:

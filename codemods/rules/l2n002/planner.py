@@ -45,6 +45,7 @@ from codemods.vocabulary import MODE_PARAMS
 from codemods.vocabulary import MODULE_NAMES
 from codemods.vocabulary import SCOPE_APIS
 from nnx_bridge.layer_table import WRAPPERS
+from nnx_bridge.layer_table import find_layer
 
 
 _DEFERRED: dict[type[cst.CSTNode], str] = {  # where a construction runs only sometimes, or later
@@ -151,6 +152,7 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
     calls = self._inline_calls(plan, inline)
     tied = tied_uses(self, plan, methods, setup)  # `.apply` with a shared kernel, `.variables[...]`
     self._setup_child_calls(plan, methods, setup, calls, tied)
+    self.called_when(plan, calls)
     self.loops.after_calls(self, plan, calls)
     marks = (len(plan.size_params), len(plan.size_arguments), len(self.plan.pending))
     scanned = plan.name in self.facts.scanned_cells  # first what the code says, then with the carry's size and traces
@@ -180,14 +182,18 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
     allowed |= {child.ctor.func for child in plan.children if child.api is None and not child.bridged} | self.plan.lifted
     allowed |= {child.cell.ctor.func for child in plan.children if child.cell is not None}
     allowed |= self._plan_control_flow(node)
-    for field in fields:  # `encoder: nn.Module` holds a submodule the caller builds: an NNX one now
+    for field in fields:  # `encoder: nn.Module`, `embed_tokens: nn.Embed` hold a submodule the caller builds: NNX now
       annotation = field.body[0].annotation.annotation
-      if self.facts.has_name(annotation, MODULE_NAMES):
-        self.plan.exprs[annotation] = 'nnx.Module'
+      layer = next((spec for q in self.facts.qualified_names(annotation)
+                    if (spec := find_layer(q.name)) is not None and spec.nnx is not None), None)
+      if self.facts.has_name(annotation, MODULE_NAMES) or layer is not None:
+        self.plan.exprs[annotation] = f'nnx.{layer.nnx.rpartition(".")[2]}' if layer else 'nnx.Module'
         allowed.add(annotation)
     bridged = {child.ctor for child in plan.children if child.bridged}  # stays Linen code
     plan.linen_nodes = [*allowed, *self._convert_linen_refs(node, allowed | bridged)]
     plan.example_params = [f'{child.attr}_example_inputs' for child in plan.children if child.bridged]
+    plan.example_params += [f'{child.attr}_{name}' for child in plan.children if child.sibling is not None
+                            for name in child.sibling.example_params]  # a converted child's bridged children
     plan.params = [self.code(f.body[0]).strip() for f in fields]
     for child in plan.children:
       child.text = 'nnx.data(None)' if child.cache else self._variable_text(child) if child.api else self._ctor_text(child)

@@ -39,6 +39,11 @@ CASES = {
         {'width': 4}, ['float32[2,4]', 'float32[2,2]'],
         'linear2_in_features=2: in_features of Linen Dense_1 (Dense) = inputs.shape[-1], measured on its call (inputs [2, 2])',
     ),
+    ('bridged_grandchild', 'FlaxTinyModel'): (  # example inputs measured two classes down, keywords bound
+        {'features': 4}, ['input_ids=int32[2,4]:10', 'attention_mask=float32[2,4]'],
+        'encoder_layer_example_inputs: the inputs of the first call of Linen encoder/layer '
+        '(FlaxTinyLayerCollection) ([2, 4, 4], [2, 4])',
+    ),
     ('scope_variables', 'Scale'): (
         {}, ['x=float32[2,4]'], 'scale_features=4: the last axis of x of Linen <root> (Scale).__call__',
     ),

@@ -1,0 +1,292 @@
+"""Migrate Hugging Face transformers 4.46.3's Flax model files and verify every class the migration converted.
+
+Run: python benchmarks/hf_zoo.py [--families bert,roberta,...] [--json FILE] [-j N]
+
+For each model family (`transformers/models/<family>/modeling_flax_<family>.py`, the installed package's; it needs
+transformers' own dependencies, not torch), the file is copied into a scratch tree and migrated there with
+`--report-json`; the migrated file is then imported inside the installed package (so that its relative imports
+resolve) beside the original. Every class the migration converted is built from a tiny config, as HF's own tests
+build their models, and called on inputs made from its `__call__`'s parameter names (`input_ids`,
+`hidden_states`, `attention_mask`, ...); the NNX port is built from the migrate report's record (its sizes measured
+on the Linen model) and compared with the Linen class on transferred parameters: eval-mode outputs, the gradient
+of every parameter and a train-mode call (`linen2nnx verify --migrate-report`'s check).
+
+Prints one row per family (classes converted / kept Linen, TODOs, size arguments left, classes verified / failed /
+not built, and the largest forward and gradient differences), then a total line, the migrate speed (files/s) and,
+for each class that was not verified, why, grouped by cause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import importlib.util
+import inspect
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+import typing as tp
+
+FAMILIES = (
+    'albert', 'bart', 'beit', 'bert', 'big_bird', 'blenderbot', 'blenderbot_small', 'bloom', 'clip', 'dinov2',
+    'distilbert', 'electra', 'gemma', 'gpt2', 'gpt_neo', 'gptj', 'llama', 'longt5', 'marian', 'mbart', 'mistral',
+    'mt5', 'opt', 'pegasus', 'regnet', 'resnet', 'roberta', 'roberta_prelayernorm', 'roformer', 't5', 'vit',
+    'wav2vec2', 'whisper', 'xglm', 'xlm_roberta',
+)
+"""The families whose `modeling_flax_<family>.py` defines Linen modules (the other Flax files re-export them)."""
+
+TINY_CONFIG = {  # as HF's Flax model tests size their models: every key the family's config has is set
+    'hidden_size': 16, 'num_hidden_layers': 2, 'num_attention_heads': 2, 'intermediate_size': 24, 'vocab_size': 64,
+    'max_position_embeddings': 32, 'type_vocab_size': 2, 'embedding_size': 16, 'd_model': 16, 'd_kv': 8, 'd_ff': 24,
+    'num_layers': 2, 'num_decoder_layers': 2, 'num_heads': 2, 'encoder_layers': 2, 'decoder_layers': 2,
+    'encoder_attention_heads': 2, 'decoder_attention_heads': 2, 'encoder_ffn_dim': 24, 'decoder_ffn_dim': 24,
+    'n_embd': 16, 'n_layer': 2, 'n_head': 2, 'n_positions': 32, 'n_inner': 24, 'num_key_value_heads': 1,
+    'head_dim': 8, 'rotary_dim': 4, 'image_size': 16, 'patch_size': 4, 'num_channels': 3, 'projection_dim': 16,
+    'hidden_sizes': [8, 16], 'depths': [1, 1], 'embedding_dim': 16, 'ffn_dim': 24, 'word_embed_proj_dim': 16,
+    'attention_types': [[['global', 'local'], 1]], 'window_size': 4, 'block_size': 2, 'num_random_blocks': 1,
+    'attention_type': 'original_full', 'num_mel_bins': 8, 'max_source_positions': 8, 'max_target_positions': 32,
+    'classifier_proj_size': 8, 'num_labels': 3, 'pad_token_id': 1, 'relative_attention_num_buckets': 8,
+    # functional dropout (`dot_product_attention_weights(dropout_rng=...)`) draws different keys on both sides,
+    # so the train-mode check runs without it; nn.Dropout layers verify switches off itself
+    'attention_probs_dropout_prob': 0.0, 'attention_dropout': 0.0, 'attn_pdrop': 0.0,
+}
+BATCH, LENGTH = 2, 8
+
+
+@dataclasses.dataclass
+class ClassResult:
+  """One converted class: verified (with the largest differences), failed (parity or an error), or not built."""
+
+  family: str
+  name: str
+  status: str  # 'verified', 'failed' or 'not built'
+  reason: str = ''
+  forward: float = 0.0
+  gradient: float = 0.0
+
+
+@dataclasses.dataclass
+class FamilyResult:
+  family: str
+  converted: int = 0
+  kept_linen: int = 0
+  todos: int = 0
+  size_arguments: int = 0
+  classes: list[ClassResult] = dataclasses.field(default_factory=list)
+  error: str = ''
+
+
+def installed_file(family: str) -> pathlib.Path:
+  spec = importlib.util.find_spec('transformers')
+  if spec is None or not spec.origin:
+    raise SystemExit('transformers==4.46.3 is not installed: pip install transformers==4.46.3')
+  return pathlib.Path(spec.origin).parent / 'models' / family / f'modeling_flax_{family}.py'
+
+
+def migrate_families(families: tp.Sequence[str], root: pathlib.Path, jobs: int) -> tuple[tp.Any, float]:
+  """Copies the families' files under `root/transformers/models/` and migrates them in one run (timed)."""
+  from codemods import rules as registry
+  from codemods.engine import migrate
+
+  for family in families:
+    target = root / 'transformers' / 'models' / family / f'modeling_flax_{family}.py'
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(installed_file(family), target)
+    (target.parent / '__init__.py').write_text('')
+  for folder in (root / 'transformers', root / 'transformers' / 'models'):
+    (folder / '__init__.py').write_text('')
+  cwd = os.getcwd()
+  os.chdir(root)
+  try:
+    start = time.perf_counter()
+    result = migrate(['transformers'], rules=registry.ALL_RULES, write=True, jobs=jobs)
+    seconds = time.perf_counter() - start
+  finally:
+    os.chdir(cwd)
+  (root / 'report.json').write_text(result.to_json())
+  return result, seconds
+
+
+def import_migrated(family: str, path: pathlib.Path) -> tp.Any:
+  """The migrated file as a module of the installed package `transformers.models.<family>`."""
+  name = f'transformers.models.{family}._nnx_{path.stem}'
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+def tiny_config(config_class: type) -> tp.Any:
+  defaults = config_class().to_dict()
+  return config_class(**{key: value for key, value in TINY_CONFIG.items() if key in defaults})
+
+
+def _hidden(config: tp.Any) -> int:
+  return next(getattr(config, k) for k in ('hidden_size', 'd_model', 'n_embd') if hasattr(config, k))
+
+
+def make_inputs(linen_class: type, config: tp.Any) -> tuple[tuple, dict[str, tp.Any]]:
+  """Inputs for `linen_class.__call__` from its parameter names; raises LookupError for a name with no recipe."""
+  import jax
+  import jax.numpy as jnp
+
+  key = jax.random.key(0)
+  hidden, vocab = _hidden(config), getattr(config, 'vocab_size', 64)
+  tokens = (BATCH, 2, LENGTH) if 'MultipleChoice' in linen_class.__name__ else (BATCH, LENGTH)
+  recipes: dict[str, tp.Callable[[], tp.Any]] = {
+      'input_ids': lambda: jax.random.randint(key, tokens, 2, vocab, jnp.int32),
+      'decoder_input_ids': lambda: jax.random.randint(key, tokens, 2, vocab, jnp.int32),
+      'attention_mask': lambda: jnp.ones(tokens, jnp.int32),
+      'decoder_attention_mask': lambda: jnp.ones(tokens, jnp.int32),
+      'token_type_ids': lambda: jnp.zeros(tokens, jnp.int32),
+      'position_ids': lambda: jnp.broadcast_to(jnp.arange(LENGTH), tokens).astype(jnp.int32),
+      'decoder_position_ids': lambda: jnp.broadcast_to(jnp.arange(LENGTH), tokens).astype(jnp.int32),
+      'hidden_states': lambda: jax.random.normal(key, (*tokens, hidden)),
+      'features': lambda: jax.random.normal(key, (*tokens, hidden)),
+      'encoder_output': lambda: jax.random.normal(key, (*tokens, hidden)),
+      'head_mask': lambda: jnp.ones((getattr(config, 'num_hidden_layers', 2), getattr(config, 'num_attention_heads', 2))),
+      'pooled_output': lambda: jax.random.normal(key, (BATCH, hidden)),
+      'pixel_values': lambda: jax.random.normal(
+          key, (BATCH, getattr(config, 'image_size', 16), getattr(config, 'image_size', 16),
+                getattr(config, 'num_channels', 3))),
+      'input_values': lambda: jax.random.normal(key, (BATCH, 400)),
+      'input_features': lambda: jax.random.normal(key, (BATCH, getattr(config, 'num_mel_bins', 8), 16)),
+  }
+  args = []
+  for name, parameter in list(inspect.signature(linen_class.__call__).parameters.items())[1:]:
+    if name in ('deterministic', 'train'):
+      continue  # compare sets the train/eval arguments
+    if name in recipes:
+      args.append(recipes[name]())
+    elif parameter.default is parameter.empty:
+      raise LookupError(f'no input recipe for the __call__ argument {name!r}')
+    else:
+      break
+  return tuple(args), {}
+
+
+def verify_class(family: str, name: str, original: tp.Any, migrated: tp.Any, report_path: str) -> ClassResult:
+  """Builds the Linen class and its port, and compares them (`linen2nnx verify --migrate-report`'s check)."""
+  from codemods.commands.verify import check_port
+  from codemods.ports import migrate_report
+  from codemods.ports import model_refs
+
+  linen_class, nnx_class = getattr(original, name), getattr(migrated, name)
+  try:
+    fields = {f.name: f for f in dataclasses.fields(linen_class)}
+    config_class = _config_class(original, fields['config'].type) if 'config' in fields else None
+    if config_class is None:
+      return ClassResult(family, name, 'not built', 'no config field')
+    config = tiny_config(config_class)
+    linen = linen_class(config=config)
+    args, kwargs = make_inputs(linen_class, config)
+  except LookupError as error:
+    return ClassResult(family, name, 'not built', str(error))
+  try:
+    port = migrate_report.load_port(report_path, nnx_class, linen, args, kwargs)
+    measured, unused = port.measured_sizes(), {}
+    for size, measure in measured.items():
+      try:
+        measure()
+      except migrate_report.ReportError as error:
+        if 'is not called on these inputs' not in str(error):
+          raise
+        unused[size] = 1  # a size of a submodule Linen does not create here: the port must not build it either
+    nnx_kwargs, _ = model_refs.nnx_constructor_kwargs(nnx_class, linen, (*args, *kwargs.values()), unused, 0,
+                                                       measured=measured)
+  except Exception as error:  # the Linen class fails on these inputs, or a size cannot be measured
+    return ClassResult(family, name, 'not built', _short(error))
+  try:
+    model = nnx_class(**nnx_kwargs)
+    result, _ = check_port(model_refs.Example(linen, args, kwargs), model, port)
+  except Exception as error:
+    return ClassResult(family, name, 'failed', _short(error))
+  forward = max((d.max_abs for d in result.differences if d.check == 'output'), default=0.0)
+  gradient = max((d.max_abs for d in result.differences if d.check == 'gradient'), default=0.0)
+  failed = sorted({d.check for d in result.failures if hasattr(d, 'check')})
+  return ClassResult(family, name, 'verified' if result.ok else 'failed',
+                     '' if result.ok else f'differs: {", ".join(failed) or "partition specs"}', forward, gradient)
+
+
+def _config_class(module: tp.Any, annotation: tp.Any) -> type | None:
+  """The config class a `config: BertConfig` field names (a string under `from __future__ import annotations`)."""
+  return getattr(module, annotation.split('.')[-1], None) if isinstance(annotation, str) else annotation
+
+
+def _short(error: Exception) -> str:
+  frames = traceback.extract_tb(error.__traceback__)
+  where = f' at {pathlib.Path(frames[-1].filename).name}:{frames[-1].lineno}' if frames else ''
+  text = ' '.join(str(error).split())
+  return f'{type(error).__name__}: {text[:400]}{where}'
+
+
+def run(families: tp.Sequence[str], jobs: int) -> tuple[list[FamilyResult], float]:
+  with tempfile.TemporaryDirectory() as scratch:
+    root = pathlib.Path(scratch)
+    result, seconds = migrate_families(families, root, jobs)
+    document = json.loads((root / 'report.json').read_text())
+    by_path = {f['path']: f for f in document['files']}
+    results = []
+    for family in families:
+      relative = f'transformers/models/{family}/modeling_flax_{family}.py'
+      entry = by_path.get(relative)
+      found = FamilyResult(family)
+      results.append(found)
+      if entry is None or entry['status'] == 'failed':
+        found.error = 'migrate failed' if entry else 'not migrated'
+        continue
+      found.todos = entry['todos']
+      found.converted = len(entry['classes'])
+      found.kept_linen = sum(1 for e in entry['entries'] if e['kind'] == 'todo' and ' as Linen' in e['message'])
+      found.size_arguments = sum(1 for c in entry['classes'] for a in c['arguments']
+                                 if a['origin'] in ('input_dimension', 'undetermined'))
+      if not entry['classes']:
+        continue
+      try:
+        original = importlib.import_module(f'transformers.models.{family}.modeling_flax_{family}')
+        migrated = import_migrated(family, root / relative)
+      except Exception as error:
+        found.error = f'the migrated file does not import: {_short(error)}'
+        continue
+      for record in entry['classes']:
+        found.classes.append(verify_class(family, record['nnx_name'], original, migrated, str(root / 'report.json')))
+    return results, seconds
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--families', default=','.join(FAMILIES))
+  parser.add_argument('--json', help='also write the rows as JSON')
+  parser.add_argument('-j', '--jobs', type=int, default=2)
+  args = parser.parse_args()
+  families = [f for f in args.families.split(',') if f]
+  results, seconds = run(families, args.jobs)
+  print(f'{"family":22} {"conv":>4} {"kept":>4} {"todo":>4} {"size":>4} {"ok":>3} {"fail":>4} {"n/b":>4}  max fwd / grad diff')
+  reasons: collections.Counter[str] = collections.Counter()
+  for r in results:
+    counts = collections.Counter(c.status for c in r.classes)
+    fwd = max((c.forward for c in r.classes if c.status == 'verified'), default=0.0)
+    grad = max((c.gradient for c in r.classes if c.status == 'verified'), default=0.0)
+    print(f'{r.family:22} {r.converted:4} {r.kept_linen:4} {r.todos:4} {r.size_arguments:4} {counts["verified"]:3} '
+          f'{counts["failed"]:4} {counts["not built"]:4}  {fwd:.1e} / {grad:.1e} {r.error}')
+    reasons.update(f'{c.status}: {c.reason}' for c in r.classes if c.status != 'verified')
+  total = collections.Counter(c.status for r in results for c in r.classes)
+  print(f'{"total":22} {sum(r.converted for r in results):4} {sum(r.kept_linen for r in results):4} '
+        f'{sum(r.todos for r in results):4} {sum(r.size_arguments for r in results):4} {total["verified"]:3} '
+        f'{total["failed"]:4} {total["not built"]:4}')
+  print(f'migrate: {len(families)} files in {seconds:.1f} s ({len(families) / seconds:.2f} files/s, -j {args.jobs})')
+  for reason, count in reasons.most_common():
+    print(f'{count:4}  {reason}')
+  if args.json:
+    pathlib.Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=2))
+
+
+if __name__ == '__main__':
+  main()
