@@ -108,6 +108,13 @@ NNX_TWINS = frozenset({
 })
 """The non-class names flax.linen exports whose very object flax.nnx exports under the same name (`nn.relu` is
 `nnx.relu`), as measured on the installed flax by tests/codemods/test_vocabulary.py (kept here so migrate needs no jax)."""
+NNX_SAME_SIGNATURE = frozenset({'combine_masks', 'make_attention_mask', 'make_causal_mask'})
+"""The non-class names flax.linen exports that flax.nnx exports too, as another function of the same signature that
+computes the same (measured by tests/codemods/test_vocabulary.py): `nn.combine_masks` -> `nnx.combine_masks`."""
+LINEN_ARRAY_FUNCTIONS = frozenset({'flax.linen.attention.dot_product_attention_weights',
+                                   'flax.linen.attention.dot_product_attention'})
+"""flax.linen functions of arrays only (no Linen module or scope: they take their dropout key as an argument) with no
+flax.nnx export of the same signature: NNX code calls them as they are (measured by tests/codemods/test_vocabulary.py)."""
 ELEMENTWISE = frozenset(
     f'{module}.{name}'
     for module in ('flax.linen', 'flax.nnx', 'jax.nn', 'jax.numpy')

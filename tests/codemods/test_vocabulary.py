@@ -117,3 +117,44 @@ def test_initializer_names_exist_in_nnx_and_compute_the_same():
       np.testing.assert_array_equal(getattr(nn.initializers, name)()(key, (2,)), getattr(nnx.initializers, name)()(key, (2,)))
   for name in v.LINEN_TOP_LEVEL_INITIALIZERS:
     assert getattr(nn, name) is getattr(nn.initializers, name)
+
+
+def _same_signature_twins() -> set[str]:
+  """The non-class names of flax.linen that flax.nnx exports as another object with the same signature."""
+  found = set()
+  for name in dir(nn):
+    linen, port = getattr(nn, name), getattr(nnx, name, None)
+    if name.startswith('_') or isinstance(linen, type) or port is None or port is linen or not callable(linen):
+      continue
+    try:
+      if inspect.signature(linen) == inspect.signature(port):
+        found.add(name)
+    except (TypeError, ValueError):
+      continue
+  return found
+
+
+def test_same_signature_twins_are_measured_and_compute_the_same():
+  measured = _same_signature_twins()
+  assert v.NNX_SAME_SIGNATURE == measured, ('update NNX_SAME_SIGNATURE in codemods/vocabulary.py: '
+                                            f'add {sorted(measured - v.NNX_SAME_SIGNATURE)}, '
+                                            f'drop {sorted(v.NNX_SAME_SIGNATURE - measured)}')
+  mask = jnp.array([[1, 1, 0], [1, 0, 0]])
+  for build in (lambda m: m.make_attention_mask(mask, mask), lambda m: m.make_causal_mask(mask),
+                lambda m: m.combine_masks(m.make_attention_mask(mask, mask), m.make_causal_mask(mask))):
+    assert jnp.array_equal(build(nn), build(nnx))
+
+
+def test_linen_array_functions_are_plain_functions_nnx_does_not_export_alike():
+  for qualified in v.LINEN_ARRAY_FUNCTIONS:
+    function = _resolve(qualified)
+    assert inspect.isfunction(function) and function.__module__ == 'flax.linen.attention', qualified
+    name = qualified.rpartition('.')[2]
+    port = getattr(nnx, name, None)
+    assert port is None or inspect.signature(port) != inspect.signature(function), f'{name}: convert it instead'
+    assert 'dropout_rng' in inspect.signature(function).parameters  # its key is an argument, not a Linen rng
+
+
+def test_the_twin_measure_rejects_a_different_signature():
+  assert 'dot_product_attention' not in _same_signature_twins()  # nnx's takes other arguments
+  assert 'combine_masks' in _same_signature_twins()

@@ -20,6 +20,7 @@ from codemods.rules.l2n002.plan import Child
 from codemods.rules.l2n002.plan import ClassRewrite
 from codemods.rules.l2n002.plan import Unsupported
 from codemods.rules.l2n002.state import PlannerState
+from codemods.vocabulary import LINEN_ARRAY_FUNCTIONS
 from codemods.vocabulary import PARTIAL_NAMES
 from codemods.vocabulary import WRAPPING
 from nnx_bridge.layer_table import LayerSpec
@@ -184,23 +185,21 @@ class Children(PlannerState):
 
   def _call_condition(self, call: cst.Call) -> str | None:
     """The construction-time condition a call runs under (the innermost `if` or `a if c else b` around it), as
-    code valid in __init__; None when it runs always, or under a test on the call."""
+    code valid in __init__; None when it runs always, or under a test on the call (a train/eval switch keeps the
+    class Linen, see ClassPlanner._finish)."""
     node, parent = call, self.facts.parent(call)
     while parent is not None and not isinstance(parent, cst.FunctionDef):
       if isinstance(parent, (cst.IfExp, cst.If)) and node is not parent.test:
-        names = [n for n in (parent.test, *descendants(parent.test)) if isinstance(n, (cst.Name, cst.Attribute))]
-        if any(isinstance(n, cst.Name) and n.value in self.plan.switches
-               or isinstance(n, cst.Attribute) and is_self_attr(n) and n.attr.value in self.plan.mode_fields
-               for n in names):
-          return None  # a train/eval switch: NNX has the submodule in both modes
         try:
           self.check_hoistable(parent.test)
         except Unsupported:
           return None
-        code = self.code(parent.test)
+        test = parent.test
         if node is parent.body:
-          return code
-        return f'not {code}' if isinstance(parent.test, (cst.Name, cst.Attribute)) else f'not ({code})'
+          return self.code(test)
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+          return self.code(test.expression)
+        return f'not {self.code(test)}' if isinstance(test, (cst.Name, cst.Attribute)) else f'not ({self.code(test)})'
       node, parent = parent, self.facts.parent(parent)
     return None
 
@@ -215,13 +214,18 @@ class Children(PlannerState):
       outer = (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)
       assignments = list(scope[value.value]) if scope is not None else []
       if scope is not None and not isinstance(scope, outer) and any(not isinstance(a.scope, outer) for a in assignments) \
-          and not self._setup_local(assignments):
+          and not self._setup_local(assignments) and not self._lambda_parameter(assignments):
         alias = self._self_alias(assignments)
         if alias is None:
           raise Unsupported(value, f'a constructor argument uses the local {value.value}')
         self.plan.aliases[value] = alias
     for child in value.children:
       self.check_hoistable(child, skip, linen)
+
+  def _lambda_parameter(self, assignments: list[cst.metadata.BaseAssignment]) -> bool:
+    """Whether a name is a parameter of a lambda (`lambda _, shape: jnp.ones(shape)`), which moves with its code."""
+    return bool(assignments) and all(isinstance(a.scope, cst.metadata.FunctionScope) and isinstance(a.scope.node, cst.Lambda)
+                                     for a in assignments)
 
   def _setup_local(self, assignments: list[cst.metadata.BaseAssignment]) -> bool:
     """Whether a local is one of setup()'s: plain setup() code stays, in its place, in __init__ (`setup_code.py`),
@@ -450,7 +454,8 @@ class Children(PlannerState):
     Raises Unsupported for a Linen name NNX has no counterpart of.
     """
     names = {q.name for q in self.facts.qualified_names(node)}
-    linen = {n for n in names if n == 'flax.linen' or n.startswith('flax.linen.')}
+    linen = {n for n in names if (n == 'flax.linen' or n.startswith('flax.linen.')) and n not in LINEN_ARRAY_FUNCTIONS
+             and f'flax.linen.attention.{n.rpartition(".")[2]}' not in LINEN_ARRAY_FUNCTIONS}
     if not (isinstance(node, (cst.Name, cst.Attribute)) and linen):
       return None
     targets = {nnx_counterpart(n) for n in linen}

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import libcst as cst
 
+from codemods.nodes import descendants
 from codemods.rules.l2n002.nodes import is_self_attr
+from codemods.rules.l2n002.nodes import is_written
 from codemods.rules.l2n002.plan import Child
 from codemods.rules.l2n002.plan import Unsupported
 from codemods.rules.l2n002.state import PlannerState
 from codemods.vocabulary import LAYER_MODE_KWARGS
 from codemods.vocabulary import MODE_PARAMS
+from nnx_bridge.layer_table import MODE_ARGUMENTS
+
+MODE_ARGUMENTS_BY_NAME = {m.name: m for m in MODE_ARGUMENTS}
 
 
 class ModeSwitches(PlannerState):
@@ -35,6 +40,36 @@ class ModeSwitches(PlannerState):
     self.plan.mode_uses.add(name)
     default = self.plan.switch_defaults.get(name.value)
     return None if default is None else default ^ negated
+
+  def read_switches(self, call: cst.FunctionDef) -> None:
+    """A train/eval switch read other than to set a train/eval argument (`if not deterministic: rng = ...`, an
+    attention function's `deterministic=`) becomes the attribute `model.train()` / `model.eval()` set, as flax's
+    own nnx.Dropout and nnx.MultiHeadAttention keep it: `self.deterministic` (`not self.deterministic` for an
+    inverted switch like `train`). The module starts in the mode of the switch's default (train mode without one,
+    as NNX modules do)."""
+    keywords = {sub.keyword for sub in descendants(call.body) if isinstance(sub, cst.Arg)}
+    reads = [sub for sub in descendants(call.body) if isinstance(sub, cst.Name) and sub.value in self.plan.switches
+             and sub not in self.plan.mode_uses | keywords and not is_written(sub, self.facts.parent)]
+    taken = {*self.plan.field_names, *(c.attr for c in self.plan.children)}
+    started: set[str] = set()
+    for sub in reads:
+      argument = MODE_ARGUMENTS_BY_NAME[sub.value]
+      attribute = argument.nnx_attribute
+      if attribute in taken:
+        raise Unsupported(sub, f'the train/eval switch {sub.value} is read, and self.{attribute}, which would hold '
+                               'it, is taken')
+      self.plan.exprs[sub] = f'(not self.{attribute})' if argument.inverted else f'self.{attribute}'
+      if attribute not in started:
+        started.add(attribute)
+        default = self.plan.switch_defaults.get(sub.value)
+        start = (default ^ argument.inverted) if default is not None else False
+        self.plan.init_lines.append(f'self.{attribute} = {start}')
+        self.plan.pending.append((sub, f'the train/eval switch {sub.value} read here becomes '
+                                       f'{self.plan.exprs[sub].strip("()")}, which model.train() / model.eval() set '
+                                       f'(it starts {start})'))
+    for sub in descendants(call.body):
+      if isinstance(sub, cst.Name) and sub.value in self.plan.switches and is_written(sub, self.facts.parent):
+        raise Unsupported(sub, f'the train/eval switch {sub.value} is assigned to')
 
   def _linen_call_params(self, name: str) -> list[cst.Param]:
     """The `__call__` parameters (after self) of the Linen class `name` of this file."""

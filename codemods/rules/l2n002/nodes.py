@@ -10,6 +10,7 @@ import libcst as cst
 
 from codemods.nodes import descendants
 from codemods.vocabulary import NNX_INITIALIZERS
+from codemods.vocabulary import NNX_SAME_SIGNATURE
 from codemods.vocabulary import NNX_TWINS
 from codemods.vocabulary import SCOPE_APIS
 from codemods.vocabulary import nnx_initializer_target
@@ -31,7 +32,7 @@ def nnx_counterpart(qualified: str) -> str | None:
   if initializer is not None:
     return f'nnx.{initializer}' if initializer.rpartition('.')[2] in NNX_INITIALIZERS | {'initializers'} else None
   name = qualified.rpartition('.')[2]
-  return f'nnx.{name}' if name in NNX_TWINS else None
+  return f'nnx.{name}' if name in NNX_TWINS | NNX_SAME_SIGNATURE else None
 
 
 def draws_rngs(plan: ClassRewrite) -> bool:

@@ -170,10 +170,7 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
               call: cst.FunctionDef, mode: dict[int, str]) -> None:
     """Checks the train/eval switches' uses, schedules the Linen names' conversion, writes the children's code."""
     plan = self.plan
-    keywords = {sub.keyword for sub in descendants(call.body) if isinstance(sub, cst.Arg)}
-    for sub in descendants(call.body):
-      if isinstance(sub, cst.Name) and sub.value in self.plan.switches and sub not in self.plan.mode_uses | keywords:
-        raise Unsupported(sub, f'the train/eval switch {sub.value} is used other than to set train/eval arguments')
+    self.read_switches(call)
     for sub in descendants(node):
       if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in plan.mode_fields \
           and sub not in self.plan.mode_uses:

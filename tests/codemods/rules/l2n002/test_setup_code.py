@@ -76,3 +76,58 @@ def test_plain_statements_stay_in_place_and_a_helper_that_builds_nothing_is_call
   lines = [line.strip() for line in init.splitlines()[1:] if line.strip()]
   assert lines[4:] == ['width = scale(self.width)', 'self.activation = ACT2FN[self.act]',
                        'self.out = nnx.Linear(in_features=out_in_features, out_features=width, rngs=rngs)'], lines
+
+
+CALLED = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  use_head: bool = True
+
+  def setup(self):
+    self.dense = nn.Dense(3)
+    self.head = nn.Dense(2)
+
+  def __call__(self, x):
+    x = self.dense(x)
+{body}
+'''
+
+
+@pytest.mark.parametrize('body, created', [
+    ('    return self.head(x) if self.use_head else x', 'if self.use_head else None'),
+    ('    if not self.use_head:\n      return x\n    else:\n      return self.head(x)', 'if self.use_head else None'),
+    ('    return self.head(x) if x.shape[-1] > 2 else x', None),  # a test on the call: NNX builds it always
+    ('    y = self.head(x) if self.use_head else x\n    return self.head(y)', None),  # also called unconditionally
+])
+def test_a_submodule_called_only_under_a_field_condition_is_created_only_then(body, created):
+  result = transform_source(CALLED.format(body=body), RULES)
+  assert 'class M(nnx.Module)' in result.source, result.entries
+  (line,) = [line.strip() for line in result.source.splitlines() if line.strip().startswith('self.head = ')]
+  assert line.endswith(created or 'rngs=rngs)'), line
+
+
+def test_a_switch_read_in_the_body_follows_train_and_eval():
+  """fixtures/L2N002/switch_read_attention: `if not deterministic: dropout_rng = self.make_rng('dropout')` reads
+  self.deterministic, which model.eval() / model.train() set: eval mode is Linen's deterministic call (parity in
+  the fixture's sidecar), train mode draws attention dropout from the module's own stream, a fresh key per call."""
+  import jax
+  import numpy as np
+
+  import nnx_bridge
+  from tests.codemods.rules import test_fixture_parity as fixture_parity
+
+  case = 'L2N002/switch_read_attention'
+  entry = {**fixture_parity.spec(case, entry_id='causal'), 'fields': {'attention_dropout': 0.5}}
+  linen_module, variables, model, (x, mask) = fixture_parity.models(case, entry)
+  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, x, mask))
+  model.eval()
+  assert model.deterministic is True
+  evaluated = model(x, mask)
+  np.testing.assert_allclose(evaluated, linen_module.apply(variables, x, mask), atol=1e-5)
+  model.train()
+  assert model.deterministic is False
+  first, second = model(x, mask), model(x, mask)
+  assert not np.allclose(first, evaluated) and not np.allclose(first, second)
+  want = linen_module.apply(variables, x, mask, deterministic=False, rngs={'dropout': jax.random.key(1)})
+  assert not np.allclose(want, evaluated)  # Linen's train mode drops attention weights too
