@@ -171,7 +171,7 @@ class Port:
     if call is None:
       raise ReportError(f'{self._label(child)} is not called on these inputs, so {record.nnx_name}({name}=...) '
                         'cannot be measured')
-    shapes = ', '.join(str(list(shape)) for shape in call.args if shape is not None)
+    shapes = ', '.join(str(list(value.shape)) for value in call.example if hasattr(value, 'shape'))
     return call.example, f'the inputs of the first call of {self._label(child)} ({shapes})'
 
   def _measure(self, record: report.ConvertedClass, name: str, path: Path) -> tuple[int, str]:

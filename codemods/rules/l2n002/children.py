@@ -11,6 +11,7 @@ import libcst as cst
 
 from codemods.nodes import descendants
 from codemods.rules.l2n002.nodes import Replace
+from codemods.rules.l2n002.nodes import has_scope_call
 from codemods.rules.l2n002.nodes import is_self_attr
 from codemods.rules.l2n002.nodes import last_axis_of_name
 from codemods.rules.l2n002.nodes import literal_identifier
@@ -190,6 +191,9 @@ class Children(PlannerState):
     node, parent = call, self.facts.parent(call)
     while parent is not None and not isinstance(parent, cst.FunctionDef):
       if isinstance(parent, (cst.IfExp, cst.If)) and node is not parent.test:
+        if has_scope_call(parent.test) or any(isinstance(c, cst.Call) and isinstance(c.func, cst.Attribute)
+                                              and is_self_attr(c.func) for c in descendants(parent.test)):
+          return None  # `if self.is_initializing():`, a method's result: not known when __init__ runs
         try:
           self.check_hoistable(parent.test)
         except Unsupported:

@@ -35,14 +35,14 @@ def class_body(plan: ClassRewrite, updated: cst.ClassDef) -> cst.ClassDef:
     return updated.with_changes(bases=[cst.Arg(cst.parse_expression('nnx.Module'))])
   init = init_method(plan, setup_body).with_changes(leading_lines=leading)
   if init_index is None and body and is_docstring(body[0]):
-    init_index, init = 1, init.with_changes(leading_lines=[cst.EmptyLine()])
+    init_index, init = 1, init.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
   init_index = init_index or 0
   body.insert(init_index, init)
   if plan.cache_lines:
     init_index += 1
     body.insert(init_index, init_cache_method(plan).with_changes(leading_lines=[cst.EmptyLine(indent=False)]))
   if init_index + 1 < len(body) and not body[init_index + 1].leading_lines:  # a blank line after __init__
-    body[init_index + 1] = body[init_index + 1].with_changes(leading_lines=[cst.EmptyLine()])
+    body[init_index + 1] = body[init_index + 1].with_changes(leading_lines=[cst.EmptyLine(indent=False)])
   return updated.with_changes(bases=[cst.Arg(cst.parse_expression(plan.base))], body=updated.body.with_changes(body=body))
 
 

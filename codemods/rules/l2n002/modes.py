@@ -58,15 +58,19 @@ class ModeSwitches(PlannerState):
       if attribute in taken:
         raise Unsupported(sub, f'the train/eval switch {sub.value} is read, and self.{attribute}, which would hold '
                                'it, is taken')
-      self.plan.exprs[sub] = f'(not self.{attribute})' if argument.inverted else f'self.{attribute}'
+      parent = self.facts.parent(sub)
+      if argument.inverted and isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
+        self.plan.exprs[parent] = f'self.{attribute}'  # `not train`
+      else:
+        self.plan.exprs[sub] = f'(not self.{attribute})' if argument.inverted else f'self.{attribute}'
       if attribute not in started:
         started.add(attribute)
         default = self.plan.switch_defaults.get(sub.value)
         start = (default ^ argument.inverted) if default is not None else False
         self.plan.init_lines.append(f'self.{attribute} = {start}')
-        self.plan.pending.append((sub, f'the train/eval switch {sub.value} read here becomes '
-                                       f'{self.plan.exprs[sub].strip("()")}, which model.train() / model.eval() set '
-                                       f'(it starts {start})'))
+        negation = 'not ' if argument.inverted else ''
+        self.plan.pending.append((sub, f'the train/eval switch {sub.value} read here is {negation}self.{attribute}, '
+                                       f'which model.train() / model.eval() set (it starts {start})'))
     for sub in descendants(call.body):
       if isinstance(sub, cst.Name) and sub.value in self.plan.switches and is_written(sub, self.facts.parent):
         raise Unsupported(sub, f'the train/eval switch {sub.value} is assigned to')

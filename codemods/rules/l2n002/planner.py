@@ -114,7 +114,7 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
     if method is not None and method is not call and any(p.name.value in MODE_PARAMS for p in method.params.params):
       raise Unsupported(method, 'train/eval arguments of an @nn.compact method other than __call__')
     params = [self.facts.code(f.body[0]).strip() for f in fields]
-    call_params = [p.name.value for p in call.params.params[1:]]
+    call_params = [p.name.value for p in (*call.params.params[1:], *call.params.kwonly_params)]
     plan = self.plan
     plan.params, plan.field_names, plan.call_params, plan.compact = params, field_names, call_params, method is not None
     plan.linen_fields, plan.mode_fields = linen_field_names, mode_fields
@@ -206,11 +206,13 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
       self.plan.methods[method] = set()
 
   def _mode_params(self, call: cst.FunctionDef) -> dict[int, str]:
+    """The train/eval switches among the call's parameters (positional, then keyword-only), by index."""
     params = call.params
-    if isinstance(params.star_arg, cst.Param) or params.star_kwarg or params.posonly_params or params.kwonly_params:
-      raise Unsupported(call, f'{call.name.value} takes *args, **kwargs, positional-only or keyword-only arguments')
-    names = [p.name.value for p in params.params[1:]]
-    defaults = {p.name.value: p.default for p in params.params[1:] if p.default is not None}
+    if isinstance(params.star_arg, cst.Param) or params.posonly_params:
+      raise Unsupported(call, f'{call.name.value} takes *args or positional-only arguments')
+    taken = [*params.params[1:], *params.kwonly_params]  # `**kwargs` stays as it is
+    names = [p.name.value for p in taken]
+    defaults = {p.name.value: p.default for p in taken if p.default is not None}
     self.plan.switch_defaults = {
         name: default.value == 'True' for name, default in defaults.items()
         if name in MODE_PARAMS and isinstance(default, cst.Name) and default.value in ('True', 'False')

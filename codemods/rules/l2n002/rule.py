@@ -99,9 +99,16 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if original_node not in self.file.methods:
       return updated_node
     dropped = self.file.methods[original_node]
-    params = [p for p in updated_node.params.params if p.name.value not in dropped]
-    if params:
-      params[-1] = params[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    parameters = updated_node.params
+    params = [p for p in parameters.params if p.name.value not in dropped]
+    keyword_only = [p for p in parameters.kwonly_params if p.name.value not in dropped]
+    star = parameters.star_arg if keyword_only or not isinstance(parameters.star_arg, cst.ParamStar) \
+        else cst.MaybeSentinel.DEFAULT  # `*, train` with train gone: no bare `*`
+    last = keyword_only or ([] if parameters.star_kwarg or isinstance(star, cst.Param) else params)
+    if last and not parameters.star_kwarg:
+      last[-1] = last[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    if params and (keyword_only or not isinstance(star, cst.MaybeSentinel)) and params[-1].comma == cst.MaybeSentinel.DEFAULT:
+      params[-1] = params[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(' ')))
     body = updated_node.body
     if body.body and isinstance(body, cst.IndentedBlock) and body.body[0].leading_lines \
         and all(line.comment is None for line in body.body[0].leading_lines):  # the statement above it went
@@ -111,7 +118,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         new for old, new in zip(original_node.decorators, updated_node.decorators)
         if not self.facts.has_name(old.decorator, COMPACT_NAMES)
     ]
-    return updated_node.with_changes(params=updated_node.params.with_changes(params=params), decorators=decorators)
+    parameters = parameters.with_changes(params=params, kwonly_params=keyword_only, star_arg=star)
+    return updated_node.with_changes(params=parameters, decorators=decorators)
 
   def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
     plan = self.file.classes.get(original_node)

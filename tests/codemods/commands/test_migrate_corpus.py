@@ -21,7 +21,7 @@ MODELS = ('bert', 'roberta', 'gpt2', 't5', 'mt5', 'resnet')
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory) -> pathlib.Path:
   spec = importlib.util.find_spec('transformers')
-  assert spec is not None and spec.origin, 'transformers==4.46.3 must be installed (pip install --no-deps)'
+  assert spec is not None and spec.origin, 'transformers==4.46.3 must be installed (pip install transformers==4.46.3)'
   package = pathlib.Path(spec.origin).parent
   root = tmp_path_factory.mktemp('hf')
   for model in MODELS:
