@@ -108,6 +108,17 @@ NNX_TWINS = frozenset({
 })
 """The non-class names flax.linen exports whose very object flax.nnx exports under the same name (`nn.relu` is
 `nnx.relu`), as measured on the installed flax by tests/codemods/test_vocabulary.py (kept here so migrate needs no jax)."""
+RNGS_ATTRIBUTES = frozenset({
+    'ball', 'bernoulli', 'beta', 'binomial', 'bits', 'broadcast', 'categorical', 'cauchy', 'chisquare', 'choice',
+    'delta_orthogonal', 'dirichlet', 'double_sided_maxwell', 'exponential', 'f', 'fork', 'gamma', 'generalized_normal',
+    'geometric', 'glorot_normal', 'glorot_uniform', 'gumbel', 'he_normal', 'he_uniform', 'items', 'kaiming_normal',
+    'kaiming_uniform', 'laplace', 'lecun_normal', 'lecun_uniform', 'loggamma', 'logistic', 'lognormal', 'maxwell',
+    'multinomial', 'multivariate_normal', 'normal', 'orthogonal', 'pareto', 'permutation', 'poisson', 'rademacher',
+    'randint', 'rayleigh', 'split', 't', 'triangular', 'truncated_normal', 'uniform', 'variance_scaling', 'wald',
+    'weibull_min', 'xavier_normal', 'xavier_uniform',
+})
+"""The public attributes of nnx.Rngs (its samplers, `fork`, `split`, `items`): an rng stream of one of these names is
+`rngs['gumbel']`, as `rngs.gumbel` is the sampler (measured by tests/codemods/test_vocabulary.py)."""
 NNX_SAME_SIGNATURE = frozenset({'combine_masks', 'make_attention_mask', 'make_causal_mask'})
 """The non-class names flax.linen exports that flax.nnx exports too, as another function of the same signature that
 computes the same (measured by tests/codemods/test_vocabulary.py): `nn.combine_masks` -> `nnx.combine_masks`."""

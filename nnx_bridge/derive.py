@@ -219,7 +219,7 @@ def _nnx_layers(model: nnx.Module) -> dict[Path, _Layer]:
   kinds = {path: kind for path, cls in modules.items() if (kind := _nnx_kind(cls))}
   row_paths = _outermost(kinds)
   owned: dict[Path, dict[Path, _Leaf]] = collections.defaultdict(dict)
-  for path, leaf in _nnx_leaves(nnx.state(model)).items():
+  for path, leaf in _nnx_leaves(nnx.state(model, nnx.Variable)).items():
     owner = _row_of(path, row_paths)
     if owner is None:  # the innermost module holding the leaf
       owner = next(path[:end] for end in range(len(path) - 1, -1, -1) if path[:end] in modules)
@@ -447,7 +447,7 @@ def _wrapped_linen(
   if not wrappers:
     return [], set(), set()
   linen = _linen_leaves(variables)
-  nnx_leaves = _nnx_leaves(nnx.state(model))
+  nnx_leaves = _nnx_leaves(nnx.state(model, nnx.Variable))
 
   def subtree(prefix: Path) -> dict[tuple[str, Path], _Leaf]:
     return {(c, path[len(prefix):]): leaf for (c, path), leaf in linen.items() if path[:len(prefix)] == prefix}
@@ -537,7 +537,7 @@ def derive_mapping(
   variables, linen_calls, classes = trace.variables, trace.call_paths, trace.classes
   if not layer_pairs:
     try:
-      return mapping_by_path(variables, nnx.state(nnx_model))
+      return mapping_by_path(variables, nnx.state(nnx_model, nnx.Variable))
     except MappingError:
       pass  # the layouts differ: derive the pairing below
   nnx_calls, failure = _trace_nnx(nnx_model, inputs, method, call_kwargs)

@@ -26,7 +26,7 @@ from nnx_bridge.treemap import TreeMapping
 from nnx_bridge.treemap import normalize_path
 from nnx_bridge.treemap import path_str
 
-_NOT_RNG = nnx.Not(nnx.RngState)
+_NOT_RNG = nnx.All(nnx.Variable, nnx.Not(nnx.RngState))  # raw array attributes are constants, not state
 
 
 def flat_linen(variables: tp.Mapping[str, tp.Any]) -> dict[LinenKey, tp.Any]:

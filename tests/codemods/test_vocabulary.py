@@ -158,3 +158,11 @@ def test_linen_array_functions_are_plain_functions_nnx_does_not_export_alike():
 def test_the_twin_measure_rejects_a_different_signature():
   assert 'dot_product_attention' not in _same_signature_twins()  # nnx's takes other arguments
   assert 'combine_masks' in _same_signature_twins()
+
+
+def test_rngs_attributes_are_measured_on_the_installed_flax():
+  measured = {name for name in dir(nnx.Rngs) if not name.startswith('_')}
+  assert v.RNGS_ATTRIBUTES == measured, ('update RNGS_ATTRIBUTES in codemods/vocabulary.py: '
+                                         f'add {sorted(measured - v.RNGS_ATTRIBUTES)}, drop {sorted(v.RNGS_ATTRIBUTES - measured)}')
+  assert not isinstance(nnx.Rngs(0).gumbel, nnx.RngStream)  # why such a stream needs rngs['gumbel']
+  assert isinstance(nnx.Rngs(0)['gumbel'], nnx.RngStream)

@@ -218,3 +218,36 @@ def test_without_a_mapping_the_layouts_must_agree():
   np.testing.assert_allclose(model(X), LinenStack().apply(variables, X), atol=1e-6)
   with pytest.raises(MappingError, match=r'params/Dense_1/kernel float32\[3,3\] does not fit NNX Dense_1/kernel'):
     transfer.linen_to_nnx(variables, SameLayout(nnx.Rngs(0), out=2))
+
+
+def test_an_array_attribute_is_a_constant_not_state():
+  """HF's CLIP embeddings keep `self.position_ids = jnp.arange(...)` from setup(): in NNX a plain array attribute,
+  which no Linen variable maps to. Mapping and transfer leave it alone; a wrong-shaped Linen leaf is still refused."""
+  import nnx_bridge
+
+  class LinenEmbeddings(nn.Module):
+    def setup(self):
+      self.position_ids = jnp.arange(4)
+      self.position_embedding = nn.Embed(4, 3)
+
+    def __call__(self, x):
+      return x + self.position_embedding(self.position_ids)
+
+  class Embeddings(nnx.Module):
+    def __init__(self, rngs):
+      self.position_ids = jnp.arange(4)
+      self.position_embedding = nnx.Embed(4, 3, rngs=rngs)
+
+    def __call__(self, x):
+      return x + self.position_embedding(self.position_ids)
+
+  x = jnp.ones((2, 4, 3))
+  linen, model = LinenEmbeddings(), Embeddings(nnx.Rngs(1))
+  variables = linen.init(jax.random.key(0), x)
+  mapping = nnx_bridge.derive_mapping(linen, model, x)
+  nnx_bridge.linen_to_nnx(variables, model, mapping)
+  np.testing.assert_allclose(model(x), linen.apply(variables, x))
+  assert np.array_equal(model.position_ids, jnp.arange(4))
+  wrong = {'params': {'position_embedding': {'embedding': jnp.ones((5, 3))}}}
+  with pytest.raises(Exception, match='position_embedding'):
+    nnx_bridge.linen_to_nnx(wrong, model, mapping)

@@ -128,6 +128,11 @@ def broadcast_shape(left: Shape, right: Shape) -> Shape:
   return None
 
 
+def _bare_slice(index: cst.BaseSlice) -> bool:
+  """`:` alone: an index that keeps its axis whole (as the last index, the array's last axis)."""
+  return isinstance(index, cst.Slice) and index.lower is None and index.upper is None and index.step is None
+
+
 class BodyWalk(tp.Generic[V]):
   """A walk of a method body in order, for one abstract value per local name (`env`).
 
@@ -211,6 +216,10 @@ class LastAxisWalk(BodyWalk[Known | Input]):
         and expr.args[1].value.elements[-1].value.value == '1':
       self.value(expr.args[1].value, env)
       return self.value(expr.args[0].value, env)
+    if derive and isinstance(expr, cst.Subscript) and expr.slice and _bare_slice(expr.slice[-1].slice):
+      for element in expr.slice:  # `h[:, 0, :]`: the last axis is the one the trailing `:` keeps
+        self.value(element, env)
+      return self.value(expr.value, env)
     if derive and isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, ARITHMETIC):
       left, right = self.value(expr.left, env), self.value(expr.right, env)
       return right if is_number(expr.left) else left if is_number(expr.right) else broadcast(left, right)

@@ -12,6 +12,7 @@ from codemods.nodes import descendants
 from codemods.vocabulary import NNX_INITIALIZERS
 from codemods.vocabulary import NNX_SAME_SIGNATURE
 from codemods.vocabulary import NNX_TWINS
+from codemods.vocabulary import RNGS_ATTRIBUTES
 from codemods.vocabulary import SCOPE_APIS
 from codemods.vocabulary import nnx_initializer_target
 
@@ -195,8 +196,9 @@ def paren(code: str) -> str:
 
 
 def stream_access(stream: str) -> str:
-  """`.dropout` / `['my-stream']`: how `rngs` names an rng stream."""
-  return f'.{stream}' if stream.isidentifier() and not keyword.iskeyword(stream) else f'[{stream!r}]'
+  """`.dropout` / `['my-stream']` / `['gumbel']` (a sampler of nnx.Rngs has that name): how `rngs` names a stream."""
+  attribute = stream.isidentifier() and not keyword.iskeyword(stream) and stream not in RNGS_ATTRIBUTES
+  return f'.{stream}' if attribute else f'[{stream!r}]'
 
 
 def field_name(statement: cst.CSTNode) -> str | None:

@@ -111,6 +111,19 @@ def test_other_calls_forget_the_size():
   assert _walk(source, {'x': Known('self.d')}) is None
 
 
+@pytest.mark.parametrize(('index', 'expected'), [
+    ('[:, 0, :]', Known('self.d')), ('[..., :]', Known('self.d')), ('[0, :]', Known('self.d')),
+    ('[:, 0]', None),  # the last axis of a 2-D array is gone: the rank is not known
+    ('[:, :2]', None), ('[..., 0]', None),
+])
+def test_a_subscript_ending_in_a_bare_slice_keeps_the_last_axis(index, expected):
+  source = f"""
+  def f(h):
+    return h{index}
+  """
+  assert _walk(source, {'h': Known('self.d')}) == expected
+
+
 @pytest.mark.parametrize(('second', 'expected'), [('y', Known('self.d')), ('x', None)])
 def test_a_conditional_keeps_a_size_only_when_every_arm_agrees(second, expected):
   source = f"""

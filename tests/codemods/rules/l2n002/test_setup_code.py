@@ -131,3 +131,28 @@ def test_a_switch_read_in_the_body_follows_train_and_eval():
   assert not np.allclose(first, evaluated) and not np.allclose(first, second)
   want = linen_module.apply(variables, x, mask, deterministic=False, rngs={'dropout': jax.random.key(1)})
   assert not np.allclose(want, evaluated)  # Linen's train mode drops attention weights too
+
+
+def test_a_stream_named_like_an_rngs_sampler_is_reached_by_key_and_runs():
+  """HF's Flax wav2vec2 draws `self.make_rng("gumbel")`; `rngs.gumbel` is nnx.Rngs's gumbel sampler."""
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  source = '''import flax.linen as nn
+import jax
+
+
+class Quantizer(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(3)(x)
+    return x + jax.random.gumbel(self.make_rng("gumbel"), x.shape)
+'''
+  result = transform_source(source, RULES)
+  assert "self.gumbel_rngs = rngs['gumbel'].fork()" in result.source, result.source
+  namespace = {}
+  exec(compile(result.source, 'quantizer.py', 'exec'), namespace)
+  model = namespace['Quantizer'](linear_in_features=2, rngs=nnx.Rngs(0, gumbel=1))
+  x = jax.numpy.ones((2, 2))
+  assert not np.allclose(model(x), model(x))  # a fresh gumbel draw each call
