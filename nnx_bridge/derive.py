@@ -439,8 +439,10 @@ def _wrapped_linen(
     linen_calls: list[Path], nnx_calls: list[Path],
 ) -> tuple[list[LeafRule], set[Path], set[Path]]:
   """Rules for the NNX model's `nnx_bridge.from_linen` wrappers: each holds a Linen module's variables under its
-  own Linen paths, so it pairs with the Linen module whose subtree has exactly those leaves (several alike: in call
-  order). Returns the rules and the Linen and NNX module paths they cover."""
+  own Linen paths, so it pairs with the Linen module whose subtree has exactly those leaves: the one at its own path
+  if it fits (a migrated port keeps the Linen names of what it wraps), else the first in call order (several alike,
+  e.g. same-shaped norms inside another wrapped module). Returns the rules and the Linen and NNX module paths they
+  cover."""
   from nnx_bridge.linen_in_nnx import LinenModule  # the bridge builds on this module's tracing, not the reverse
 
   wrappers = [normalize_path(path) for path, module in nnx.iter_modules(model) if isinstance(module, LinenModule)]
@@ -463,7 +465,7 @@ def _wrapped_linen(
   covered_linen: set[Path] = set()
   for wrapper in sorted(wrappers, key=lambda path: order(nnx_calls, path)):
     candidates = sorted((p for p in classes if p not in covered_linen and fits(wrapper, p)),
-                        key=lambda path: order(linen_calls, path))
+                        key=lambda path: (path != wrapper, order(linen_calls, path)))  # its own name first
     if not candidates:
       continue
     prefix = candidates[0]

@@ -501,3 +501,47 @@ class NNXSwapped(nnx.Module):
 def test_refuses_when_names_and_call_order_disagree():
   with pytest.raises(MappingError, match=r'call order pairs Linen a \(Dense\) with NNX b \(Linear\)'):
     _derive(ThreeNamed(), lambda: NNXSwapped(rngs=nnx.Rngs(0)), X)
+
+
+def test_a_wrapper_pairs_with_the_linen_module_of_its_own_name_before_a_look_alike_called_earlier():
+  """HF's Flax llama: a final RMSNorm (one `weight` at its root) kept Linen behind nnx_bridge.from_linen, after a
+  wrapped layer collection whose blocks hold norms of the same shape and run first."""
+  import nnx_bridge
+
+  class Norm(nn.Module):
+    def setup(self):
+      self.weight = self.param('weight', lambda _, size: jnp.ones(size), 3)
+
+    def __call__(self, x):
+      return self.weight * x
+
+  class Blocks(nn.Module):
+    def setup(self):
+      self.norm = Norm()
+      self.dense = nn.Dense(3)
+
+    def __call__(self, x):
+      return self.dense(self.norm(x))
+
+  class LinenModel(nn.Module):
+    def setup(self):
+      self.layers = Blocks()
+      self.norm = Norm()
+
+    def __call__(self, x):
+      return self.norm(self.layers(x))
+
+  class Model(nnx.Module):
+    def __init__(self, rngs):
+      example = jax.ShapeDtypeStruct((2, 3), jnp.float32)
+      self.layers = nnx_bridge.from_linen(Blocks(), example, rngs=rngs)
+      self.norm = nnx_bridge.from_linen(Norm(), example, rngs=rngs)
+
+    def __call__(self, x):
+      return self.norm(self.layers(x))
+
+  x = jnp.ones((2, 3))
+  pairs = {('layers',): ('layers',), ('norm',): ('norm',)}  # as a migrate record names them
+  mapping = nnx_bridge.derive_mapping(LinenModel(), Model(nnx.Rngs(0)), x, layer_pairs=pairs)
+  rules = {tuple(rule.linen[0][1:]): rule.nnx for rule in mapping.rules}
+  assert rules[('norm', 'weight')][0] == 'norm' and rules[('layers', 'norm', 'weight')][0] == 'layers'
