@@ -23,6 +23,12 @@ if tp.TYPE_CHECKING:
 HAS_VARIABLE_HINT = (' (a decode cache or a lazily created variable: in NNX, create it in an explicit '
                      'cache-initialisation method)')
 """Why the scope API has_variable has no automatic conversion."""
+DEFERRING: dict[type[cst.CSTNode], str] = {  # an expression whose parts run only sometimes, or later
+    cst.Lambda: 'a lambda', cst.ListComp: 'a list comprehension', cst.DictComp: 'a dict comprehension',
+    cst.GeneratorExp: 'a generator expression', cst.IfExp: 'a conditional expression (a if c else b)',
+    cst.BooleanOperation: 'an and/or expression',
+}
+"""How a TODO names the construct a submodule construction sits in, which NNX cannot build in __init__ as it is."""
 ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide)
 """The binary operators sizes flow through (elementwise with a scalar or broadcast)."""
 

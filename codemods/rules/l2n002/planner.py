@@ -20,6 +20,7 @@ from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.lifted import LiftedTransforms
 from codemods.rules.l2n002.loops import Loops
 from codemods.rules.l2n002.modes import ModeSwitches
+from codemods.rules.l2n002.nodes import DEFERRING
 from codemods.rules.l2n002.nodes import field_name
 from codemods.rules.l2n002.nodes import has_call
 from codemods.rules.l2n002.nodes import has_scope_call
@@ -48,11 +49,7 @@ from nnx_bridge.layer_table import WRAPPERS
 from nnx_bridge.layer_table import find_layer
 
 
-_DEFERRED: dict[type[cst.CSTNode], str] = {  # where a construction runs only sometimes, or later
-    cst.Lambda: 'a lambda', cst.ListComp: 'a list comprehension', cst.SetComp: 'a set comprehension',
-    cst.DictComp: 'a dict comprehension', cst.GeneratorExp: 'a generator expression', cst.FunctionDef: 'a function',
-    cst.IfExp: 'a conditional expression (a if c else b)', cst.BooleanOperation: 'an and/or expression',
-}
+_DEFERRED = {**DEFERRING, cst.SetComp: 'a set comprehension', cst.FunctionDef: 'a function'}
 
 
 class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, DecodeCaches):

@@ -17,16 +17,13 @@ from libcst.metadata import QualifiedNameSource
 
 from codemods.nodes import descendants
 from codemods.rules.l2n002.facts import FileFacts
+from codemods.rules.l2n002.nodes import DEFERRING
 from codemods.rules.l2n002.nodes import field_name
 from codemods.rules.l2n002.nodes import is_self_attr
 from codemods.rules.l2n002.nodes import scope_api
 
-_INSIDE: dict[type[cst.CSTNode], str] = {  # where a construction in a plain statement sits
-    cst.IfExp: 'a conditional expression (a if c else b)', cst.BooleanOperation: 'an and/or expression',
-    cst.ListComp: 'a list comprehension', cst.GeneratorExp: 'a generator expression', cst.Lambda: 'a lambda',
-    cst.DictComp: 'a dict comprehension', cst.List: 'a list', cst.Tuple: 'a tuple', cst.Dict: 'a dict',
-    cst.If: 'an if block', cst.For: 'a for loop', cst.While: 'a while loop',
-}
+_INSIDE = {**DEFERRING, cst.List: 'a list', cst.Tuple: 'a tuple', cst.Dict: 'a dict',  # where it sits in a statement
+           cst.If: 'an if block', cst.For: 'a for loop', cst.While: 'a while loop'}
 
 
 def plain_attributes(statement: cst.CSTNode) -> set[str]:
