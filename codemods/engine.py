@@ -34,6 +34,8 @@ from codemods import files
 from codemods import workers
 from codemods.analysis.hierarchy import LinenHierarchy
 from codemods.analysis.hierarchy import build_hierarchy
+from codemods.analysis.hierarchy import module_names
+from codemods.analysis.seams import IMPORTABLE_SEAMS
 from codemods.decisions import SEAMS_CODE
 from codemods.decisions import decide_run
 from codemods.decisions import with_todos
@@ -45,6 +47,7 @@ from codemods.report import CHANGED
 from codemods.report import FAILED
 from codemods.report import SKIPPED
 from codemods.report import UNCHANGED
+from codemods.report import ConvertedClass
 from codemods.report import Entry
 from codemods.report import FileOutcome
 from codemods.report import MigrationResult
@@ -68,6 +71,10 @@ _SEPARATORS = frozenset({',', ':', '=', ';'})
 _CLASS_NAME = re.compile(rb'^class\s+(\w+)', re.MULTILINE)
 _TODO_LINE = re.compile(rb'^[ \t"]*' + re.escape(TODO_PREFIX.encode()), re.MULTILINE)
 _TRIVIA = frozenset({tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT})
+
+Task = tuple[str, tp.Mapping[str, str], tp.Mapping[str, ConvertedClass]]
+"""One file to migrate: its path, its classes the run keeps Linen (-> why), the records of classes other files
+converted that its call sites use (by qualified name)."""
 
 
 def migrate(
@@ -124,7 +131,7 @@ def migrate(
   limits = limits or workers.Limits.from_environment()
   bar = _progress_bar(len(candidates), progress)
   try:
-    outcomes.update(_outcomes(_run([(path, {}) for path in candidates], rules, jobs, options, hierarchy, limits),
+    outcomes.update(_outcomes(_run([(path, {}, {}) for path in candidates], rules, jobs, options, hierarchy, limits),
                               bar))
   finally:
     bar.close()
@@ -148,10 +155,14 @@ def _outcomes(run: tp.Iterator[FileOutcome], bar: tp.Any = None) -> dict[str, Fi
 
 
 def _settle(outcomes: dict[str, FileOutcome], originals: tp.Mapping[str, bytes], roots: tp.Sequence[str],
-            rerun: tp.Callable[[list[tuple[str, dict[str, str]]]], dict[str, FileOutcome]]) -> dict[str, FileOutcome]:
+            rerun: tp.Callable[[list[Task]], dict[str, FileOutcome]]) -> dict[str, FileOutcome]:
   """The run-wide decisions (`decisions.py`): classes some Linen class of another file uses are kept Linen (their
-  files migrated again), then the broken uses left get their TODO."""
+  files migrated again); files whose call sites use a class another file converted are migrated again with its
+  record (`imported_classes`), so that `train.py` builds what `models.py` now defines; then the broken uses
+  left get their TODO."""
   kept: dict[str, dict[str, str]] = {}
+  sources_of: dict[str, set[str]] = {}  # file -> the files whose converted classes its call sites use
+  given: dict[str, dict[str, ConvertedClass]] = {}  # file -> the records it was last migrated with
   while True:
     converted = {path: {c.linen_name for c in outcome.classes} for path, outcome in outcomes.items()}
     words = {name for path, outcome in outcomes.items() if outcome.status != SKIPPED
@@ -161,11 +172,17 @@ def _settle(outcomes: dict[str, FileOutcome], originals: tp.Mapping[str, bytes],
              if path.endswith('.py') and outcome.status != FAILED
              and (outcome.status != SKIPPED or any(word in originals[path] for word in words))}
     decision = decide_run(texts, converted, roots)
-    if not decision.keep:
-      break
     for path, names in decision.keep.items():
       kept[path] = {**kept.get(path, {}), **names}
-    outcomes = {**outcomes, **rerun([(path, kept[path]) for path in decision.keep])}
+    for path, seams in decision.todos.items():
+      sources_of.setdefault(path, set()).update(
+          s.target_path for s in seams if s.kind in IMPORTABLE_SEAMS and s.target_path != path)
+    wanted = {path: _records(outcomes, sources, roots) for path, sources in sources_of.items()}
+    stale = sorted({*decision.keep, *(path for path, records in wanted.items() if records != given.get(path, {}))})
+    if not stale:
+      break
+    given.update({path: wanted[path] for path in stale if path in wanted})
+    outcomes = {**outcomes, **rerun([(path, kept.get(path, {}), given.get(path, {})) for path in stale])}
   for path, seams in decision.todos.items():
     old = _text(originals[path], originals[path])
     new = with_todos(texts[path], seams)
@@ -180,6 +197,14 @@ def _settle(outcomes: dict[str, FileOutcome], originals: tp.Mapping[str, bytes],
       outcomes[path] = FileOutcome(path, CHANGED, diff=unified_diff(old, new, path), entries=entries,
                                    classes=outcome.classes, source=data)
   return outcomes
+
+
+def _records(outcomes: tp.Mapping[str, FileOutcome], sources: tp.Iterable[str],
+             roots: tp.Sequence[str]) -> dict[str, ConvertedClass]:
+  """The records of the classes the files `sources` converted, under every qualified name of each (as
+  `QualifiedNameProvider` names them in an importing file, relative imports resolved)."""
+  return {f'{module}.{record.linen_name}': record for path in sorted(sources) if path in outcomes
+          for module in module_names(path, roots) for record in outcomes[path].classes}
 
 
 def _write(outcome: FileOutcome, original: bytes) -> FileOutcome:
@@ -212,12 +237,13 @@ def _text(data: bytes, original: bytes) -> str:
 def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]],
                  options: MigrationOptions = MigrationOptions(),
                  hierarchy: LinenHierarchy = LinenHierarchy(),
-                 kept_classes: tp.Mapping[str, str] = {}) -> FileOutcome:
+                 kept_classes: tp.Mapping[str, str] = {},
+                 imported_classes: tp.Mapping[str, ConvertedClass] = {}) -> FileOutcome:
   """Migrates one file in memory: never raises; a failure is an outcome. The outcome of a changed file holds
   its new content (`source`), which `migrate` writes once the whole run is decided.
 
   `hierarchy`: the Linen classes of the whole run (`build_hierarchy`); `kept_classes`: classes of the file the
-  run keeps Linen, with why.
+  run keeps Linen, with why; `imported_classes`: records of classes other files converted, by qualified name.
   """
   try:
     with open(path, 'rb') as file:
@@ -229,7 +255,7 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]],
     if path.endswith('.ipynb'):
       result = transform_notebook(old, rules, options, hierarchy.for_file(path), path)
     else:
-      result = transform_source(old, rules, options, hierarchy.for_file(path), path, kept_classes)
+      result = transform_source(old, rules, options, hierarchy.for_file(path), path, kept_classes, imported_classes)
     if result.source == old:
       return FileOutcome(path, UNCHANGED, entries=result.entries, classes=result.classes)
     encoding = 'utf-8' if path.endswith('.ipynb') else _encoding(old)
@@ -247,11 +273,11 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]],
       time.sleep(float(os.environ[SLEEP_ENV]))
 
 
-def _migrate_task(task: tuple[str, tp.Mapping[str, str]], rules: tp.Sequence[type[MigrationRule]],
-                  options: MigrationOptions, hierarchy: LinenHierarchy) -> FileOutcome:
-  """`migrate_file` of a worker task: a path and the classes of it the run keeps Linen."""
-  path, kept = task
-  return migrate_file(path, rules, options, hierarchy, kept)
+def _migrate_task(task: Task, rules: tp.Sequence[type[MigrationRule]], options: MigrationOptions,
+                  hierarchy: LinenHierarchy) -> FileOutcome:
+  """`migrate_file` of a worker task: a path, the classes of it the run keeps Linen, the records it imports."""
+  path, kept, imported = task
+  return migrate_file(path, rules, options, hierarchy, kept, imported)
 
 
 def nesting_depth(source: bytes) -> int:
@@ -305,7 +331,7 @@ def _code(path: str, data: bytes) -> list[bytes]:
     return []
 
 
-def _run(tasks: list[tuple[str, dict[str, str]]], rules: tuple[type[MigrationRule], ...], jobs: int,
+def _run(tasks: list[Task], rules: tuple[type[MigrationRule], ...], jobs: int,
          options: MigrationOptions, hierarchy: LinenHierarchy, limits: workers.Limits) -> tp.Iterator[FileOutcome]:
   if jobs <= 1 or len(tasks) <= 1:  # one file: no worker to start (the pre-commit hook's usual run)
     for task in tasks:

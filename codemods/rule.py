@@ -62,6 +62,7 @@ REPORT_KEY = 'linen2nnx.report'
 CLASSES_KEY = 'linen2nnx.classes'
 KNOWN_CLASSES_KEY = 'linen2nnx.known_classes'  # the records of earlier rules, for the rules after them
 KEPT_CLASSES_KEY = 'linen2nnx.kept_classes'  # classes of the file decided to stay Linen -> why
+IMPORTED_CLASSES_KEY = 'linen2nnx.imported_classes'  # classes other files of the run converted, by qualified name
 TODO_PREFIX = '# TODO(linen2nnx): '
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.Decorator)
 
@@ -104,6 +105,12 @@ class MigrationRule(VisitorBasedCodemodCommand):
   def kept_classes(self) -> tp.Mapping[str, str]:
     """The module-level classes of this file the run decided to keep as Linen, with why (`transform_source`)."""
     return self.context.scratch.get(KEPT_CLASSES_KEY, {})
+
+  @property
+  def imported_classes(self) -> tp.Mapping[str, ConvertedClass]:
+    """The classes other files of the run converted, by fully qualified name (every module name of their file):
+    their records, for the call sites of this file (`engine._settle`); empty on the first pass."""
+    return self.context.scratch.get(IMPORTED_CLASSES_KEY, {})
 
   def report_change(self, node: cst.CSTNode, message: str) -> None:
     """Records that `node` (of the original tree) was rewritten."""

@@ -38,6 +38,7 @@ from codemods.positions import PositionMap
 from codemods.report import ConvertedClass
 from codemods.report import Entry
 from codemods.rule import CLASSES_KEY
+from codemods.rule import IMPORTED_CLASSES_KEY
 from codemods.rule import KEPT_CLASSES_KEY
 from codemods.rule import KNOWN_CLASSES_KEY
 from codemods.rule import REPORT_KEY
@@ -73,13 +74,15 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
                      options: MigrationOptions = MigrationOptions(),
                      hierarchy: LinenHierarchy = LinenHierarchy(),
                      filename: str | None = None,
-                     kept_classes: tp.Mapping[str, str] = {}) -> Transformed[Source]:
+                     kept_classes: tp.Mapping[str, str] = {},
+                     imported_classes: tp.Mapping[str, ConvertedClass] = {}) -> Transformed[Source]:
   """Applies `rules` in order; bytes keep their encoding, BOM and line endings (libcst does).
 
   `hierarchy`: the Linen classes of the run the source is part of, seen from its file
   (`LinenHierarchy.for_file`); empty, only the source's own classes are known. `filename`: the
   source's file, whose classes the options' example traces are looked up by. `kept_classes`:
-  module-level classes of the source to keep as Linen, with why.
+  module-level classes of the source to keep as Linen, with why. `imported_classes`: the records of
+  classes other files of the run converted, by qualified name, for the source's call sites.
 
   A rule that fails inside a class, or whose code for a class does not parse, costs that class,
   not the file: the class is kept as Linen (with a TODO saying so) and the rules run again.
@@ -92,7 +95,7 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
   with _collections_between_rules():
     while True:
       try:
-        return _transform(source, tree, rules, options, hierarchy, filename, kept)
+        return _transform(source, tree, rules, options, hierarchy, filename, kept, imported_classes)
       except _ClassFailed as failed:
         if failed.name in kept:
           raise MigrationError(failed.message) from None
@@ -133,7 +136,8 @@ class _ClassFailed(Exception):
 
 
 def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[MigrationRule]], options: MigrationOptions,
-               hierarchy: LinenHierarchy, filename: str | None, kept: tp.Mapping[str, str]) -> Transformed[Source]:
+               hierarchy: LinenHierarchy, filename: str | None, kept: tp.Mapping[str, str],
+               imported: tp.Mapping[str, ConvertedClass]) -> Transformed[Source]:
   # A freshly parsed tree holds each node once: no need for the copy MetadataWrapper makes.
   wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
   code = _Code()
@@ -145,7 +149,8 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
     if rule.REQUIRES and not any(word in code(wrapper) for word in (*rule.REQUIRES, *base_words)):
       continue
     context = CodemodContext(filename=filename, scratch={KNOWN_CLASSES_KEY: tuple(classes), OPTIONS_KEY: options,
-                                                         HIERARCHY_KEY: hierarchy, KEPT_CLASSES_KEY: kept})
+                                                         HIERARCHY_KEY: hierarchy, KEPT_CLASSES_KEY: kept,
+                                                         IMPORTED_CLASSES_KEY: imported})
     codemod = rule(context)
     before, rule_input = wrapper, code(wrapper)
     try:

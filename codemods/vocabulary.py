@@ -133,6 +133,15 @@ ELEMENTWISE = frozenset(
                  'leaky_relu', 'softplus', 'soft_sign', 'hard_tanh', 'log_sigmoid', 'softmax', 'log_softmax')
 )
 """Functions that keep their input's shape (the size interpreter follows sizes through them)."""
+POOLING = frozenset(f'{module}.{name}' for module, names in (
+    ('flax.linen', ('avg_pool', 'max_pool', 'pool')), ('flax.linen.pooling', ('avg_pool', 'max_pool', 'min_pool', 'pool')),
+    ('flax.nnx', ('avg_pool', 'max_pool', 'min_pool', 'pool'))) for name in names)
+"""flax's pooling functions: windows over the axes between the batch and the last, which they keep (`nn.avg_pool(x,
+(2, 2))` of an NHWC array keeps C), as tests/codemods/test_vocabulary.py measures on the installed flax."""
+REDUCTIONS = frozenset(f'jax.numpy.{name}' for name in (
+    'mean', 'sum', 'max', 'min', 'prod', 'std', 'var', 'amax', 'amin', 'median', 'nanmean', 'nansum', 'nanmax', 'nanmin'))
+"""jax.numpy reductions over `axis=`: they keep the last axis when every reduced axis is a negative literal other
+than -1 (`jnp.mean(x, axis=(-3, -2))`); a positive axis could be the last one of an input of unknown rank."""
 CONCATENATE = frozenset({'jax.numpy.concatenate'})
 TILE = frozenset({'jax.numpy.tile'})  # keeps the last axis when its last repetition is a literal 1
 

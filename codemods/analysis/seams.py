@@ -34,6 +34,8 @@ LINEN_BUILDS_NNX = 'linen-builds-nnx'
 LINEN_SUBCLASSES_NNX = 'linen-subclasses-nnx'
 MISSING_ARGUMENTS = 'missing-arguments'
 LINEN_API_ON_NNX = 'linen-api-on-nnx'
+IMPORTABLE_SEAMS = frozenset({MISSING_ARGUMENTS, LINEN_API_ON_NNX})
+"""The seams L2N003 may convert once it knows the record of a class another file converted (`engine._settle`)."""
 LINEN_APIS = frozenset({'init', 'apply', 'init_with_output', 'bind', 'tabulate', 'lazy_init'})
 _NNX_MODULE = frozenset({'flax.nnx.Module', 'flax.nnx.module.Module'})
 _LINEN_MODULE = frozenset({'flax.linen.Module', 'flax.linen.module.Module'})

@@ -3,6 +3,7 @@ and the lists measured on flax (NNX_TWINS) are what flax says today."""
 
 import importlib
 import inspect
+import typing as tp
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,30 @@ def test_every_spelling_names_the_same_object(names):
 
 def test_remat_and_checkpoint_are_one_transform():
   assert _one_object(v.REMAT_NAMES) is nn.remat
+
+
+def _pools_keeping_the_last_axis(function: tp.Callable, name: str) -> bool:
+  """Whether `function`, called as a flax pooling function `name` is, windows (8, 6) into (4, 3) and keeps C = 5."""
+  x = jnp.ones((2, 8, 6, 5))
+  out = function(x, 0.0, jax.lax.add, (2, 2), (2, 2), 'VALID') if name.endswith('.pool') else function(x, (2, 2), (2, 2))
+  return out.shape == (2, 4, 3, 5)
+
+
+def test_pooling_functions_keep_the_last_axis_on_the_installed_flax():
+  assert all(_pools_keeping_the_last_axis(_resolve(name), name) for name in v.POOLING)
+  assert not _pools_keeping_the_last_axis(lambda x, *_: jnp.mean(x, axis=-1), 'flax.linen.avg_pool')
+
+
+@pytest.mark.parametrize('axis, keeps', [((1, 2), False), ((-3, -2), True), (-1, False), ((-2, -1), False)])
+def test_reductions_keep_the_last_axis_only_for_the_axes_the_interpreter_trusts(axis, keeps):
+  import libcst as cst
+
+  from codemods.rules.l2n002.dims import keeps_last_axis
+  assert all(_resolve(name) for name in v.REDUCTIONS)
+  call = cst.parse_expression(f'jnp.mean(x, axis={axis})')
+  assert keeps_last_axis(call) is keeps
+  if keeps:  # what the interpreter trusts holds on a 4-d array
+    assert jnp.mean(jnp.ones((2, 8, 6, 5)), axis=axis).shape[-1] == 5
 
 
 def test_broadcast_names_resolve():

@@ -5,7 +5,7 @@ there. The interpreter walks a method body in order, with one abstract value per
 
 - `LastAxisWalk` follows last-axis sizes (`Dim`): `Known(code)` (code valid in `__init__`, such
   as `self.features`), `Input(i)` (the last axis of call argument i) or None (the code does not
-  say). Elementwise functions and arithmetic keep a size, `concatenate` on the last axis sums
+  say). Elementwise functions, pooling and arithmetic keep a size, `concatenate` on the last axis sums
   known sizes; anything else forgets it. `SizeWalk` adds what the class's children, variables and
   own methods say (for the hoisting, loop and factory passes).
 - `CacheShapes` follows whole shapes (`Shape`) in terms of the first input's (`input_shape`), for
@@ -39,6 +39,8 @@ from codemods.rules.l2n002.nodes import size_local_of
 from codemods.rules.l2n002.plan import Unsupported
 from codemods.vocabulary import CONCATENATE
 from codemods.vocabulary import ELEMENTWISE
+from codemods.vocabulary import POOLING
+from codemods.vocabulary import REDUCTIONS
 from codemods.vocabulary import TILE
 
 if tp.TYPE_CHECKING:
@@ -128,6 +130,19 @@ def broadcast_shape(left: Shape, right: Shape) -> Shape:
   return None
 
 
+def keeps_last_axis(call: cst.Call) -> bool:
+  """Whether a reduction `jnp.mean(x, axis=...)` reduces only negative literal axes other than -1."""
+  positional = [a for a in call.args if a.keyword is None and not a.star]
+  axis = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == 'axis'),
+              positional[1].value if len(positional) > 1 else None)
+  if not positional or positional[0] is not call.args[0] or axis is None:
+    return False
+  axes = [e.value for e in axis.elements] if isinstance(axis, (cst.Tuple, cst.List)) else [axis]
+  return bool(axes) and all(isinstance(a, cst.UnaryOperation) and isinstance(a.operator, cst.Minus)
+                            and isinstance(a.expression, cst.Integer) and a.expression.evaluated_value > 1
+                            for a in axes)
+
+
 def _bare_slice(index: cst.BaseSlice) -> bool:
   """`:` alone: an index that keeps its axis whole (as the last index, the array's last axis)."""
   return isinstance(index, cst.Slice) and index.lower is None and index.upper is None and index.step is None
@@ -193,7 +208,7 @@ class BodyWalk(tp.Generic[V]):
 
 
 class LastAxisWalk(BodyWalk[Known | Input]):
-  """Last-axis sizes through plain array code: names, elementwise functions, arithmetic, concatenate."""
+  """Last-axis sizes through plain array code: names, elementwise functions, pooling, arithmetic, concatenate."""
 
   def __init__(self, facts: FileFacts, ifs: tp.Mapping[cst.If, bool] = NO_IFS,
                branches: tp.Collection[cst.If] = ()) -> None:
@@ -207,6 +222,14 @@ class LastAxisWalk(BodyWalk[Known | Input]):
       return env.get(expr.value)
     if derive and isinstance(expr, cst.Call) and self.facts.has_name(expr.func, ELEMENTWISE) \
         and len(expr.args) == 1 and expr.args[0].keyword is None and not expr.args[0].star:
+      return self.value(expr.args[0].value, env)
+    if derive and isinstance(expr, cst.Call) and self.facts.has_name(expr.func, POOLING) and expr.args \
+        and expr.args[0].keyword is None and not expr.args[0].star:
+      for arg in expr.args[1:]:
+        self.value(arg.value, env)
+      return self.value(expr.args[0].value, env)  # a window over the spatial axes: the features axis is kept
+    if derive and isinstance(expr, cst.Call) and self.facts.has_name(expr.func, REDUCTIONS) \
+        and keeps_last_axis(expr):
       return self.value(expr.args[0].value, env)
     if derive and isinstance(expr, cst.Call) and self.facts.has_name(expr.func, CONCATENATE):
       return self.concatenated(expr, env)

@@ -1,8 +1,9 @@
 """Analyse: the models a file builds and initialises (`ModelSite`s), and what their init calls give.
 
 A site is `model = Model(...)` followed, in the same block, by `variables = model.init(key, x)`
-(or `params = model.init(...)['params']`), for a class L2N002 converted (its record) or a
-built-in layer with an NNX counterpart (its layer-table row).
+(or `params = model.init(...)['params']`), for a class L2N002 converted (its record: of this
+file, or of another file of the run that this one imports, `models.CNN(...)`) or a built-in
+layer with an NNX counterpart (its layer-table row).
 """
 
 from __future__ import annotations
@@ -37,14 +38,19 @@ from nnx_bridge.layer_table import linen_fields
 from nnx_bridge.layer_table import nnx_arguments
 
 
-def model_sites(module: cst.Module, tree: Tree, records: tp.Mapping[str, ConvertedClass]) -> list[ModelSite]:
+Imported = tp.Callable[[cst.BaseExpression], ConvertedClass | None]
+"""The record of the class another file of the run converted that an expression (`models.CNN`) names, else None."""
+
+
+def model_sites(module: cst.Module, tree: Tree, records: tp.Mapping[str, ConvertedClass],
+                imported: Imported) -> list[ModelSite]:
   """Every construction + init pair of the file, block by block (the module's first), in order."""
   blocks = [module.body, *(sub.body for sub in descendants(module) if isinstance(sub, cst.IndentedBlock))]
-  return [site for block in blocks for site in _block_sites(tuple(block), tree, records)]
+  return [site for block in blocks for site in _block_sites(tuple(block), tree, records, imported)]
 
 
 def _block_sites(statements: tuple[cst.BaseStatement, ...], tree: Tree,
-                 records: tp.Mapping[str, ConvertedClass]) -> list[ModelSite]:
+                 records: tp.Mapping[str, ConvertedClass], imported: Imported) -> list[ModelSite]:
   sites = []
   for index, statement in enumerate(statements):
     init = init_statement(statement)
@@ -55,7 +61,7 @@ def _block_sites(statements: tuple[cst.BaseStatement, ...], tree: Tree,
     if not isinstance(value, cst.Call):
       continue
     try:
-      built = model_class(tree, records, value)
+      built = model_class(tree, records, imported, value)
     except Skip as skip:
       built = LeftAsLinen(skip.node, skip.message)
     if built is not None:  # None: not a model of a class converted here (`opt_state = tx.init(params)`, ...)
@@ -76,11 +82,15 @@ def init_statement(statement: cst.CSTNode) -> InitStatement | None:
   return None
 
 
-def model_class(tree: Tree, records: tp.Mapping[str, ConvertedClass], value: cst.Call) -> ModelClass | None:
-  """The record, layer row, NNX class and constructor arguments for `Model(...)` / `nn.Dense(...)`."""
-  if isinstance(value.func, cst.Name) and value.func.value in records:
+def model_class(tree: Tree, records: tp.Mapping[str, ConvertedClass], imported: Imported,
+                value: cst.Call) -> ModelClass | None:
+  """The record, layer row, NNX class and constructor arguments for `Model(...)`, `models.Model(...)` or
+  `nn.Dense(...)`."""
+  record = records.get(value.func.value) if isinstance(value.func, cst.Name) else None
+  record = record or imported(value.func)
+  if record is not None:
     args = tuple(tree.code(a).rstrip(',') for a in value.args)
-    return ModelClass(records[value.func.value], None, value.func.value, args)
+    return ModelClass(record, None, tree.code(value.func), args)
   spec = next((find_layer(q.name) for q in tree.qualified_names(value.func, set())
                if find_layer(q.name) is not None), None)
   if spec is None or spec.nnx is None:
@@ -151,8 +161,8 @@ def size_arguments(tree: Tree, model: str, record: ConvertedClass, call: cst.Cal
 
 
 def _last_axis(tree: Tree, example: cst.BaseExpression) -> str:
-  """`784` for `jnp.ones((1, 784))`, else `<example>.shape[-1]`."""
-  if isinstance(example, cst.Call) and example.args and isinstance(example.args[0].value, cst.Tuple):
+  """`784` for `jnp.ones((1, 784))` or `jnp.ones([1, 784])`, else `<example>.shape[-1]`."""
+  if isinstance(example, cst.Call) and example.args and isinstance(example.args[0].value, (cst.Tuple, cst.List)):
     func = cst.helpers.get_full_name_for_node(example.func) or ''
     elements = example.args[0].value.elements
     if ARRAY_MAKERS.match(func) and elements and isinstance(elements[-1].value, cst.Integer):
@@ -163,10 +173,11 @@ def _last_axis(tree: Tree, example: cst.BaseExpression) -> str:
 
 
 def example_shape(tree: Tree, example: cst.BaseExpression) -> str:
-  """`(4, 12)` for `jnp.ones((4, 12), jnp.int32)`, else `<example>.shape`."""
-  if isinstance(example, cst.Call) and example.args and isinstance(example.args[0].value, cst.Tuple) \
+  """`(4, 12)` for `jnp.ones((4, 12), jnp.int32)` or `jnp.ones([4, 12])`, else `<example>.shape`."""
+  if isinstance(example, cst.Call) and example.args and isinstance(example.args[0].value, (cst.Tuple, cst.List)) \
       and ARRAY_MAKERS.match(cst.helpers.get_full_name_for_node(example.func) or ''):
-    return tree.code(example.args[0].value)
+    parts = [tree.code(e.value) for e in example.args[0].value.elements]
+    return f'({", ".join(parts)}{"," if len(parts) == 1 else ""})'
   return f'{tree.code(example)}.shape'
 
 

@@ -9,6 +9,7 @@ from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import ScopeProvider
 
 from codemods.rule import KNOWN_CLASSES_KEY
+from codemods.report import ConvertedClass
 from codemods.rule import MigrationRule
 from codemods.nodes import descendants
 from codemods.rules.l2n003.analyse import model_sites
@@ -21,7 +22,7 @@ from codemods.rules.l2n003.tree import Tree
 
 
 class ConvertInitApplyRule(MigrationRule):
-  """Rewrites the call sites and training code of the classes L2N002 converted in the same file."""
+  """Rewrites the call sites and training code of the classes L2N002 converted, in this file or another of the run."""
 
   CODE = 'L2N003'
   DESCRIPTION = ('model.init(key, x) -> Model(..., rngs=nnx.Rngs(key)); model.apply(variables, x) -> model(x); '
@@ -32,7 +33,9 @@ class ConvertInitApplyRule(MigrationRule):
 
   def __init__(self, context: cst.codemod.CodemodContext) -> None:
     super().__init__(context)
-    self._records = {r.nnx_name: r for r in context.scratch.get(KNOWN_CLASSES_KEY, ())}
+    local = {r.nnx_name: r for r in context.scratch.get(KNOWN_CLASSES_KEY, ())}
+    # The classes of other files, by their own names too, for the children of their records (`state_reads`).
+    self._records = {**{r.linen_name: r for r in self.imported_classes.values()}, **local}
     self._statements: dict[cst.CSTNode, Replacement] = {}
     self._edits: dict[cst.CSTNode, Edit] = {}
 
@@ -41,7 +44,7 @@ class ConvertInitApplyRule(MigrationRule):
     tree = Tree(self.module, self.get_metadata)
     names = frozenset(n.value for n in descendants(node) if isinstance(n, cst.Name))
     run = FileRun(self._records, self.options, names, self.remove_import_of, statements=self._statements)
-    for site in model_sites(node, tree, self._records):
+    for site in model_sites(node, tree, self._records, lambda func: self._imported(tree, func)):
       if site.init.statement in run.claimed:
         continue  # the cache init of a decode-mode view, converted with its model
       decision = decide(site, tree, run)
@@ -53,6 +56,16 @@ class ConvertInitApplyRule(MigrationRule):
       self.add_needed_import('flax', 'nnx')
       for changed, message in decision.changes:
         self.report_change(changed, message)
+
+  def _imported(self, tree: Tree, func: cst.BaseExpression) -> ConvertedClass | None:
+    """The record of the class of another file of the run that `func` names through this file's imports."""
+    if not self.imported_classes:
+      return None
+    for name in tree.qualified_names(func, set()):
+      resolved = self.hierarchy.resolve(name.name)
+      if resolved is not None and resolved in self.imported_classes:
+        return self.imported_classes[resolved]
+    return None
 
   def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:
     """Applies the edit and the statement replacements planned for `original_node`."""

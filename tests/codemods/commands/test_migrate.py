@@ -268,6 +268,58 @@ def test_plain_code_using_a_converted_class_gets_a_todo_at_its_line(tmp_path, mo
   assert _main('pkg', '--check', '--fail-on-todo') == 1  # TODOs left: CI fails
 
 
+# Call sites of a class another file converts, under each import style; the file never says flax.
+TRAIN_IMPORTS = '''import jax
+import jax.numpy as jnp
+
+from . import layers
+from .layers import Block as Layer
+import pkg.layers as L
+
+
+def through_the_module(rng, x):
+  block = layers.Block(3)
+  variables = block.init(rng, x)
+  return block.apply(variables, x)
+
+
+def through_an_alias(rng, x):
+  block = Layer(3)
+  variables = block.init(rng, x)
+  return block.apply(variables, x)
+
+
+def through_a_dotted_alias(rng, x):
+  block = L.Block(3)
+  variables = block.init(rng, x)
+  return block.apply(variables, x)
+'''
+
+
+def _run_train_imports(root: pathlib.Path) -> list:
+  code = ('import jax, jax.numpy as jnp\nfrom pkg import train\nx = jnp.ones((2, 4))\n'
+          'print([list(f(jax.random.key(0), x).shape) for f in (train.through_the_module, train.through_an_alias, '
+          'train.through_a_dotted_alias)])\n')
+  run = subprocess.run([sys.executable, '-c', code], cwd=root, capture_output=True, text=True)
+  assert run.returncode == 0, run.stderr
+  return json.loads(run.stdout)
+
+
+def test_call_sites_in_another_file_are_converted_under_every_import_style(tmp_path, monkeypatch, capsys):
+  _package(tmp_path, monkeypatch, layers=LAYERS, train=TRAIN_IMPORTS)
+  before = _run_train_imports(tmp_path)
+  assert _main('pkg', '--write', '-j', '2') == 0
+  err = capsys.readouterr().err
+  assert 'TODO' not in pathlib.Path('pkg/train.py').read_text() and '0 TODOs left' in err, err
+  lines = pathlib.Path('pkg/train.py').read_text().splitlines()
+  assert '  block = layers.Block(3, linear_in_features=x.shape[-1], rngs=nnx.Rngs(rng))' in lines
+  assert '  block = Layer(3, linear_in_features=x.shape[-1], rngs=nnx.Rngs(rng))' in lines
+  assert '  block = L.Block(3, linear_in_features=x.shape[-1], rngs=nnx.Rngs(rng))' in lines
+  assert lines.count('  return block(x)') == 3
+  assert _run_train_imports(tmp_path) == before == [[2, 3]] * 3
+  assert _main('pkg', '--check', '-j', '1') == 0  # a second run changes nothing
+
+
 def test_fail_on_todo_from_the_project_settings(tmp_path, monkeypatch):
   _package(tmp_path, monkeypatch, layers=LAYERS)
   assert _main('pkg', '--check') == 1 and _main('pkg', '--write') == 0 and _main('pkg', '--check') == 0

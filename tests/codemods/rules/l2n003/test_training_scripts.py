@@ -5,6 +5,10 @@ Each script in `fixtures/training/` builds, initialises and trains a Linen model
 migrated version (all rules) must report no TODO, keep no Linen call, and, started from the
 Linen run's initial variables (`tests/codemods/rules/training_parity.py`), give the same losses, the same eval
 output and the same final parameters and batch statistics, within float32 tolerance.
+
+`fixtures/training/cnn_project/` is a project laid out as flax's examples are: the model in `models.py`, the
+training in `train.py`, which imports it (`import models`). `linen2nnx migrate` over the folder converts the class in
+one file and its call sites in the other.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import ast
 import pathlib
 import runpy
+import shutil
 import subprocess
 import sys
 import typing as tp
@@ -21,11 +26,13 @@ import numpy as np
 import pytest
 
 from codemods import rules as registry
+from codemods.engine import migrate
 from codemods.transform import transform_source
 from tests.codemods.rules import training_parity as parity
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
 SCRIPTS = ROOT / 'fixtures' / 'training'
+PROJECT = SCRIPTS / 'cnn_project'
 MODELS = {'mlp_classifier': 'MLPClassifier', 'cnn_batchnorm': 'SmallCNN', 'transformer_lm': 'TransformerLM'}
 
 # float32 tolerance for losses, eval outputs and final leaves. A hand port (same ops as the Linen
@@ -190,3 +197,42 @@ def test_converted_script_runs_as_main(tmp_path):
   done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert 'loss' in done.stdout
+
+
+# --- A project of two files: models.py and train.py ---------------------------------------------------------
+
+
+def _run_project(folder: pathlib.Path) -> tuple[list[float], jax.Array]:
+  """`train()` of `folder/train.py`, with `import models` finding `folder/models.py`."""
+  sys.path.insert(0, str(folder))
+  sys.modules.pop('models', None)
+  try:
+    losses, output = runpy.run_path(str(folder / 'train.py'), run_name=f'_l2n_{folder.name}')['train']()
+    return losses, jax.block_until_ready(output)
+  finally:
+    sys.path.remove(str(folder))
+    sys.modules.pop('models', None)
+
+
+def test_a_two_file_project_migrates_across_files_and_trains_the_same(tmp_path):
+  folder = tmp_path / 'cnn_project'
+  shutil.copytree(PROJECT, folder)
+  result = migrate([folder], rules=registry.ALL_RULES, write=True, jobs=1)
+  todos = [f'{o.path}:{e.line} {e.message}' for o in result.files for e in o.entries if e.kind == 'todo']
+  assert not todos, '\n'.join(todos)
+  assert [o.status for o in result.files] == ['changed', 'changed']
+  train_source = (folder / 'train.py').read_text()
+  assert 'models.CNN(num_classes=4, conv1_in_features=1, rngs=nnx.Rngs(jax.random.key(seed)))' in train_source
+  for name in ('models.py', 'train.py'):
+    leftovers = linen_leftovers((folder / name).read_text())
+    assert not leftovers, f'Linen code left in {name}: ' + ', '.join(leftovers)
+  with parity.recording_linen('CNN') as linen:
+    linen_losses, linen_output = _run_project(PROJECT)
+  with parity.transferring_into('CNN', linen) as ported:
+    losses, output = _run_project(folder)
+  parity.assert_close(linen_losses, losses, **TOL)
+  parity.assert_close(linen_output, output, **TOL)
+  parity.assert_same_state(linen.final, ported, **TOL)
+  assert linen_losses[-1] < 0.95 * linen_losses[0], linen_losses
+  again = migrate([folder], rules=registry.ALL_RULES, jobs=2)  # a second run changes nothing
+  assert [o.status for o in again.files] == ['unchanged', 'unchanged']
