@@ -1,6 +1,6 @@
 """Streaming checkpoint conversion against a plain directory copy: time, throughput and peak memory.
 
-Run: python benchmarks/checkpoint_convert.py [--arrays N] [--array-mb MB] [--dir DIR]
+Run: python benchmarks/checkpoint_convert.py [--arrays N] [--array-mb MB] [--dir DIR] [--restore]
 
 Writes a Linen checkpoint of N float32 kernels of about MB MiB each (default 5 x 512 MiB) with
 `ocp.StandardCheckpointer` in a temporary directory, then times `shutil.copytree` of it,
@@ -9,6 +9,11 @@ it again (what a converter without streaming does). Each conversion runs in its 
 process, whose peak resident memory comes from `os.wait4`; the parent never holds the arrays.
 Everything is deleted afterwards. Targets: conversion throughput >= 0.5x the copy's, peak RSS
 < 1.5x the largest array + 300 MiB.
+
+`--restore` times `restore_linen_checkpoint` of the same checkpoint into an abstract NNX state
+(the leaves `mapping_by_path` pairs, on the default device) against orbax's own
+`StandardCheckpointer().restore` of it into the Linen abstract tree (same device), each in its
+own child process: time and peak RSS, and their ratios.
 """
 
 from __future__ import annotations
@@ -74,7 +79,46 @@ def orbax_whole_tree(src: str, dst: str) -> dict:
   return {'seconds': time.perf_counter() - start}
 
 
-CHILDREN = {'generate': generate, 'convert': convert, 'orbax': orbax_whole_tree}
+def _abstract_kernels(arrays: int, array_mb: int, nnx_state: bool):
+  """The checkpoint's kernels as ShapeDtypeStructs on the default device: NNX Params, or the Linen tree."""
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  n = side(array_mb)
+  leaf = jax.ShapeDtypeStruct((n, n), np.float32, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+  if nnx_state:
+    return nnx.State({f'Dense_{i}': {'kernel': nnx.Param(leaf)} for i in range(arrays)})
+  return {'params': {f'Dense_{i}': {'kernel': leaf} for i in range(arrays)}}
+
+
+def restore_into_nnx(src: str, arrays: str, array_mb: str) -> dict:
+  import jax
+
+  from nnx_bridge.checkpoint_restore import restore_linen_checkpoint
+
+  target = _abstract_kernels(int(arrays), int(array_mb), nnx_state=True)
+  baseline = _rss_now()
+  start = time.perf_counter()
+  jax.block_until_ready(restore_linen_checkpoint(target, src))
+  return {'seconds': time.perf_counter() - start, 'baseline_rss': baseline}
+
+
+def orbax_restore(src: str, arrays: str, array_mb: str) -> dict:
+  import jax
+  import orbax.checkpoint as ocp
+
+  target = _abstract_kernels(int(arrays), int(array_mb), nnx_state=False)
+  baseline = _rss_now()
+  start = time.perf_counter()
+  jax.block_until_ready(ocp.StandardCheckpointer().restore(src, target))
+  return {'seconds': time.perf_counter() - start, 'baseline_rss': baseline}
+
+
+CHILDREN = {
+    'generate': generate, 'convert': convert, 'orbax': orbax_whole_tree,
+    'restore': restore_into_nnx, 'orbax_restore': orbax_restore,
+}
 
 
 def _rss_now() -> int:
@@ -111,12 +155,17 @@ def main() -> None:
   parser.add_argument('--arrays', type=int, default=5)
   parser.add_argument('--array-mb', type=int, default=512)
   parser.add_argument('--dir', default=None, help='where the temporary checkpoints go (default: $TMPDIR)')
+  parser.add_argument('--restore', action='store_true',
+                      help='time restore_linen_checkpoint against orbax restoring the same checkpoint')
   parser.add_argument('--child', nargs='+', help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.child:
     print(json.dumps(CHILDREN[args.child[0]](*args.child[1:])))
     return
 
+  if args.restore:
+    compare_restores(args)
+    return
   work = tempfile.mkdtemp(prefix='ckpt-bench-', dir=args.dir)
   try:
     src = os.path.join(work, 'linen')
@@ -152,6 +201,30 @@ def main() -> None:
       f'= {peak / largest:.2f}x the largest array (target < 1.5x + 300 MiB = {budget / MB:.0f} MiB)'
   )
   print(f'peak RSS, orbax restore+save of the whole tree: {reference_peak / MB:.0f} MiB')
+
+
+def compare_restores(args: argparse.Namespace) -> None:
+  """`--restore`: restore_linen_checkpoint against StandardCheckpointer().restore, as ratios of one run."""
+  work = tempfile.mkdtemp(prefix='ckpt-bench-', dir=args.dir)
+  try:
+    src = os.path.join(work, 'linen')
+    run_child('generate', src, args.arrays, args.array_mb)
+    size = dir_bytes(src)
+    os.sync()
+    ours, ours_peak = run_child('restore', src, args.arrays, args.array_mb)
+    orbax, orbax_peak = run_child('orbax_restore', src, args.arrays, args.array_mb)
+  finally:
+    shutil.rmtree(work, ignore_errors=True)
+  print(f'checkpoint: {args.arrays} float32 arrays of {side(args.array_mb) ** 2 * 4 / MB:.0f} MiB, '
+        f'{size / MB:.0f} MiB on disk')
+  for name, result, peak in (('restore_linen_checkpoint', ours, ours_peak),
+                             ('StandardCheckpointer.restore', orbax, orbax_peak)):
+    print(f'{name + ":":30s}{result["seconds"]:6.2f} s  peak RSS {peak / MB:6.0f} MiB '
+          f'({result["baseline_rss"] / MB:.0f} MiB before the restore)')
+  print(f'ratio (restore_linen_checkpoint / orbax): time {ours["seconds"] / orbax["seconds"]:.2f}x, '
+        f'peak RSS {ours_peak / orbax_peak:.2f}x, '
+        f'peak RSS above the baseline '
+        f'{(ours_peak - ours["baseline_rss"]) / (orbax_peak - orbax["baseline_rss"]):.2f}x')
 
 
 if __name__ == '__main__':

@@ -11,6 +11,7 @@ import importlib.metadata
 import typing as tp
 
 if tp.TYPE_CHECKING:
+  from nnx_bridge.checkpoint_restore import restore_linen_checkpoint as restore_linen_checkpoint
   from nnx_bridge.collectionlib import collection_name as collection_name
   from nnx_bridge.collectionlib import register_collection as register_collection
   from nnx_bridge.collectionlib import variable_type as variable_type
@@ -40,6 +41,7 @@ if tp.TYPE_CHECKING:
 __version__ = importlib.metadata.version('linen2nnx')
 
 _DEFINED_IN = {
+    'restore_linen_checkpoint': 'checkpoint_restore',
     'collection_name': 'collectionlib',
     'register_collection': 'collectionlib',
     'variable_type': 'collectionlib',
@@ -92,6 +94,7 @@ __all__ = [
     'collection_name',
     'from_linen',
     'register_collection',
+    'restore_linen_checkpoint',
     'to_linen',
     'variable_type',
 ]

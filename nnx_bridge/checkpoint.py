@@ -13,6 +13,9 @@ them to orbax's own jax.Array handler and waits until they are written before th
 So one batch (`batch_bytes`, or one rule's arrays if larger) is in memory, plus orbax's and
 tensorstore's buffers for it; the files are those orbax writes for jax.Arrays, with arrays over
 `CHUNK_BYTES` stored in chunks (orbax's `SaveArgs.chunk_byte_size`).
+
+The plan (`Job`, `plan`) and the readers (`read_metadata`, `restore_arrays`) are public because
+`checkpoint_restore.restore_linen_checkpoint` checks and reads a Linen checkpoint with them too.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ _VALUE = ('value',)  # the key orbax stores under every nnx.Variable of a saved 
 
 
 @dataclasses.dataclass(frozen=True)
-class _Job:
+class Job:
   """One mapping rule in checkpoint keys: `make` turns the `sources` arrays into the `targets` arrays."""
 
   sources: tuple[Key, ...]
@@ -102,16 +105,16 @@ def linen_to_nnx_checkpoint(
   src, dst = os.path.abspath(src), os.path.abspath(dst)  # orbax takes absolute paths only
   _refuse_existing(dst)
   clear_staging(dst)
-  source = _read_metadata(src)
-  linen_key = _linen_key_fn(linen_collection)
+  source = read_metadata(src)
+  linen_key = linen_key_fn(linen_collection)
   jobs = [
-      _Job(tuple(map(linen_key, rule.linen)), (rule.nnx + _VALUE,), _joiner(rule)) for rule in mapping.rules
+      Job(tuple(map(linen_key, rule.linen)), (rule.nnx + _VALUE,), joiner(rule)) for rule in mapping.rules
   ]
   dropped = tuple(map(linen_key, mapping.dropped))
   target = None if nnx_abstract_state is None else {
       path + _VALUE: leaf for path, leaf in _flat_nnx_abstract(nnx_abstract_state).items()
   }
-  made = _plan(source, jobs, dropped, target, 'NNX model', src)
+  made = plan(source, jobs, dropped, target, 'NNX model', src)
   if not allow_lossy:
     _refuse_lossy(src, source, dropped, batch_bytes)
   _write(src, dst, source, jobs, made, target or {}, batch_bytes)
@@ -137,29 +140,29 @@ def nnx_to_linen_checkpoint(
   src, dst = os.path.abspath(src), os.path.abspath(dst)  # orbax takes absolute paths only
   _refuse_existing(dst)
   clear_staging(dst)
-  source = _read_metadata(src)
+  source = read_metadata(src)
   suffix = _VALUE if all(key[-1:] == _VALUE for key in source) else ()
-  linen_key = _linen_key_fn(linen_collection)
+  linen_key = linen_key_fn(linen_collection)
   target = None
   if linen_abstract_variables is not None:
     flat = _flat_linen_abstract(linen_abstract_variables)
     target = {linen_key(key): leaf for key, leaf in flat.items() if linen_collection in (None, key[0])}
-  jobs = [_Job((rule.nnx + suffix,), tuple(map(linen_key, rule.linen)), _splitter(rule)) for rule in mapping.rules]
+  jobs = [Job((rule.nnx + suffix,), tuple(map(linen_key, rule.linen)), _splitter(rule)) for rule in mapping.rules]
   for key in map(linen_key, mapping.dropped):
     if target is None or key not in target:
       raise StateMismatchError(
           f'{path_str(key)} has no NNX leaf; pass linen_abstract_variables so that it can be '
           'written back as zeros of the right shape'
       )
-    jobs.append(_Job((), (key,), _zeros(target[key])))
-  made = _plan(source, jobs, (), target, 'Linen model', src)
+    jobs.append(Job((), (key,), _zeros(target[key])))
+  made = plan(source, jobs, (), target, 'Linen model', src)
   _write(src, dst, source, jobs, made, target or {}, batch_bytes)
 
 
 # --- the plan ----------------------------------------------------------------------------------
 
 
-def _linen_key_fn(collection: str | None) -> tp.Callable[[Key], Key]:
+def linen_key_fn(collection: str | None) -> tp.Callable[[Key], Key]:
   """Mapping key -> checkpoint key: the same, or without the collection for a one-collection checkpoint."""
 
   def linen_key(key: Key) -> Key:
@@ -175,7 +178,8 @@ def _linen_key_fn(collection: str | None) -> tp.Callable[[Key], Key]:
   return linen_key
 
 
-def _joiner(rule: LeafRule) -> tp.Callable[[list[tp.Any]], list[tp.Any]]:
+def joiner(rule: LeafRule) -> tp.Callable[[list[tp.Any]], list[tp.Any]]:
+  """A Job's `make` for a Linen -> NNX rule: the rule's Linen arrays -> [its NNX array] (concatenated if fused)."""
   return lambda parts: [TreeMapping.build_nnx_leaf(rule, dict(zip(rule.linen, parts)))]
 
 
@@ -195,18 +199,20 @@ def _flat_nnx_abstract(state: tp.Any) -> dict[Key, tp.Any]:
   """An nnx.State (of Variables) or a pure dict as {NNX path: leaf}, integer keys as strings."""
   if isinstance(state, nnx.State):
     return {normalize_path(path): leaf.get_value() for path, leaf in nnx.to_flat_state(state)}
-  return _flatten(state)
+  return flatten(state)
 
 
 def _flat_linen_abstract(variables: tp.Any) -> dict[Key, tp.Any]:
-  return _flatten(meta.unbox(variables))
+  return flatten(meta.unbox(variables))
 
 
-def _flatten(tree: tp.Any) -> dict[Key, tp.Any]:
+def flatten(tree: tp.Any) -> dict[Key, tp.Any]:
+  """A pytree as {path with every key a string: leaf}, the keys orbax stores."""
   return {normalize_path(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def _nest(flat: tp.Mapping[Key, tp.Any]) -> dict[str, tp.Any]:
+def nest(flat: tp.Mapping[Key, tp.Any]) -> dict[str, tp.Any]:
+  """The inverse of `flatten` for trees of dicts: {('a', 'b'): x} -> {'a': {'b': x}}."""
   tree: dict[str, tp.Any] = {}
   for key, leaf in flat.items():
     node = tree
@@ -216,15 +222,19 @@ def _nest(flat: tp.Mapping[Key, tp.Any]) -> dict[str, tp.Any]:
   return tree
 
 
-def _plan(
+def plan(
     source: dict[Key, tp.Any],
-    jobs: list[_Job],
+    jobs: list[Job],
     dropped: tuple[Key, ...],
     target: dict[Key, tp.Any] | None,
     target_name: str,
     src: PathLike,
+    outcome: str = 'nothing written',
 ) -> dict[Key, jax.ShapeDtypeStruct]:
-  """Every target leaf's shape and dtype, or StateMismatchError naming both sides of every problem."""
+  """Every target leaf's shape and dtype, or StateMismatchError naming both sides of every problem.
+
+  `outcome` says in the error what the caller did not do because of it.
+  """
   problems = []
   used = {key: job for job in jobs for key in job.sources}
   for key in sorted(used.keys() - source.keys()):
@@ -259,7 +269,7 @@ def _plan(
         )
   if problems:
     raise StateMismatchError(
-        f'{src} does not match the mapping ({len(problems)} problems, nothing written):\n  '
+        f'{src} does not match the mapping ({len(problems)} problems, {outcome}):\n  '
         + '\n  '.join(problems)
     )
   return made
@@ -268,7 +278,7 @@ def _plan(
 # --- orbax ---------------------------------------------------------------------------------------
 
 
-def _host() -> jax.sharding.Sharding:
+def host_sharding() -> jax.sharding.Sharding:
   """Where arrays without a target sharding go: host memory, so a conversion needs no accelerator."""
   return jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])
 
@@ -277,7 +287,7 @@ _JSON_FILES = ('_METADATA', '_sharding', 'array_metadatas')  # what orbax reads 
 _DAMAGED = 'the checkpoint is damaged (truncated or overwritten): save it or copy it again'
 
 
-def _read_metadata(path: str) -> dict[Key, tp.Any]:
+def read_metadata(path: str) -> dict[Key, tp.Any]:
   """Shape, dtype and sharding of every leaf of the orbax checkpoint at `path`, reading no array data.
 
   Raises FileNotFoundError or UnreadableCheckpointError, one line naming the path and what is
@@ -299,14 +309,14 @@ def _read_metadata(path: str) -> dict[Key, tp.Any]:
       with open(file, 'rb') as stream:
         json.load(stream)
     except (OSError, ValueError) as error:
-      raise UnreadableCheckpointError(f'{file} cannot be read ({_reason(error)}); {_DAMAGED}') from None
+      raise UnreadableCheckpointError(f'{file} cannot be read ({one_line_reason(error)}); {_DAMAGED}') from None
   try:
     tree = ocp.PyTreeCheckpointHandler().metadata(pathlib.Path(path)).tree
   except (OSError, ValueError, KeyError, TypeError) as error:
     raise UnreadableCheckpointError(
-        f'{path} cannot be read as an orbax checkpoint ({_reason(error)}); {_DAMAGED}'
+        f'{path} cannot be read as an orbax checkpoint ({one_line_reason(error)}); {_DAMAGED}'
     ) from None
-  return _flatten(tree)
+  return flatten(tree)
 
 
 def _json_files(path: str) -> list[str]:
@@ -334,7 +344,7 @@ def _checkpoints_under(path: str, depth: int = 2) -> list[str]:
   return found
 
 
-def _reason(error: BaseException) -> str:
+def one_line_reason(error: BaseException) -> str:
   """A read error in one line: the first of its root cause (tensorstore's, which names the file), without
   the tensorstore spec and source locations appended to it."""
   for _ in range(8):
@@ -347,7 +357,7 @@ def _reason(error: BaseException) -> str:
   return text if len(text) <= 300 else text[:297] + '...'
 
 
-def _restore(
+def restore_arrays(
     path: PathLike,
     source: dict[Key, tp.Any],
     keys: tp.Iterable[Key],
@@ -356,22 +366,22 @@ def _restore(
   """Reads only `keys` from the checkpoint at `path` (orbax partial restore), each with its sharding."""
   shardings = shardings or {}
   item = {
-      key: jax.ShapeDtypeStruct(source[key].shape, source[key].dtype, sharding=shardings.get(key) or _host())
+      key: jax.ShapeDtypeStruct(source[key].shape, source[key].dtype, sharding=shardings.get(key) or host_sharding())
       for key in keys
   }
   if not item:
     return {}
-  tree = _nest(item)
+  tree = nest(item)
   args = ocp.args.PyTreeRestore(
       item=tree, restore_args=ocp.checkpoint_utils.construct_restore_args(tree), partial_restore=True
   )
   try:
-    return _flatten(ocp.PyTreeCheckpointer().restore(path, args=args))
+    return flatten(ocp.PyTreeCheckpointer().restore(path, args=args))
   except Exception as error:  # orbax raises a bare Exception; the metadata was read: the arrays' files are damaged
     names = [path_str(key) for key in item]
     names = ('one of ' if len(names) > 1 else '') + ', '.join(names[:3]) + (
         f' and {len(names) - 3} more' if len(names) > 3 else '')
-    raise UnreadableCheckpointError(f'{path}: cannot read {names} ({_reason(error)}); {_DAMAGED}') from None
+    raise UnreadableCheckpointError(f'{path}: cannot read {names} ({one_line_reason(error)}); {_DAMAGED}') from None
 
 
 class _StreamingHandler(ocp.type_handlers.TypeHandler):
@@ -437,7 +447,7 @@ def _refuse_lossy(src: PathLike, source: dict[Key, tp.Any], dropped: tuple[Key, 
   nbytes = lambda key: math.prod(source[key].shape) * np.dtype(source[key].dtype).itemsize
   nonzero = []
   for batch in _by_bytes(([key] for key in dropped), nbytes, batch_bytes):
-    nonzero += [key for key, value in _restore(src, source, batch).items() if np.any(np.asarray(value) != 0)]
+    nonzero += [key for key, value in restore_arrays(src, source, batch).items() if np.any(np.asarray(value) != 0)]
   if nonzero:
     raise LossyConversionError(
         f'{", ".join(map(path_str, nonzero))} in {src} is not zero and the NNX model has no place '
@@ -449,7 +459,7 @@ def _write(
     src: PathLike,
     dst: PathLike,
     source: dict[Key, tp.Any],
-    jobs: list[_Job],
+    jobs: list[Job],
     made: dict[Key, jax.ShapeDtypeStruct],
     target: dict[Key, tp.Any],
     batch_bytes: int,
@@ -458,7 +468,7 @@ def _write(
   pending = {}
   for index, job in enumerate(jobs):
     for key in job.targets:
-      sharding = getattr(target.get(key), 'sharding', None) or _host()
+      sharding = getattr(target.get(key), 'sharding', None) or host_sharding()
       pending[key] = _Pending(key, index, tuple(made[key].shape), np.dtype(made[key].dtype), sharding)
 
   def produce(batch: tp.Sequence[_Pending]) -> list[jax.Array]:
@@ -468,7 +478,7 @@ def _write(
         for job in batch_jobs
         if len(job.sources) == len(job.targets) == 1
     }
-    read = _restore(src, source, [key for job in batch_jobs for key in job.sources], shardings)
+    read = restore_arrays(src, source, [key for job in batch_jobs for key in job.sources], shardings)
     made_arrays = {}
     for job in batch_jobs:
       made_arrays.update(zip(job.targets, job.make([read.pop(key) for key in job.sources])))
@@ -486,8 +496,8 @@ def _write(
     _claim(staging, dst)
     # save_concurrent_gb as StandardCheckpointer sets it
     handler = ocp.PyTreeCheckpointHandler(save_concurrent_gb=96, type_handler_registry=registry)
-    save_args = _nest({key: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES) for key in pending})
-    ocp.Checkpointer(handler).save(os.path.join(staging, name), args=ocp.args.PyTreeSave(_nest(pending), save_args))
+    save_args = nest({key: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES) for key in pending})
+    ocp.Checkpointer(handler).save(os.path.join(staging, name), args=ocp.args.PyTreeSave(nest(pending), save_args))
     os.rename(os.path.join(staging, name), dst)
   finally:
     shutil.rmtree(staging, ignore_errors=True)

@@ -505,7 +505,11 @@ def mapping_by_path(
       problems.append(f'Linen {path_str(key)} {leaf} does not fit NNX {path_str(target)} {found}')
     else:
       rules.append(LeafRule(target, (key,)))
-  problems += [f'NNX {path_str(p)} {leaf}: no Linen leaf at this path' for p, leaf in sorted(nnx_leaves.items())]
+  problems += [
+      f'NNX {path_str(p)} {leaf}: no Linen leaf at this path '
+      f'({path_str((leaf.collection, *linen_state.linen_path_of(leaf.collection, p)))})'
+      for p, leaf in sorted(nnx_leaves.items())
+  ]
   if problems:
     raise _refusal('the paths do not agree', problems)
   return TreeMapping(tuple(sorted(rules, key=lambda rule: rule.nnx)))

@@ -280,7 +280,7 @@ def test_existing_destination_is_refused(linen_ckpt, tmp_path):
 
 
 def test_failure_mid_write_leaves_no_destination_and_no_staging(linen_ckpt, tmp_path, monkeypatch):
-  restore, calls = checkpoint._restore, []
+  restore, calls = checkpoint.restore_arrays, []
 
   def fail_on_second_batch(*args, **kwargs):
     calls.append(1)
@@ -288,7 +288,7 @@ def test_failure_mid_write_leaves_no_destination_and_no_staging(linen_ckpt, tmp_
       raise OSError('disk gone')
     return restore(*args, **kwargs)
 
-  monkeypatch.setattr(checkpoint, '_restore', fail_on_second_batch)
+  monkeypatch.setattr(checkpoint, 'restore_arrays', fail_on_second_batch)
   with pytest.raises(OSError, match='disk gone'):
     checkpoint.linen_to_nnx_checkpoint(linen_ckpt[0], tmp_path / 'nnx', MAPPING, allow_lossy=True, batch_bytes=1)
   assert sorted(os.listdir(tmp_path)) == ['linen']
@@ -300,7 +300,7 @@ _KILLED_CHILD = textwrap.dedent('''
     from nnx_bridge.treemap import TreeMapping
 
     src, dst, mapping, started = sys.argv[1:]
-    restore, calls = checkpoint._restore, []
+    restore, calls = checkpoint.restore_arrays, []
 
     def hang_after_first_batch(*args, **kwargs):
       calls.append(1)
@@ -309,7 +309,7 @@ _KILLED_CHILD = textwrap.dedent('''
         time.sleep(600)
       return restore(*args, **kwargs)
 
-    checkpoint._restore = hang_after_first_batch
+    checkpoint.restore_arrays = hang_after_first_batch
     checkpoint.linen_to_nnx_checkpoint(src, dst, TreeMapping.load(mapping), allow_lossy=True, batch_bytes=1)
 ''')
 

@@ -42,8 +42,13 @@ Imported = tp.Callable[[cst.BaseExpression], ConvertedClass | None]
 """The record of the class another file of the run converted that an expression (`models.CNN`) names, else None."""
 
 
+def no_imported(func: cst.BaseExpression) -> None:
+  """The `Imported` of a file migrated alone: no class of another file is known."""
+  return None
+
+
 def model_sites(module: cst.Module, tree: Tree, records: tp.Mapping[str, ConvertedClass],
-                imported: Imported) -> list[ModelSite]:
+                imported: Imported = no_imported) -> list[ModelSite]:
   """Every construction + init pair of the file, block by block (the module's first), in order."""
   blocks = [module.body, *(sub.body for sub in descendants(module) if isinstance(sub, cst.IndentedBlock))]
   return [site for block in blocks for site in _block_sites(tuple(block), tree, records, imported)]

@@ -82,11 +82,11 @@ def module_for(walk: Walk, function: cst.CSTNode) -> str:
 
 
 def mode_owner(walk: Walk, node: cst.CSTNode) -> cst.CSTNode:
-  """The outermost function around `node` below the model's scope, else its statement."""
+  """The outermost function around `node` below the scope the model is used in, else its statement."""
   tree = walk.tree
   owner, current = None, node
   while current is not None:
-    if isinstance(current, cst.FunctionDef) and not tree.encloses(current, walk.group.init):
+    if isinstance(current, cst.FunctionDef) and not tree.encloses(current, walk.group.anchor or walk.group.init):
       owner = current
     current = tree.parent(current)
   return owner if owner is not None else tree.statement(node)
@@ -99,12 +99,28 @@ def state_names(walk: Walk, node: cst.CSTNode, kinds: dict[int, str]) -> dict[in
     kind = kinds[position]
     wanted = [module] if kind != OPT_STATE else [optimizer_name(walk, node)]
     if kind == TRAIN_STATE:
-      wanted = [module, optimizer_name(walk, node)]
+      wanted = [module, optimizer_name(walk, node)] if _updates_optimizer(walk, node, position) else [module]
     if module not in seen and kind == OPT_STATE:
       wanted = [module, *wanted]
     result[position] = [n for n in wanted if n not in seen]
     seen.update(wanted)
   return result
+
+
+def _updates_optimizer(walk: Walk, function: cst.CSTNode, position: int) -> bool:
+  """Whether the TrainState parameter `position` of `function` is used for more than applying the model and
+  reading its state (`state.apply_fn`, `state.params`, a subclass field): an eval step takes the model alone."""
+  if not isinstance(function, cst.FunctionDef) or position >= len(function.params.params):
+    return True
+  tree, name = walk.tree, function.params.params[position].name.value
+  scope = tree.scope(function.body)
+  reads = {'apply_fn', 'params', *walk.group.fields}
+  for assignment in tree.assignments(scope, name):
+    for access in assignment.references:
+      parent = tree.parent(access.node)
+      if not (isinstance(parent, cst.Attribute) and parent.value is access.node and parent.attr.value in reads):
+        return True
+  return False
 
 
 def rewrite_parameters(walk: Walk, record: StepFunction, new_names: dict[int, list[str]] | None = None,
@@ -150,17 +166,20 @@ def replace_statement(walk: Walk, small: cst.BaseSmallStatement, code: str) -> N
   walk.group.edits[small] = lambda _: cst.parse_statement(f'{code}\n').body[0]
 
 
-def train_state_arguments(walk: Walk, call: cst.Call) -> tuple[cst.Assign, dict[str, cst.BaseExpression]]:
-  """The assignment and keyword arguments of `state = TrainState.create(apply_fn=model.apply, params=..., tx=...)`."""
+def train_state_arguments(walk: Walk, call: cst.Call, fields: tp.Collection[str] = ()
+                          ) -> tuple[cst.Assign | cst.Return, dict[str, cst.BaseExpression]]:
+  """The assignment (or return) and keyword arguments of `state = TrainState.create(apply_fn=model.apply,
+  params=..., tx=...)`, with the subclass's extra `fields` too."""
   group = walk.group
-  assign = walk.tree.parent(call)
+  parent = walk.tree.parent(call)
   arguments = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-  if not (isinstance(assign, cst.Assign) and assign.value is call and single_name_target(assign)) \
-      or sorted(arguments) != ['apply_fn', 'params', 'tx'] or len(call.args) != 3 \
-      or not is_method(arguments['apply_fn'], group.model, 'apply'):
+  assigned = isinstance(parent, cst.Assign) and parent.value is call and single_name_target(parent)
+  returned = isinstance(parent, cst.Return) and parent.value is call
+  if not (assigned or returned) or not {'apply_fn', 'params', 'tx'} <= set(arguments) <= {'apply_fn', 'params', 'tx', *fields} \
+      or len(call.args) != len(arguments) or not is_method(arguments['apply_fn'], group.model, 'apply'):
     raise Skip(call, 'a TrainState other than TrainState.create(apply_fn=model.apply, params=params, tx=tx) '
-                     'assigned to one name')
+                     'assigned to one name or returned')
   if group.optimizer is not None or group.kept_state:
     raise Skip(call, f'a second optimizer for {group.model}')
   group.model_uses.add(arguments['apply_fn'].value)
-  return assign, arguments
+  return parent, arguments

@@ -65,7 +65,8 @@ def _plan(site: ModelSite, tree: Tree, run: FileRun) -> ModelGroup:
   _check_tuple_aliases(walk)
   _check_assignments(walk)
   _check_model_uses(walk)
-  modes.place_modes(walk, statements)
+  _check_field_updates(walk)
+  modes.place_modes(walk, statements if group.anchor is None else _block_of(tree, group.anchor))
   step_styles.apply_step_styles(walk)
   return group
 
@@ -73,6 +74,8 @@ def _plan(site: ModelSite, tree: Tree, run: FileRun) -> ModelGroup:
 def _finish_functions(walk: Walk) -> None:
   """Rewrites each step once all its state is known, innermost first: a loss's aux tells its step what it returns."""
   group = walk.group
+  for node, kind in group.pending_returns:
+    training_steps.returned(walk, node, kind, final=True)
   finished: set[cst.CSTNode] = set()
   while len(finished) < len(group.functions):
     function = max((f for f in group.functions if f not in finished), key=walk.tree.depth)
@@ -101,6 +104,17 @@ def _check_assignments(walk: Walk) -> None:
       node = assignment.node
       if node not in group.recognized:
         raise Skip(node, f'{key[1]} holds the state of {group.model} but is also assigned other values')
+
+
+def _block_of(tree: Tree, statement: cst.BaseStatement) -> tuple[cst.BaseStatement, ...]:
+  """The statements of the block `statement` is in."""
+  return tuple(tree.parent(statement).body)
+
+
+def _check_field_updates(walk: Walk) -> None:
+  """A TrainState field given to `state.apply_gradients(..., batch_stats=...)` went with the call."""
+  for call in sorted(walk.group.field_updates - walk.group.done, key=walk.tree.position):
+    raise Skip(call, f'{walk.tree.code(call.func)}(...) with TrainState fields, not converted yet')
 
 
 def _check_model_uses(walk: Walk) -> None:

@@ -160,6 +160,11 @@ class ModelGroup:
   kept_modes: set[bool] = dataclasses.field(default_factory=set)  # train/eval of the kept TrainState's applies
   optimizer: str | None = None
   kept_state: bool = False  # with --train-state keep, once the TrainState is kept
+  # Where the model is used from: its init, or the caller a TrainState factory returns it to (`state = create(...)`).
+  anchor: cst.BaseStatement | None = None
+  fields: dict[str, str] = dataclasses.field(default_factory=dict)  # TrainState subclass fields -> their kind
+  field_updates: set[cst.Call] = dataclasses.field(default_factory=set)  # apply_gradients(field=...) calls
+  pending_returns: list[tuple[cst.BaseExpression, str]] = dataclasses.field(default_factory=list)  # (node, kind)
   # The rewrite: statement replacements, node edits, report entries.
   statements: dict[cst.BaseStatement, Replacement] = dataclasses.field(default_factory=dict)
   edits: dict[cst.CSTNode, Edit] = dataclasses.field(default_factory=dict)

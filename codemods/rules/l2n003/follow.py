@@ -14,6 +14,7 @@ from libcst.metadata import Scope
 from codemods.rules.l2n003 import applies
 from codemods.rules.l2n003 import optimizers
 from codemods.rules.l2n003 import state_reads
+from codemods.rules.l2n003 import train_state_factories
 from codemods.rules.l2n003 import train_state_keep
 from codemods.rules.l2n003 import training_steps
 from codemods.rules.l2n003.common import FileRun
@@ -116,6 +117,8 @@ class StateWalk:
       return train_state_keep.kept_attribute(self, attribute, name, parent)
     if kind == TRAIN_STATE and name == 'params':
       return self.use(attribute, collection('params'))
+    if kind == TRAIN_STATE and name in self.group.fields:
+      return self.use(attribute, self.group.fields[name])
     if kind == TRAIN_STATE and name == 'apply_fn' and isinstance(parent, cst.Call) and parent.func is attribute:
       return self.apply(parent)
     if kind == TRAIN_STATE and optimizers.train_state_attribute(self, attribute, name, parent):
@@ -168,9 +171,13 @@ class StateWalk:
     if isinstance(call.func, cst.Attribute) and call.func.attr.value == 'init' and len(call.args) == 1 \
         and kind == params:
       return optimizers.optimizer_init(self, call)
-    if func.endswith('TrainState.create') and arg.keyword is not None and arg.keyword.value == 'params' \
-        and kind == params:
+    if func.endswith('.create') and arg.keyword is not None and (arg.keyword.value == 'params' and kind == params
+                                                                 or collection_of(kind) is not None):
       return self._train_state(call)
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == 'apply_gradients' and arg.keyword is not None \
+        and arg.keyword.value != 'grads' and collection_of(kind) is not None:
+      self.group.field_updates.add(call)  # the call goes whole (`optimizers.train_state_attribute`)
+      return None
     if isinstance(call.func, cst.Attribute) and call.func.attr.value == 'update' \
         and ((kind == OPT_STATE and call.args.index(arg) == 1) or (kind == params and call.args.index(arg) == 2)):
       return optimizers.optax_update(self, call)
@@ -199,8 +206,29 @@ class StateWalk:
     self.use(call, kind)
 
   def _train_state(self, call: cst.Call) -> None:
-    """`TrainState.create(...)`: an nnx.Optimizer, or with `--train-state keep` a TrainState around nnx.split state."""
-    assign, arguments = train_state_arguments(self, call)
+    """`TrainState.create(...)`: an nnx.Optimizer, or with `--train-state keep` a TrainState around nnx.split state.
+
+    Assigned (`state = TrainState.create(...)`), or returned by a factory (`train_state_factories`); of flax's
+    TrainState or of a subclass whose extra fields hold collections of the variables (`batch_stats`)."""
+    group = self.group
+    if call in group.done:
+      return
+    group.done.add(call)
+    fields = train_state_factories.subclass_fields(self, call)
+    if not fields and not (cst.helpers.get_full_name_for_node(call.func) or '').endswith('TrainState.create'):
+      raise Skip(call, f'{self.tree.code(call.func)}(params=...) is not converted yet')
+    statement, arguments = train_state_arguments(self, call, fields)
+    group.fields = train_state_factories.field_kinds(self, call, arguments, fields)
+    for name in group.fields:
+      group.visited.add(arguments[name])
     if self.run.options.train_state == 'keep':
-      return train_state_keep.keep_train_state(self, call, assign, arguments)
-    optimizers.train_state_optimizer(self, call, assign, arguments)
+      if fields or isinstance(statement, cst.Return):
+        raise Skip(call, 'a TrainState subclass or factory with --train-state keep is not converted yet')
+      return train_state_keep.keep_train_state(self, call, statement, arguments)
+    if fields:
+      train_state_factories.remove_subclass(self, call)
+    else:
+      self.run.remove_import_of(call.func)
+    if isinstance(statement, cst.Return):
+      return train_state_factories.factory_optimizer(self, call, statement, arguments)
+    optimizers.train_state_optimizer(self, call, statement, arguments)

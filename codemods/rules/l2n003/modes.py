@@ -19,7 +19,7 @@ def place_modes(walk: Walk, statements: tp.Sequence[cst.BaseStatement]) -> None:
   """One `model.eval()` after the construction when every call agrees, else one before each statement."""
   group, tree = walk.group, walk.tree
   if len(group.kept_modes) == 1:  # before nnx.split: the graphdef keeps the mode
-    _insert(walk, group.init, after=f'{group.model}.{"eval" if group.kept_modes.pop() else "train"}()')
+    _insert(walk, group.anchor or group.init, after=f'{group.model}.{"eval" if group.kept_modes.pop() else "train"}()')
   modes = {owner: mode for owner, mode in group.modes.items() if not isinstance(owner, cst.FunctionDef)}
   values = set(modes.values())
   if not values or values == {None}:
@@ -28,7 +28,7 @@ def place_modes(walk: Walk, statements: tp.Sequence[cst.BaseStatement]) -> None:
     statement = next(s for s, m in modes.items() if m is None)
     raise Skip(statement, f'{group.model}.apply without a train/eval argument next to calls with one')
   if len(values) == 1:
-    _insert(walk, group.init, after=f'{group.model}.{"eval" if values.pop() else "train"}()')
+    _insert(walk, group.anchor or group.init, after=f'{group.model}.{"eval" if values.pop() else "train"}()')
     return
   by_top: dict[cst.BaseStatement, set[bool]] = {}
   for statement, mode in modes.items():

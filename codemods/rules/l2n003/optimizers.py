@@ -25,7 +25,6 @@ def train_state_optimizer(walk: Walk, call: cst.Call, assign: cst.Assign,
                           arguments: dict[str, cst.BaseExpression]) -> None:
   """`state = TrainState.create(apply_fn=model.apply, params=params, tx=tx)` -> an nnx.Optimizer."""
   group, tree = walk.group, walk.tree
-  walk.run.remove_import_of(call.func)
   optimizer, tx = optimizer_name(walk, call), tree.code(arguments['tx'])
   replace_statement(walk, assign, f'{optimizer} = nnx.Optimizer({group.model}, {tx}, wrt=nnx.Param)')
   group.changes.append((call, f'TrainState.create(...) -> {optimizer} = nnx.Optimizer({group.model}, {tx}, '
@@ -47,9 +46,11 @@ def train_state_attribute(walk: Walk, attribute: cst.Attribute, name: str, paren
     return False
   assign = tree.parent(parent)
   grads = [a for a in parent.args if a.keyword is not None and a.keyword.value == 'grads']
-  if not (len(parent.args) == 1 and grads and isinstance(assign, cst.Assign) and assign.value is parent
-          and single_name_target(assign)):
+  others = [a for a in parent.args if a not in grads]  # fields of a subclass: state the NNX model updated itself
+  if not (grads and all(a.keyword is not None and a.keyword.value in group.fields for a in others)
+          and isinstance(assign, cst.Assign) and assign.value is parent and single_name_target(assign)):
     return False
+  group.done.add(parent)
   optimizer = optimizer_name(walk, parent)
   grads_code = tree.code(grads[0].value)
   group.edits[assign] = lambda _: cst.Expr(cst.parse_expression(f'{optimizer}.update({group.model}, {grads_code})'))

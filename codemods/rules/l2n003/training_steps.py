@@ -114,8 +114,10 @@ def grad(walk: Walk, call: cst.Call, kept: bool = False) -> None:
   walk.name(tree.scope(function.body), param.name.value, collection('params'))
 
 
-def returned(walk: Walk, node: cst.BaseExpression, kind: str) -> None:
-  """State returned by a step or loss function: dropped from its `return` (path recorded)."""
+def returned(walk: Walk, node: cst.BaseExpression, kind: str, final: bool = False) -> None:
+  """State returned by a step or loss function: dropped from its `return` (path recorded).
+
+  A function not known as a step yet is looked at again once the walk is over (`final`)."""
   group, tree = walk.group, walk.tree
   path, current = [], node
   while True:
@@ -128,6 +130,9 @@ def returned(walk: Walk, node: cst.BaseExpression, kind: str) -> None:
     path.insert(0, list(tuple_.elements).index(parent))
     current = tuple_
   function = tree.enclosing_function(parent)
+  if function not in group.functions and not final:
+    group.pending_returns.append((node, kind))  # a loss whose `jax.grad` call the walk has not reached yet
+    return
   if function not in group.functions:
     raise Skip(node, f'{describe(kind)} returned from a function other than a training step')
   record = group.functions[function]

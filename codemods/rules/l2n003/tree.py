@@ -93,6 +93,14 @@ class Tree:
       return assignments[0].node
     return None
 
+  def class_def(self, name: cst.Name) -> cst.ClassDef | None:
+    """The class `name` is bound to, when it is bound once, to a `class` statement."""
+    scope = self.scope_or_none(name)
+    assignments = list(scope[name.value]) if scope is not None else []
+    if len(assignments) == 1 and isinstance(assignments[0].node, cst.ClassDef):
+      return assignments[0].node
+    return None
+
   def binding_scope(self, node: cst.Name) -> Scope | None:
     """The scope, from `node` outwards, that binds the name `node` reads."""
     scope = self.scope_or_none(node)

@@ -1,0 +1,140 @@
+"""Rewrite the TrainState of flax's examples: a subclass with more fields, made and returned by a factory.
+
+flax's examples build the training state in a function of its own and return it to the caller:
+
+    class TrainState(train_state.TrainState):
+      batch_stats: Any
+
+    def create_train_state(rng, learning_rate):
+      model = CNN()
+      variables = model.init(rng, jnp.ones([1, 28, 28, 1]))
+      return TrainState.create(apply_fn=model.apply, params=variables['params'],
+                               batch_stats=variables['batch_stats'], tx=optax.sgd(learning_rate))
+
+    state = create_train_state(init_rng, 0.1)
+
+The factory now returns `model, optimizer` (an `nnx.Optimizer` over the model), its one caller
+unpacks them, and `state`'s uses are followed from there as a TrainState's. A field of the
+subclass holding model state (`batch_stats`) is read as that state, which the NNX model holds; the
+subclass goes once nothing else uses it. A subclass with methods, a field holding anything else,
+or a factory called more than once stays as it is (a TODO says which).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from codemods.nodes import descendants
+
+from codemods.rules.l2n003.common import Walk
+from codemods.rules.l2n003.common import optimizer_name
+from codemods.rules.l2n003.facts import TRAIN_STATE
+from codemods.rules.l2n003.facts import Skip
+from codemods.rules.l2n003.facts import collection
+from codemods.rules.l2n003.syntax import resolves_to
+from codemods.rules.l2n003.syntax import single_name_target
+from codemods.rules.l2n003.syntax import subscript_keys
+
+
+def subclass_fields(walk: Walk, call: cst.Call) -> dict[str, cst.AnnAssign]:
+  """The extra fields of the TrainState subclass `call` creates (`Sub.create(...)`), none for flax's own."""
+  func = call.func
+  if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
+    return {}
+  subclass = walk.tree.class_def(func.value)
+  if subclass is None:
+    return {}
+  fields = {}
+  for statement in subclass.body.body:
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is None:
+      fields[small.target.value] = small
+    elif not (isinstance(small, (cst.Pass, cst.Expr)) and not isinstance(getattr(small, 'value', None), cst.Call)):
+      raise Skip(statement, f'the TrainState subclass {subclass.name.value} has more than fields (a method, a '
+                            'default); it is not converted yet')
+  return fields
+
+
+def field_kinds(walk: Walk, call: cst.Call, arguments: dict[str, cst.BaseExpression],
+                fields: dict[str, cst.AnnAssign]) -> dict[str, str]:
+  """The kind of state each extra field of `TrainState.create(...)` is given: `variables['batch_stats']`."""
+  group, tree = walk.group, walk.tree
+  kinds = {}
+  for name in fields:
+    value = arguments.get(name)
+    kind = None
+    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Name):
+      keys, top = subscript_keys(value, tree.parent)
+      held = group.names.get((id(tree.scope(value)), value.value.value))
+      if top is value and len(keys) == 1 and keys[0] is not None and held is not None:
+        kind = collection(keys[0])
+    elif isinstance(value, cst.Name):
+      kind = group.names.get((id(tree.scope(value)), value.value))
+    if kind is None or kind == collection('params'):
+      raise Skip(value or call, f'the TrainState field {name} is given something other than a collection of the '
+                                f'variables of {group.model}; it is not converted yet')
+    kinds[name] = kind
+  return kinds
+
+
+def remove_subclass(walk: Walk, call: cst.Call) -> None:
+  """The subclass goes when `call` is its only use; the imports of its base and field types go with it, unless
+  something else uses them."""
+  tree, group = walk.tree, walk.group
+  name = call.func.value
+  subclass = tree.class_def(name)
+  scope = tree.scope(subclass)
+  (assignment,) = tree.assignments(scope, name.value)
+  if [a.node for a in assignment.references if resolves_to(a.scope, name.value, scope)] != [name]:
+    return
+  group.statements[subclass] = None
+  for base in subclass.bases:
+    walk.run.remove_import_of(base.value)
+  for field in subclass_fields(walk, call).values():  # `Any`, when nothing else uses it
+    for annotation in (n for n in descendants(field.annotation) if isinstance(n, (cst.Name, cst.Attribute))):
+      walk.run.remove_import_of(annotation)
+  group.changes.append((subclass, f'class {name.value} goes: its fields are state the NNX model holds'))
+
+
+def factory_optimizer(walk: Walk, call: cst.Call, ret: cst.Return, arguments: dict[str, cst.BaseExpression]) -> None:
+  """`return TrainState.create(...)` -> `return model, optimizer`; the caller unpacks both, its `state` followed."""
+  group, tree = walk.group, walk.tree
+  function = tree.enclosing_function(ret)
+  line = tree.statement(ret)
+  if not isinstance(function, cst.FunctionDef) or line not in function.body.body or group.init not in function.body.body:
+    raise Skip(call, 'a TrainState returned other than by the function that initialises the model, at its top level')
+  caller = _caller(walk, function)
+  optimizer, tx = optimizer_name(walk, call), tree.code(arguments['tx'])
+  for name in (group.model, optimizer):
+    scope = tree.scope(caller)
+    if scope.assignments[name] or scope.accesses[name]:
+      raise Skip(caller, f'{name} is taken where {function.name.value} is called')
+  made = cst.parse_statement(f'{optimizer} = nnx.Optimizer({group.model}, {tx}, wrt=nnx.Param)\n')
+  group.statements[line] = [made.with_changes(leading_lines=line.leading_lines),
+                            cst.parse_statement(f'return {group.model}, {optimizer}\n')]
+  unpacked = cst.parse_expression(f'{group.model}, {optimizer}')
+  group.edits[caller] = lambda updated: updated.with_changes(targets=[cst.AssignTarget(unpacked)])
+  group.anchor = tree.statement(caller)
+  group.changes.append((call, f'TrainState.create(...) -> {optimizer} = nnx.Optimizer({group.model}, {tx}, '
+                              f'wrt=nnx.Param); {function.name.value} returns {group.model}, {optimizer}'))
+  group.changes.append((caller, f'{tree.code(caller.targets[0].target)} = {function.name.value}(...) -> '
+                                f'{group.model}, {optimizer} = {function.name.value}(...): the TrainState\'s uses '
+                                f'go to {group.model} and {optimizer}'))
+  walk.target(caller.targets[0].target, TRAIN_STATE)
+
+
+def _caller(walk: Walk, function: cst.FunctionDef) -> cst.Assign:
+  """`state = create_train_state(...)`, the one use of the factory."""
+  tree = walk.tree
+  name = function.name.value
+  scope = tree.scope(function)
+  assignments = tree.assignments(scope, name)
+  uses = [a.node for assignment in assignments for a in assignment.references if resolves_to(a.scope, name, scope)]
+  if len(assignments) != 1 or len(uses) != 1:
+    raise Skip(function, f'{name} returns the TrainState and is used {len(uses)} times (once, `state = '
+                         f'{name}(...)`, is converted)')
+  call = tree.parent(uses[0])
+  assign = tree.parent(call) if isinstance(call, cst.Call) and call.func is uses[0] else None
+  if not (isinstance(assign, cst.Assign) and assign.value is call and single_name_target(assign)):
+    raise Skip(uses[0], f'{name} returns the TrainState, and its result is not assigned to one name')
+  return assign
