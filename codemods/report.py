@@ -43,6 +43,9 @@ class ConstructorArgument:
   child: str | None = None  # for sizes: the NNX attribute of the child (or variable) that takes it
   child_argument: str | None = None  # for a child's size: the argument of the child's NNX constructor it feeds
   input: str | None = None  # the `__call__` argument whose last axis it is, when the code says so
+  # A size the input's whole shape decides: (rank, formula over `input_shape`) of the call argument `example_input`.
+  shape_formulas: tuple[tuple[int, str], ...] = ()
+  example_input: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +174,11 @@ def _from_json(cls: type, record: tp.Mapping[str, tp.Any]) -> tp.Any:
   return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
 
 
+def _argument_from_json(data: dict[str, tp.Any]) -> ConstructorArgument:
+  argument = _from_json(ConstructorArgument, data)
+  return dataclasses.replace(argument, shape_formulas=tuple((int(r), str(f)) for r, f in argument.shape_formulas))
+
+
 def converted_classes_from_json(document: tp.Any) -> dict[str, tuple[ConvertedClass, ...]]:
   """The `classes` of a `--report-json` document by file path, as `MigrationResult` made them.
 
@@ -183,7 +191,7 @@ def converted_classes_from_json(document: tp.Any) -> dict[str, tuple[ConvertedCl
         entry['path']: tuple(
             dataclasses.replace(
                 _from_json(ConvertedClass, record),
-                arguments=tuple(_from_json(ConstructorArgument, a) for a in record['arguments']),
+                arguments=tuple(_argument_from_json(a) for a in record['arguments']),
                 children=tuple(_from_json(ChildName, c) for c in record['children']),
                 call_arguments=tuple(record.get('call_arguments', ())),
                 mode_arguments=tuple(record.get('mode_arguments', ())),

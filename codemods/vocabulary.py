@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from nnx_bridge.layer_spec import Window
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 
 # --- modules and their methods -------------------------------------------------------------------
@@ -138,6 +139,8 @@ POOLING = frozenset(f'{module}.{name}' for module, names in (
     ('flax.nnx', ('avg_pool', 'max_pool', 'min_pool', 'pool'))) for name in names)
 """flax's pooling functions: windows over the axes between the batch and the last, which they keep (`nn.avg_pool(x,
 (2, 2))` of an NHWC array keeps C), as tests/codemods/test_vocabulary.py measures on the installed flax."""
+POOLING_WINDOW = Window('window_shape', default_padding='VALID')
+"""How `nn.avg_pool(x, window_shape, strides=None, padding='VALID')` (max_pool, min_pool) sizes the axes it pools."""
 REDUCTIONS = frozenset(f'jax.numpy.{name}' for name in (
     'mean', 'sum', 'max', 'min', 'prod', 'std', 'var', 'amax', 'amin', 'median', 'nanmean', 'nansum', 'nanmax', 'nanmin'))
 """jax.numpy reductions over `axis=`: they keep the last axis when every reduced axis is a negative literal other

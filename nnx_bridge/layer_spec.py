@@ -219,6 +219,33 @@ class OutputShape:
 
 
 @dataclasses.dataclass(frozen=True)
+class Window:
+  """How a convolution (or a pooling) sizes the `len(window)` axes right before the last one.
+
+  Each such axis of size `n`, with window `k` and stride `s` (1 by default), becomes `ceil(n / s)`
+  with 'SAME' padding, `(n - k) // s + 1` with 'VALID', and `(n + lo + hi - k) // s + 1` with
+  explicit `(lo, hi)` pads (or one int for both sides); the axes before them (batch) are kept.
+  `window`, `strides`, `padding`: the Linen kwargs holding them. Valid only when none of the
+  kwargs `unless` (dilations) is passed.
+  """
+
+  window: str
+  strides: str = 'strides'
+  padding: str = 'padding'
+  default_padding: str = 'SAME'
+  unless: tuple[str, ...] = ()
+
+  @staticmethod
+  def axis_code(n: str, k: int, s: int, padding: str | tuple[int, int]) -> str:
+    """The code of one windowed axis's size from the code `n` of the input's."""
+    if padding == 'SAME':
+      return n if s == 1 else f'-(-({n}) // {s})'
+    lo, hi = (0, 0) if padding == 'VALID' else padding
+    body = f'{n} + {lo + hi - k}' if lo + hi - k > 0 else f'{n} - {k - lo - hi}' if lo + hi - k < 0 else n
+    return f'{body} + 1' if s == 1 else f'({body}) // {s} + 1'
+
+
+@dataclasses.dataclass(frozen=True)
 class DecodeCache:
   """A layer's autoregressive decode cache.
 
@@ -277,7 +304,8 @@ class LayerSpec:
   because NNX's own default behaves differently; `output_size` says what the output's last
   axis is, for following sizes through a chain of layers: the Linen kwarg that sets it
   ('features'), SAME_AS_INPUT, or None when not known statically; `output_shape` the whole
-  output shape, when known (the codemod derives decode-cache shapes from it); `cache` the
+  output shape, when known (the codemod derives decode-cache shapes from it); `window` how a
+  convolution sizes the axes before the last (the codemod follows example shapes through it); `cache` the
   layer's decode cache, if it has one; `exact` says whether
   converted weights reproduce Linen's outputs, `note` why not or what else to know, and
   `inexact` (for an inexact row) what differs, in one sentence the codemod's TODO quotes.
@@ -298,6 +326,7 @@ class LayerSpec:
   params: ParamMap = ParamMap()
   output_size: str | None = None
   output_shape: OutputShape | None = None
+  window: Window | None = None
   cache: DecodeCache | None = None
   exact: bool = True
   note: str = ''

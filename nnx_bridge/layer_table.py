@@ -33,6 +33,7 @@ from nnx_bridge.layer_spec import Path
 from nnx_bridge.layer_spec import SAME_AS_INPUT
 from nnx_bridge.layer_spec import Shape
 from nnx_bridge.layer_spec import SizeSource
+from nnx_bridge.layer_spec import Window
 from nnx_bridge.layer_spec import WrapperSpec
 from nnx_bridge.layer_spec import einsum_bias_shape
 
@@ -145,6 +146,7 @@ LAYERS: tuple[LayerSpec, ...] = (
         call_args=('inputs',),
         arg_renames=(('features', 'out_features'),),
         derived=(('in_features', _IN),),
+        window=Window('kernel_size', unless=('input_dilation', 'kernel_dilation')),
         linen_only=(
             LinenOnlyKwarg(
                 'conv_general_dilated_cls', None, note='NNX takes `conv_general_dilated` only'

@@ -41,6 +41,25 @@ def test_rule_examples_are_the_fixture_files():
     assert after == (ROOT / f'{case}.out.py').read_text(), case
 
 
+def test_project_excerpts_are_the_fixture_project_and_its_migration(tmp_path):
+  import shutil
+
+  from codemods import rules as registry
+  from codemods.engine import migrate
+
+  text = (ROOT / 'docs' / 'migrate.md').read_text()
+  cases = re.findall(r'<!-- project: (fixtures/\S+)/(\w+\.py) -->\nBefore:\n\n(.*?)After:\n\n(.*?)\n#', text, re.DOTALL)
+  assert cases
+  for folder, name, before, after in cases:
+    copy = tmp_path / pathlib.Path(folder).name
+    shutil.copytree(ROOT / folder, copy)
+    migrate([copy], rules=registry.ALL_RULES, write=True, jobs=1)
+    original, migrated = (ROOT / folder / name).read_text(), (copy / name).read_text()
+    for blocks, source in ((before, original), (after, migrated)):
+      excerpts = re.findall(r'```py\n(.*?)```', blocks, re.DOTALL)
+      assert excerpts and all(excerpt in source for excerpt in excerpts), f'{folder}/{name}: {excerpts}'
+
+
 RULE_DOC_SECTIONS = ('## What it does', '## Why', '## Example', '## What stays a TODO')
 
 

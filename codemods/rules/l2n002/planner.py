@@ -14,6 +14,7 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.rules.l2n002.children import Children
 from codemods.rules.l2n002.decode_cache import DecodeCaches
+from codemods.rules.l2n002.example_shapes import add_shape_formulas
 from codemods.rules.l2n002.factories import ClassFactories
 from codemods.rules.l2n002.factories import tied_uses
 from codemods.rules.l2n002.facts import FileFacts
@@ -161,6 +162,7 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
       for child in plan.children:
         child.done, child.sizes, child.size_codes, child.ref_dims = False, {}, {}, {}
       self._derive(plan, methods, call, calls, carry)
+    add_shape_formulas(self, plan, call, calls)
     self._plan_init_cache(node, plan, call, calls, taken)
 
   def _finish(self, node: cst.ClassDef, fields: list[cst.SimpleStatementLine], method: cst.FunctionDef | None,

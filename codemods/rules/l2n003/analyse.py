@@ -12,6 +12,7 @@ import typing as tp
 
 import libcst as cst
 
+from codemods import shape_formulas
 from codemods.report import EXAMPLE_INPUTS
 from codemods.report import INPUT_DIMENSION
 from codemods.report import UNDETERMINED
@@ -151,7 +152,8 @@ def init_arguments(tree: Tree, model: str, record: ConvertedClass,
 
 def size_arguments(tree: Tree, model: str, record: ConvertedClass, call: cst.Call,
                    inputs: dict[str, cst.BaseExpression]) -> list[str]:
-  """`name=<last axis of an example input>` for each size argument of the record."""
+  """`name=<last axis of an example input>` for each size argument of the record, or the value of its shape
+  formula on the example input's literal shape (`jnp.ones([1, 28, 28, 1])`)."""
   sizes = []
   for argument in record.arguments:
     if argument.origin == EXAMPLE_INPUTS:
@@ -159,10 +161,27 @@ def size_arguments(tree: Tree, model: str, record: ConvertedClass, call: cst.Cal
     if argument.origin not in (INPUT_DIMENSION, UNDETERMINED):
       continue
     example = inputs.get(argument.input) if argument.input else None
-    if example is None:
+    value = _formula_value(argument, inputs.get(argument.example_input)) if argument.example_input else None
+    if example is None and value is None:
       raise Skip(call, f'{model}.init: the inputs do not determine {argument.name} ({argument.detail})')
-    sizes.append(f'{argument.name}={_last_axis(tree, example)}')
+    sizes.append(f'{argument.name}={value if value is not None else _last_axis(tree, example)}')
   return sizes
+
+
+def _formula_value(argument: ConstructorArgument, example: cst.BaseExpression | None) -> int | None:
+  """The size the argument's shape formula gives for an example input of literal shape, else None."""
+  shape = literal_shape(example) if example is not None else None
+  formula = dict(argument.shape_formulas).get(len(shape)) if shape is not None else None
+  return shape_formulas.evaluate(formula, shape) if formula is not None else None
+
+
+def literal_shape(example: cst.BaseExpression) -> tuple[int, ...] | None:
+  """(1, 28, 28, 1) for `jnp.ones([1, 28, 28, 1])` / `jnp.zeros((1, 28, 28, 1), jnp.float32)`, else None."""
+  if not (isinstance(example, cst.Call) and example.args and isinstance(example.args[0].value, (cst.Tuple, cst.List))
+          and ARRAY_MAKERS.match(cst.helpers.get_full_name_for_node(example.func) or '')):
+    return None
+  elements = [e.value for e in example.args[0].value.elements]
+  return tuple(int(e.value) for e in elements) if all(isinstance(e, cst.Integer) for e in elements) else None
 
 
 def _last_axis(tree: Tree, example: cst.BaseExpression) -> str:

@@ -123,6 +123,7 @@ class StepFunction:
 
   node: cst.FunctionDef | cst.Lambda
   loss_of: cst.Call | None = None  # the `jax.grad(fn)(params)` call, for a loss function
+  transform: cst.Call | None = None  # its `jax.grad(fn)` (inline, or bound to a name: `grad_fn(params)`)
   kinds: dict[int, str] = dataclasses.field(default_factory=dict)  # parameter position -> kind
   drops: dict[tuple[int, ...], str] = dataclasses.field(default_factory=dict)  # returned state: path -> kind
   returns: dict[cst.Return, set[tuple[int, ...]]] = dataclasses.field(default_factory=dict)  # -> its drops

@@ -38,7 +38,6 @@ from codemods.rules.l2n003.syntax import subscript_keys
 from codemods.rules.l2n003.tree import Tree
 from codemods.variable_types import flax_variable_type
 from codemods.vocabulary import FREEZERS
-from codemods.vocabulary import GRADS
 from codemods.vocabulary import REPLICATES
 from codemods.vocabulary import TREE_MAPS
 from codemods.vocabulary import TREE_READERS
@@ -163,8 +162,7 @@ class StateWalk:
       return self.apply(call)
     if (FREEZERS.match(func) or REPLICATES.match(func)) and len(call.args) == 1:
       return self._unwrap(call, func, kind)
-    if isinstance(call.func, cst.Call) and first and kind in (params, KEPT_PARAMS) \
-        and (cst.helpers.get_full_name_for_node(call.func.func) or '') in GRADS:
+    if first and kind in (params, KEPT_PARAMS) and training_steps.grad_transform(self, call) is not None:
       return training_steps.grad(self, call, kept=kind == KEPT_PARAMS)
     if kind in KEPT and func in TREE_READERS:
       return None  # the same leaves as in Linen

@@ -33,7 +33,8 @@ def train_state_optimizer(walk: Walk, call: cst.Call, assign: cst.Assign,
 
 
 def train_state_attribute(walk: Walk, attribute: cst.Attribute, name: str, parent: cst.CSTNode | None) -> bool:
-  """`state.step` -> `optimizer.step[...]`, `state = state.apply_gradients(grads=g)` -> `optimizer.update(model, g)`.
+  """`state.step` -> `optimizer.step[...]`, `state = state.apply_gradients(grads=g)` (or its `return`) ->
+  `optimizer.update(model, g)`.
 
   False for any other attribute of the TrainState.
   """
@@ -47,14 +48,21 @@ def train_state_attribute(walk: Walk, attribute: cst.Attribute, name: str, paren
   assign = tree.parent(parent)
   grads = [a for a in parent.args if a.keyword is not None and a.keyword.value == 'grads']
   others = [a for a in parent.args if a not in grads]  # fields of a subclass: state the NNX model updated itself
+  assigned = isinstance(assign, cst.Assign) and assign.value is parent and single_name_target(assign)
+  returned = isinstance(assign, cst.Return) and assign.value is parent and len(tree.statement(assign).body) == 1
   if not (grads and all(a.keyword is not None and a.keyword.value in group.fields for a in others)
-          and isinstance(assign, cst.Assign) and assign.value is parent and single_name_target(assign)):
+          and (assigned or returned)):
     return False
   group.done.add(parent)
   optimizer = optimizer_name(walk, parent)
-  grads_code = tree.code(grads[0].value)
-  group.edits[assign] = lambda _: cst.Expr(cst.parse_expression(f'{optimizer}.update({group.model}, {grads_code})'))
+  update = f'{optimizer}.update({group.model}, {tree.code(grads[0].value)})'
   group.changes.append((parent, f'state.apply_gradients(grads=...) -> {optimizer}.update({group.model}, grads)'))
+  if returned:  # `return state.apply_gradients(grads=grads)`: the update, and the step returns no state
+    line = tree.statement(assign)
+    group.statements[line] = [cst.parse_statement(f'{update}\n').with_changes(leading_lines=line.leading_lines)]
+    walk.use(parent, TRAIN_STATE)
+    return True
+  group.edits[assign] = lambda _: cst.Expr(cst.parse_expression(update))
   walk.target(assign.targets[0].target, TRAIN_STATE)
   return True
 

@@ -81,13 +81,33 @@ def _decorators(walk: Walk, record: StepFunction) -> None:
     group.changes.append((decorator, f'@{tree.code(expression)} -> @nnx.jit on {function.name.value}'))
 
 
+def grad_transform(walk: Walk, call: cst.Call) -> cst.Call | None:
+  """The `jax.grad(loss_fn, ...)` / `jax.value_and_grad(...)` call whose function `call` calls: inline
+  (`jax.grad(loss_fn)(params)`) or through a name bound to it once and used once (`grad_fn(params)`)."""
+  tree, inner = walk.tree, call.func
+  if isinstance(call.func, cst.Name):
+    scope = tree.scope(call.func)
+    assignments = tree.assignments(scope, call.func.value) if scope is not None else []
+    node = assignments[0].node if len(assignments) == 1 else None
+    assign = tree.parent(node) if isinstance(node, cst.Name) else None
+    assign = tree.parent(assign) if isinstance(assign, cst.AssignTarget) else None
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and len(assignments[0].references) == 1):
+      return None
+    inner = assign.value
+  if isinstance(inner, cst.Call) and (cst.helpers.get_full_name_for_node(inner.func) or '') in GRADS:
+    return inner
+  return None
+
+
 def grad(walk: Walk, call: cst.Call, kept: bool = False) -> None:
-  """`jax.value_and_grad(loss_fn, has_aux=...)(params, ...)` -> `nnx.value_and_grad(loss_fn, ...)(model, ...)`."""
+  """`jax.value_and_grad(loss_fn, has_aux=...)(params, ...)` -> `nnx.value_and_grad(loss_fn, ...)(model, ...)`.
+
+  Also through a name: `grad_fn = jax.value_and_grad(loss_fn, has_aux=True)` then `grad_fn(params)`."""
   group, tree = walk.group, walk.tree
   if call in group.done:
     return
   group.done.add(call)
-  inner = call.func
+  inner = grad_transform(walk, call)
   func = cst.helpers.get_full_name_for_node(inner.func)
   options = {a.keyword.value: a.value for a in inner.args[1:] if a.keyword is not None}
   if len(inner.args) < 1 or inner.args[0].keyword is not None or any(k != 'has_aux' for k in options) \
@@ -104,7 +124,7 @@ def grad(walk: Walk, call: cst.Call, kept: bool = False) -> None:
     param = function.params.params[0]
     group.recognized.add(param)
     return walk.name(tree.scope(function.body), param.name.value, KEPT_PARAMS)
-  record = group.functions.setdefault(function, StepFunction(function, loss_of=call))
+  record = group.functions.setdefault(function, StepFunction(function, loss_of=call, transform=inner))
   if record.kinds:
     raise Skip(loss, f'{tree.code(loss)} is differentiated twice')
   record.kinds[0] = collection('params')
@@ -156,7 +176,7 @@ def finish_function(walk: Walk, record: StepFunction) -> None:
   if record.loss_of is not None:
     module, call = module_for(walk, function), record.loss_of
     group.edits[call.args[0]] = lambda updated, module=module: updated.with_changes(value=cst.Name(module))
-    func, loss = cst.helpers.get_full_name_for_node(call.func.func), tree.code(call.func.args[0].value)
+    func, loss = cst.helpers.get_full_name_for_node(record.transform.func), tree.code(record.transform.args[0].value)
     group.changes.append((call, f'{func}({loss})(params) -> {GRADS[func]}({loss})({module})'))
     _loss_result(walk, record, drops)
   else:
@@ -166,6 +186,8 @@ def finish_function(walk: Walk, record: StepFunction) -> None:
 def _prune_return(walk: Walk, statement: cst.Return, drops: set[tuple[int, ...]]) -> None:
   group, tree = walk.group, walk.tree
   value = pruned_value(statement.value, drops)
+  if value is None and tree.statement(statement) in group.statements:
+    return  # already rewritten: `return state.apply_gradients(grads=g)` -> `optimizer.update(model, g)`
   if value is None:
     line = tree.statement(statement)
     if len(line.body) != 1:
@@ -183,14 +205,14 @@ def _loss_result(walk: Walk, record: StepFunction, drops: set[tuple[int, ...]]) 
     return
   call = record.loss_of
   has_aux = any(a.keyword is not None and a.keyword.value == 'has_aux' and a.value.value == 'True'
-                for a in call.func.args)
+                for a in record.transform.args)
   if not has_aux or any(p[:1] != (1,) for p in drops):
-    raise Skip(call, f'{tree.code(call.func)}: the loss function returns state other than in its aux')
-  value_and_grad = GRADS[cst.helpers.get_full_name_for_node(call.func.func)] == 'nnx.value_and_grad'
+    raise Skip(call, f'{tree.code(record.transform)}: the loss function returns state other than in its aux')
+  value_and_grad = GRADS[cst.helpers.get_full_name_for_node(record.transform.func)] == 'nnx.value_and_grad'
   consumer = {((0, *p) if value_and_grad else p): kind for p, kind in record.drops.items()}
   _prune_consumer(walk, call, consumer)
   if (1,) in drops:  # the whole aux went: no has_aux any more
-    group.edits[call.func] = lambda updated: updated.with_changes(args=without_trailing_comma(
+    group.edits[record.transform] = lambda updated: updated.with_changes(args=without_trailing_comma(
         [a for a in updated.args if not (a.keyword is not None and a.keyword.value == 'has_aux')]))
 
 

@@ -161,7 +161,8 @@ def test_the_json_report_records_each_converted_class_the_same_with_any_jobs(tmp
     classes[jobs] = {f['path']: f['classes'] for f in report['files']}
   assert classes['1'] == classes['2']
   mlp, = classes['1']['src/setup_mlp.py']
-  NOT_A_SIZE = {'child': None, 'child_argument': None, 'input': None}
+  NO_FORMULA = {'shape_formulas': [], 'example_input': None}
+  NOT_A_SIZE = {'child': None, 'child_argument': None, 'input': None, **NO_FORMULA}
   assert mlp == {
       'line': 5, 'linen_name': 'MLP', 'nnx_name': 'MLP', 'cell': None,
       'arguments': [
@@ -169,7 +170,7 @@ def test_the_json_report_records_each_converted_class_the_same_with_any_jobs(tmp
           {'name': 'out', 'origin': 'field', 'detail': 'out: int = 3', **NOT_A_SIZE},
           {'name': 'dense1_in_features', 'origin': 'input_dimension', 'child': 'dense1',
            'detail': "in_features of self.dense1, the input dimension of self.dense1's call argument x",
-           'child_argument': 'in_features', 'input': 'x'},
+           'child_argument': 'in_features', 'input': 'x', **NO_FORMULA},
           {'name': 'rngs', 'origin': 'rngs', 'detail': 'nnx.Rngs', **NOT_A_SIZE},
       ],
       'children': [{'linen_name': name, 'nnx_attribute': name, 'linen_class': f'flax.linen.{cls}'}

@@ -6,9 +6,10 @@ migrated version (all rules) must report no TODO, keep no Linen call, and, start
 Linen run's initial variables (`tests/codemods/rules/training_parity.py`), give the same losses, the same eval
 output and the same final parameters and batch statistics, within float32 tolerance.
 
-`fixtures/training/cnn_project/` is a project laid out as flax's examples are: the model in `models.py`, the
-training in `train.py`, which imports it (`import models`). `linen2nnx migrate` over the folder converts the class in
-one file and its call sites in the other.
+`fixtures/training/cnn_project/` and `mnist_project/` are projects laid out as flax's examples are: the model in
+`models.py`, the training in `train.py`, which imports it (`import models`) and builds a TrainState (a subclass
+carrying the batch statistics, or flax's own) in `create_train_state`. `linen2nnx migrate` over the folder
+converts the class in one file and the training code in the other.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from tests.codemods.rules import training_parity as parity
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
 SCRIPTS = ROOT / 'fixtures' / 'training'
-PROJECT = SCRIPTS / 'cnn_project'
 MODELS = {'mlp_classifier': 'MLPClassifier', 'cnn_batchnorm': 'SmallCNN', 'transformer_lm': 'TransformerLM'}
 
 # float32 tolerance for losses, eval outputs and final leaves. A hand port (same ops as the Linen
@@ -201,7 +201,17 @@ def test_converted_script_runs_as_main(tmp_path):
   assert 'loss' in done.stdout
 
 
-# --- A project of two files: models.py and train.py ---------------------------------------------------------
+# --- Projects of two files: models.py and train.py ----------------------------------------------------------
+
+# Each project's model class, and lines its migrated train.py must hold: the factory builds the model where the
+# Linen code built it, with the sizes the example input of `init` gives (through convolutions, pooling and a
+# flatten for the MNIST layout), and its caller unpacks the model and its optimizer.
+PROJECTS = {
+    'cnn_project': ('  model = models.CNN(num_classes=4, conv1_in_features=1, rngs=nnx.Rngs(rng))',
+                    '  model, optimizer = create_train_state(jax.random.key(seed), 0.05, 0.9)'),
+    'mnist_project': ('  cnn = models.CNN(conv1_in_features=1, linear1_in_features=256, rngs=nnx.Rngs(rng))',
+                      '  cnn, optimizer = create_train_state(jax.random.key(seed), 0.05, 0.9)'),
+}
 
 
 def _run_project(folder: pathlib.Path) -> tuple[list[float], jax.Array]:
@@ -217,36 +227,40 @@ def _run_project(folder: pathlib.Path) -> tuple[list[float], jax.Array]:
 
 
 @pytest.fixture(scope='module')
-def linen_project_run() -> tuple[parity.LinenRecord, list[float], jax.Array]:
-  with parity.recording_linen('CNN') as linen:
-    losses, output = _run_project(PROJECT)
-  return linen, losses, output
+def linen_project_runs() -> dict[str, tuple[parity.LinenRecord, list[float], jax.Array]]:
+  runs = {}
+  for name in PROJECTS:
+    with parity.recording_linen('CNN') as linen:
+      losses, output = _run_project(SCRIPTS / name)
+    runs[name] = linen, losses, output
+  return runs
 
 
 @pytest.mark.parametrize('step_style', STEP_STYLES)
-def test_a_two_file_project_migrates_across_files_and_trains_the_same(tmp_path, linen_project_run, step_style):
-  folder = tmp_path / 'cnn_project'
-  shutil.copytree(PROJECT, folder)
+@pytest.mark.parametrize('project', PROJECTS)
+def test_a_two_file_project_migrates_across_files_and_trains_the_same(tmp_path, linen_project_runs, project,
+                                                                       step_style):
+  folder = tmp_path / project
+  shutil.copytree(SCRIPTS / project, folder)
   result = migrate([folder], rules=registry.ALL_RULES, write=True, jobs=1,
                    options=MigrationOptions(step_style=step_style))
   todos = [f'{o.path}:{e.line} {e.message}' for o in result.files for e in o.entries if e.kind == 'todo']
   assert not todos, '\n'.join(todos)
   assert [o.status for o in result.files] == ['changed', 'changed']
   lines = (folder / 'train.py').read_text().splitlines()
-  # The factory builds the model where flax's examples build it, with the sizes the example input gives.
-  assert '  model = models.CNN(num_classes=4, conv1_in_features=1, rngs=nnx.Rngs(rng))' in lines
-  assert '  model, optimizer = create_train_state(jax.random.key(seed), 0.05, 0.9)' in lines
-  assert not any(line.startswith('class TrainState') for line in lines)
+  assert all(line in lines for line in PROJECTS[project]), '\n'.join(lines)
+  assert not any(line.startswith('class TrainState') or 'train_state' in line for line in lines if 'import' in line)
   for name in ('models.py', 'train.py'):
     leftovers = linen_leftovers((folder / name).read_text())
     assert not leftovers, f'Linen code left in {name}: ' + ', '.join(leftovers)
-  linen, linen_losses, linen_output = linen_project_run
+  linen, linen_losses, linen_output = linen_project_runs[project]
   with parity.transferring_into('CNN', linen) as ported:
     losses, output = _run_project(folder)
   parity.assert_close(linen_losses, losses, **TOL)
   parity.assert_close(linen_output, output, **TOL)
   parity.assert_same_state(linen.final, ported, **TOL)
-  assert any(path[-1] == 'mean' for path in parity.flat_state(ported.model))  # batch statistics compared too
+  if project == 'cnn_project':  # the batch statistics are compared too
+    assert any(path[-1] == 'mean' for path in parity.flat_state(ported.model))
   assert linen_losses[-1] < 0.95 * linen_losses[0], linen_losses
   again = migrate([folder], rules=registry.ALL_RULES, jobs=2, options=MigrationOptions(step_style=step_style))
   assert [o.status for o in again.files] == ['unchanged', 'unchanged']  # a second run changes nothing
