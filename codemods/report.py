@@ -71,6 +71,7 @@ class ConvertedClass:
   mode_arguments: tuple[str, ...] = ()  # those of them NNX dropped: train/eval switches
   cache_input: str | None = None  # the `__call__` argument whose shape `init_cache(input_shape, dtype=jnp.float32)` takes; None: no init_cache
   input_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # INPUT_SIZE_SOURCES -> layer sites
+  mode_defaults: dict[str, bool] = dataclasses.field(default_factory=dict)  # of mode_arguments with a literal default
 
   def sort_key(self) -> tuple[int, int, str]:
     return (-1 if self.cell is None else self.cell, self.line, self.linen_name)

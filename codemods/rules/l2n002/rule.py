@@ -158,4 +158,6 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self.report_class(node, plan.name, entries.constructor_arguments(plan), entries.child_names(plan),
                       call_arguments=plan.call_params, mode_arguments=[name for _, name, _ in plan.mode_params])
     records = self.context.scratch[CLASSES_KEY]  # the record report_class just made
-    records[-1] = dataclasses.replace(records[-1], cache_input=plan.cache_input, input_sizes=entries.input_sizes(plan))
+    records[-1] = dataclasses.replace(records[-1], cache_input=plan.cache_input, input_sizes=entries.input_sizes(plan),
+                                      mode_defaults={name: plan.switch_defaults[name] for _, name, _ in plan.mode_params
+                                                     if name in plan.switch_defaults})

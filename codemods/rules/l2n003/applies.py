@@ -76,6 +76,13 @@ def convert_apply(walk: Walk, call: cst.Call) -> None:
     if group.modes.get(owner, mode) != mode:
       raise Skip(call, f'{group.model}.apply in train and eval mode in one statement or step')
     group.modes[owner] = mode
+  elif len(group.record.mode_arguments) == 1 and group.record.mode_arguments[0] in group.record.mode_defaults \
+      and method is None:  # `train: bool = True` not passed: the apply runs in the mode of its default
+    name = group.record.mode_arguments[0]
+    mode = group.record.mode_defaults[name] == EVAL_VALUE[name]
+    if group.modes.get(owner, mode) != mode:
+      raise Skip(call, f'{group.model}.apply in train and eval mode in one statement or step')
+    group.modes[owner] = mode
   elif group.record.mode_arguments and method is None:
     group.modes.setdefault(owner, None)
 

@@ -87,6 +87,8 @@ class StateWalk:
       assign = parent_of(parent_of(parent))
       if isinstance(assign, cst.Assign) and assign.value is parent_of(parent):
         return self._tuple_alias(assign, list(assign.value.elements).index(parent), kind)
+    if isinstance(parent, cst.Return) and kind == TRAIN_STATE and train_state_factories.is_factory_return(self, parent):
+      return train_state_factories.returned_train_state(self, parent)
     if isinstance(parent, (cst.Element, cst.Return)) and kind in KEPT:
       return None  # a kept TrainState is returned and passed on as in Linen
     if isinstance(parent, (cst.Element, cst.Return)):

@@ -13,7 +13,8 @@ flax's examples build the training state in a function of its own and return it 
 
     state = create_train_state(init_rng, 0.1)
 
-The factory now returns `model, optimizer` (an `nnx.Optimizer` over the model), its one caller
+The factory (`return TrainState.create(...)`, or `state = TrainState.create(...)` then `return
+state`) now returns `model, optimizer` (an `nnx.Optimizer` over the model), its one caller
 unpacks them, and `state`'s uses are followed from there as a TrainState's. A field of the
 subclass holding model state (`batch_stats`) is read as that state, which the NNX model holds; the
 subclass goes once nothing else uses it. A subclass with methods, a field holding anything else,
@@ -99,24 +100,55 @@ def remove_subclass(walk: Walk, call: cst.Call) -> None:
 def factory_optimizer(walk: Walk, call: cst.Call, ret: cst.Return, arguments: dict[str, cst.BaseExpression]) -> None:
   """`return TrainState.create(...)` -> `return model, optimizer`; the caller unpacks both, its `state` followed."""
   group, tree = walk.group, walk.tree
+  line = tree.statement(ret)
+  function = _factory(walk, ret)
+  if function is None:
+    raise Skip(call, 'a TrainState returned other than by the function that initialises the model, at its top level')
+  optimizer, tx = optimizer_name(walk, call), tree.code(arguments['tx'])
+  made = cst.parse_statement(f'{optimizer} = nnx.Optimizer({group.model}, {tx}, wrt=nnx.Param)\n')
+  group.changes.append((call, f'TrainState.create(...) -> {optimizer} = nnx.Optimizer({group.model}, {tx}, '
+                              f'wrt=nnx.Param); {function.name.value} returns {group.model}, {optimizer}'))
+  _return_to_caller(walk, function, line, [made.with_changes(leading_lines=line.leading_lines)])
+
+
+def is_factory_return(walk: Walk, ret: cst.Return) -> bool:
+  """Whether `return state` ends the function that initialises the model (`state = TrainState.create(...)`
+  before it): a factory, converted as `return TrainState.create(...)` is."""
+  return _factory(walk, ret) is not None
+
+
+def returned_train_state(walk: Walk, ret: cst.Return) -> None:
+  """`return state` of a factory -> `return model, optimizer`; the caller unpacks both, its `state` followed."""
+  line = walk.tree.statement(ret)
+  _return_to_caller(walk, _factory(walk, ret), line, [])
+
+
+def _factory(walk: Walk, ret: cst.Return) -> cst.FunctionDef | None:
+  """The function `ret` ends when it initialises the model and `ret` is one of its top-level statements."""
+  tree, group = walk.tree, walk.group
   function = tree.enclosing_function(ret)
   line = tree.statement(ret)
-  if not isinstance(function, cst.FunctionDef) or line not in function.body.body or group.init not in function.body.body:
-    raise Skip(call, 'a TrainState returned other than by the function that initialises the model, at its top level')
+  if isinstance(function, cst.FunctionDef) and line in function.body.body and group.init in function.body.body \
+      and len(line.body) == 1:
+    return function
+  return None
+
+
+def _return_to_caller(walk: Walk, function: cst.FunctionDef, line: cst.SimpleStatementLine,
+                      before: list[cst.BaseStatement]) -> None:
+  """The factory's `line` returns `model, optimizer` (after `before`); its one caller unpacks them."""
+  group, tree = walk.group, walk.tree
   caller = _caller(walk, function)
-  optimizer, tx = optimizer_name(walk, call), tree.code(arguments['tx'])
+  optimizer = optimizer_name(walk, line)
   for name in (group.model, optimizer):
     scope = tree.scope(caller)
     if scope.assignments[name] or scope.accesses[name]:
       raise Skip(caller, f'{name} is taken where {function.name.value} is called')
-  made = cst.parse_statement(f'{optimizer} = nnx.Optimizer({group.model}, {tx}, wrt=nnx.Param)\n')
-  group.statements[line] = [made.with_changes(leading_lines=line.leading_lines),
-                            cst.parse_statement(f'return {group.model}, {optimizer}\n')]
+  returned = cst.parse_statement(f'return {group.model}, {optimizer}\n')
+  group.statements[line] = [*before, returned.with_changes(leading_lines=line.leading_lines) if not before else returned]
   unpacked = cst.parse_expression(f'{group.model}, {optimizer}')
   group.edits[caller] = lambda updated: updated.with_changes(targets=[cst.AssignTarget(unpacked)])
   group.anchor = tree.statement(caller)
-  group.changes.append((call, f'TrainState.create(...) -> {optimizer} = nnx.Optimizer({group.model}, {tx}, '
-                              f'wrt=nnx.Param); {function.name.value} returns {group.model}, {optimizer}'))
   group.changes.append((caller, f'{tree.code(caller.targets[0].target)} = {function.name.value}(...) -> '
                                 f'{group.model}, {optimizer} = {function.name.value}(...): the TrainState\'s uses '
                                 f'go to {group.model} and {optimizer}'))

@@ -177,6 +177,7 @@ def test_the_json_report_records_each_converted_class_the_same_with_any_jobs(tmp
                    for name, cls in (('dense1', 'Dense'), ('dense2', 'Dense'), ('norm', 'LayerNorm'))],
       'call_arguments': ['x'], 'mode_arguments': [], 'cache_input': None,
       'input_sizes': {'code': 2, 'examples': 0, 'arguments': 1},  # dense2 and norm follow dense1
+      'mode_defaults': {},
   }
   block, model = classes['1']['src/guide_basic_module.py']
   assert [(c['linen_name'], c['nnx_attribute']) for c in block['children']] == [('Dense_0', 'linear'), ('Dropout_0', 'dropout')]

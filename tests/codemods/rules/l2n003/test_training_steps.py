@@ -147,3 +147,14 @@ def test_training_code_the_rule_cannot_follow_stays_linen_with_one_todo(code, re
   todos = [e.message for e in result.entries if e.code == 'L2N003' and e.kind == 'todo']
   assert len(todos) == 1 and reason in todos[0], todos
   assert 'params = model.init(jax.random.key(0), x)[\'params\']' in result.source and 'tx.init(params)' in result.source
+
+
+def test_train_state_factory_port_trains_to_the_same_losses_and_statistics():
+  # A TrainState subclass with batch_stats, returned by create_train_state as `state`; the step's apply takes the
+  # `train: bool = True` default, the eval step passes train=False.
+  linen, linen_globals, ported, nnx_globals = _run_both('train_state_factory', 'ResNet', 'ResNet')
+  parity.assert_close(linen_globals['losses'], nnx_globals['losses'])
+  parity.assert_close(linen_globals['predictions'], nnx_globals['predictions'])
+  parity.assert_same_state(linen.final, ported)  # params and batch stats, from the jitted eval step
+  assert any(path[-1] == 'mean' for path in parity.flat_state(ported.model))
+  assert linen_globals['losses'][-1] < linen_globals['losses'][0]
