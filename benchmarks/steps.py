@@ -1,6 +1,6 @@
 """Per-step time of a Linen training script vs the code `linen2nnx migrate` makes of it, in each step style.
 
-Run: python benchmarks/steps.py [--steps N] [--repeats R] [--skip-compile]
+Run: python benchmarks/steps.py [--steps N] [--repeats R] [--skip-compile] [--project-only]
 
 The Linen script (an MLP trained with optax under `@jax.jit`, called in a loop in a `train`
 function, its timing loop included) is generated for a dispatch-bound model (narrow, few layers,
@@ -11,6 +11,12 @@ functional port's `train` splits again on each call, so a second figure drives i
 one `nnx.split` (a loop entered once). Then the same migrated scripts with the model swapped
 for the Linen MLP wrapped by `nnx_bridge.from_linen` (the bridge-wrapped model trained by the
 same step): µs/step and the wrapped / native-port ratio per style.
+
+Then the two-file project `fixtures/training/cnn_project/` (`models.py` + `train.py` with a TrainState
+subclass and `create_train_state`, as flax's examples lay it out), migrated over its folder in each
+style: µs/step of its `train()` (the time of `train(steps=N + 20)` less that of `train(steps=20)`,
+over N steps, so building the state and compiling cancel out), as is (dispatch-bound) and widened to
+a compute-bound size.
 
 Then (unless --skip-compile) the compile time of scanned layers: the migration guide's MLP of
 `nn.scan`-ned Blocks (fixtures/L2N002/scan_layers.in.py) and what rule L2N002 makes of it
@@ -270,12 +276,85 @@ def bridge_wrapped(linen: str, port: str) -> str:
   return (imports + head + linen_class + '\n\n\n' + 'model = from_linen(LinenMLP(), x, rngs=nnx.Rngs(0))\n' + tail)
 
 
+PROJECT = ROOT / 'fixtures' / 'training' / 'cnn_project'
+PROJECT_SIZES = {  # text replacements giving each size of the project
+    'dispatch-bound': {},
+    'compute-bound': {'features=8,': 'features=64,', 'features=16,': 'features=128,',
+                      'make_batch(jax.random.key(1234), 64)': 'make_batch(jax.random.key(1234), 512)'},
+}
+
+
+def _project_copy(folder: pathlib.Path, name: str, size: dict[str, str], style: str | None) -> pathlib.Path:
+  """The project at `size` under `folder/name`, migrated over its folder in `style` (None: the Linen original)."""
+  import shutil
+
+  from codemods.engine import migrate
+
+  copy = folder / name
+  shutil.copytree(PROJECT, copy)
+  for path in copy.glob('*.py'):
+    text = path.read_text()
+    for old, new in size.items():
+      text = text.replace(old, new)
+    path.write_text(text)
+  if style is not None:
+    result = migrate([copy], rules=registry.ALL_RULES, write=True, jobs=1, options=MigrationOptions(step_style=style))
+    todos = [e.message for o in result.files for e in o.entries if e.kind == 'todo']
+    if todos or [o.status for o in result.files] != ['changed', 'changed']:
+      raise SystemExit(f'the project did not migrate cleanly in style {style}: {todos}')
+  return copy
+
+
+def project_run(copy: pathlib.Path) -> tp.Callable[[int], float]:
+  """Seconds per step of the project's `train()` at `copy`: `train(steps=n + 20)` less `train(steps=20)`."""
+  import sys
+
+  import jax
+
+  sys.path.insert(0, str(copy))
+  sys.modules.pop('models', None)
+  try:
+    train = runpy.run_path(str(copy / 'train.py'), run_name=f'_project_{copy.name}')['train']
+  finally:
+    sys.path.remove(str(copy))
+    sys.modules.pop('models', None)
+  jax.block_until_ready(train(steps=2)[1])  # compiled
+
+  def timed(steps: int) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(train(steps=steps)[1])
+    return time.perf_counter() - start
+
+  return lambda steps: (timed(steps + 20) - timed(20)) / steps
+
+
+def print_project_times(steps: int, repeats: int) -> None:
+  with tempfile.TemporaryDirectory() as folder:
+    rows = {}
+    for name, size in PROJECT_SIZES.items():
+      n = steps if name == 'dispatch-bound' else max(steps // 10, 10)
+      label = name.replace('-', '_')
+      runs = {'linen': project_run(_project_copy(pathlib.Path(folder), f'linen_{label}', size, None))}
+      for style in STYLES:
+        runs[style] = project_run(_project_copy(pathlib.Path(folder), f'{style.replace("-", "_")}_{label}', size, style))
+      rows[name] = best_times(runs, n, repeats)
+  print()
+  print(f'the two-file project fixtures/training/cnn_project, migrated over its folder (x Linen; best of {repeats})')
+  print(f'{"model":16s} {"Linen us/step":>14s} ' + ' '.join(f'{style + " us":>14s} {"x Linen":>8s}' for style in STYLES))
+  for name, row in rows.items():
+    print(f'{name:16s} {row["linen"] * 1e6:14.1f} '
+          + ' '.join(f'{row[style] * 1e6:14.1f} {row[style] / row["linen"]:8.2f}' for style in STYLES))
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--steps', type=int, default=200)
   parser.add_argument('--repeats', type=int, default=7)
   parser.add_argument('--skip-compile', action='store_true', help='skip the compile-time section (scanned layers)')
+  parser.add_argument('--project-only', action='store_true', help='only the two-file project section')
   args = parser.parse_args()
+  if args.project_only:
+    return print_project_times(args.steps, args.repeats)
   times: dict[str, dict[str, float]] = {}
   with tempfile.TemporaryDirectory() as folder:
     for name, size in MODELS.items():
@@ -305,6 +384,7 @@ def main() -> None:
   for name, row in times.items():
     print(f'{name:16s} ' + ' '.join(f'{row[f"bridge {style}"] * 1e6:14.1f} {row[f"bridge {style}"] / row[style]:8.2f}'
                                     for style in STYLES))
+  print_project_times(args.steps, args.repeats)
   if not args.skip_compile:
     print_compile_times()
 
