@@ -60,6 +60,9 @@ class Walk(tp.Protocol):
   def apply(self, call: cst.Call) -> None:
     """`model.apply(...)` / `state.apply_fn(...)`."""
 
+  def moved(self, statement: cst.BaseStatement) -> None:
+    """The model is used from `statement` on (a factory's caller, `model, optimizer = create_train_state(...)`)."""
+
 
 def optimizer_name(walk: Walk, node: cst.CSTNode) -> str:
   """The name of the model's `nnx.Optimizer` (`optimizer`, or `nnx_optimizer` when that is taken)."""

@@ -52,7 +52,8 @@ def _plan(site: ModelSite, tree: Tree, run: FileRun) -> ModelGroup:
   between = statements[statements.index(construction) + 1:index]
   if any(isinstance(n, cst.Name) and n.value == model for s in between for n in descendants(s)):
     raise Skip(call, f'{model}.init: {model} is used between its construction and init')
-  group = ModelGroup(model, site.built.record, init.statement, tree.scope(init.statement), layer=site.built.layer)
+  group = ModelGroup(model, site.built.record, init.statement, tree.scope(init.statement), layer=site.built.layer,
+                     construction=construction.body[0].value)
   if len(tree.assignments(group.scope, model)) != 1:
     raise Skip(call, f'{model}.init: {model} is assigned more than once')
   walk = StateWalk(group, tree, run)
@@ -121,8 +122,9 @@ def _check_model_uses(walk: Walk) -> None:
   """The Linen model (and its decode-mode twins) may only be initialised, applied, or given to TrainState.create."""
   group, tree = walk.group, walk.tree
   for module in (group.model, *sorted(group.twins)):
-    (assignment,) = tree.assignments(group.scope, module)
-    accesses = [a for a in assignment.references if resolves_to(a.scope, module, group.scope)]
+    scope = group.twins.get(module, group.scope)
+    (assignment,) = tree.assignments(scope, module)
+    accesses = [a for a in assignment.references if resolves_to(a.scope, module, scope)]
     for access in sorted(accesses, key=lambda a: tree.position(a.node)):
       if access.node not in group.model_uses:
         raise Skip(access.node, f'{module} is used by code not converted yet (jax.jit({module}.apply), '

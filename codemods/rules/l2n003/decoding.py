@@ -38,8 +38,8 @@ def decode_views(walk: Walk, statements: tp.Sequence[cst.BaseStatement], index: 
     found = next((f for s in statements[position + 1:] if (f := init_statement(s)) and f.model == name), None)
     if found is None or found.kind != collection('cache') or not group.record.cache_input:
       raise Skip(value, f"{name}: a decode-mode {tree.code(value.func)} without `... = {name}.init(key, x)['cache']`")
-    init, call = found.statement, found.call
-    if len(tree.assignments(group.scope, name)) != 1:
+    init, call, scope = found.statement, found.call, tree.scope(statement)
+    if len(tree.assignments(scope, name)) != 1:
       raise Skip(value, f'{name} is assigned more than once')
     example = init_arguments(tree, group.model, group.record, call)[1].get(group.record.cache_input)
     if example is None:
@@ -51,8 +51,8 @@ def decode_views(walk: Walk, statements: tp.Sequence[cst.BaseStatement], index: 
         leading_lines=init.leading_lines)]
     group.changes.append((value, f'{view}: a decode-mode view sharing the variables of {group.model}'))
     group.changes.append((call, f'{name}.init(...)[\'cache\'] -> {name}.init_cache({shape})'))
-    group.twins.add(name)
+    group.twins[name], group.twin_views[name] = scope, statement
     group.model_uses.add(call.func.value)
     group.recognized.update((statement.body[0].targets[0].target, init.body[0].targets[0].target))
     run.claimed.add(init)
-    walk.name(group.scope, found.target, collection('cache'))
+    walk.name(scope, found.target, collection('cache'))

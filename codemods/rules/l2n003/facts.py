@@ -143,6 +143,7 @@ class ModelGroup:
   init: cst.SimpleStatementLine
   scope: Scope  # the libcst scope of the init statement
   layer: LayerSpec | None = None  # for a built-in layer used as the model (`nn.Dense(10)`)
+  construction: cst.Call | None = None  # `Model(...)`, which its decode-mode twins repeat with `decode=True`
   # What the walk found: the names holding state, the expressions and calls that use it.
   names: dict[tuple[int, str], str] = dataclasses.field(default_factory=dict)  # (scope id, name) -> kind
   name_scopes: dict[tuple[int, str], Scope] = dataclasses.field(default_factory=dict)
@@ -153,7 +154,8 @@ class ModelGroup:
   model_uses: set[cst.CSTNode] = dataclasses.field(default_factory=set)
   functions: dict[cst.CSTNode, StepFunction] = dataclasses.field(default_factory=dict)
   tuple_aliases: set[cst.Assign] = dataclasses.field(default_factory=set)
-  twins: set[str] = dataclasses.field(default_factory=set)  # decode-mode views of the model (`decoder`)
+  twins: dict[str, Scope] = dataclasses.field(default_factory=dict)  # decode-mode views of the model -> their scope
+  twin_views: dict[str, cst.BaseStatement] = dataclasses.field(default_factory=dict)  # -> the statement making it
   state_reads: list[tuple[cst.CSTNode, str]] = dataclasses.field(default_factory=list)  # node, nnx filter
   kept_steps: set[cst.FunctionDef] = dataclasses.field(default_factory=set)  # steps over a kept TrainState
   # What was decided: train/eval modes, the optimizer's name, a kept TrainState.

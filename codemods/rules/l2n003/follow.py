@@ -12,6 +12,7 @@ import libcst as cst
 from libcst.metadata import Scope
 
 from codemods.rules.l2n003 import applies
+from codemods.rules.l2n003 import decoding
 from codemods.rules.l2n003 import optimizers
 from codemods.rules.l2n003 import state_reads
 from codemods.rules.l2n003 import train_state_factories
@@ -103,6 +104,12 @@ class StateWalk:
     self.group.recognized.add(target)
     if target.value != '_':
       self.name(self.tree.scope(target), target.value, kind)
+
+  def moved(self, statement: cst.BaseStatement) -> None:
+    """The model is used from `statement` on: its decode-mode twins built after it there are views of it."""
+    self.group.anchor = statement
+    block = tuple(self.tree.parent(statement).body)
+    decoding.decode_views(self, block, block.index(statement), self.group.construction)
 
   def apply(self, call: cst.Call) -> None:
     """`model.apply(...)`: a call of the NNX model, or of a kept TrainState's `apply_fn`."""

@@ -52,10 +52,18 @@ def _top_statement(tree: Tree, statement: cst.BaseStatement,
 
 
 def _insert(walk: Walk, statement: cst.BaseStatement, *, before: str = '', after: str = '') -> None:
+  """`model.train()` / `model.eval()` before or after `statement`; and the same call on each decode-mode view made
+  before it in the same block (`nnx.with_attributes` copies the modules: a mode set on the model later does not
+  reach a view made earlier)."""
   group = walk.group
   current = group.statements.get(statement, [statement]) or []
-  extra = cst.parse_statement(f'{before or after}\n')
-  group.statements[statement] = [extra, *current] if before else [*current, extra]
+  code = before or after
+  body = list(getattr(walk.tree.parent(statement), 'body', ()))
+  views = [name for name, view in sorted(group.twin_views.items())
+           if view in body and statement in body and body.index(view) < body.index(statement)]
+  calls = [code, *(f'{name}.{code.split(".", 1)[1]}' for name in views)]
+  extra = [cst.parse_statement(f'{line}\n') for line in calls]
+  group.statements[statement] = [*extra, *current] if before else [*current, *extra]
   group.mode_inserts.add(statement)
-  group.changes.append((statement, f'{before or after} (train/eval mode, set on the model)'))
-
+  for line in calls:
+    group.changes.append((statement, f'{line} (train/eval mode, set on the {"view" if line != code else "model"})'))

@@ -50,16 +50,20 @@ def train_state_attribute(walk: Walk, attribute: cst.Attribute, name: str, paren
   others = [a for a in parent.args if a not in grads]  # fields of a subclass: state the NNX model updated itself
   assigned = isinstance(assign, cst.Assign) and assign.value is parent and single_name_target(assign)
   returned = isinstance(assign, cst.Return) and assign.value is parent and len(tree.statement(assign).body) == 1
+  in_return = isinstance(assign, cst.Element) and isinstance(tree.parent(assign), cst.Tuple) \
+      and isinstance(tree.parent(tree.parent(assign)), cst.Return) and len(tree.statement(assign).body) == 1
   if not (grads and all(a.keyword is not None and a.keyword.value in group.fields for a in others)
-          and (assigned or returned)):
+          and (assigned or returned or in_return)):
     return False
   group.done.add(parent)
   optimizer = optimizer_name(walk, parent)
   update = f'{optimizer}.update({group.model}, {tree.code(grads[0].value)})'
   group.changes.append((parent, f'state.apply_gradients(grads=...) -> {optimizer}.update({group.model}, grads)'))
-  if returned:  # `return state.apply_gradients(grads=grads)`: the update, and the step returns no state
-    line = tree.statement(assign)
-    group.statements[line] = [cst.parse_statement(f'{update}\n').with_changes(leading_lines=line.leading_lines)]
+  if returned or in_return:  # `return state.apply_gradients(grads=grads)[, loss]`: the update, then the return
+    line = tree.statement(assign)  # without the state (`training_steps.returned` prunes it)
+    made = cst.parse_statement(f'{update}\n').with_changes(leading_lines=line.leading_lines)
+    group.statements[line] = [made] if returned else [made, line]
+    group.edits.setdefault(line, lambda updated: updated.with_changes(leading_lines=[]))
     walk.use(parent, TRAIN_STATE)
     return True
   group.edits[assign] = lambda _: cst.Expr(cst.parse_expression(update))

@@ -148,7 +148,7 @@ def _return_to_caller(walk: Walk, function: cst.FunctionDef, line: cst.SimpleSta
   group.statements[line] = [*before, returned.with_changes(leading_lines=line.leading_lines) if not before else returned]
   unpacked = cst.parse_expression(f'{group.model}, {optimizer}')
   group.edits[caller] = lambda updated: updated.with_changes(targets=[cst.AssignTarget(unpacked)])
-  group.anchor = tree.statement(caller)
+  walk.moved(tree.statement(caller))
   group.changes.append((caller, f'{tree.code(caller.targets[0].target)} = {function.name.value}(...) -> '
                                 f'{group.model}, {optimizer} = {function.name.value}(...): the TrainState\'s uses '
                                 f'go to {group.model} and {optimizer}'))

@@ -207,10 +207,14 @@ def test_converted_script_runs_as_main(tmp_path):
 # Linen code built it, with the sizes the example input of `init` gives (through convolutions, pooling and a
 # flatten for the MNIST layout), and its caller unpacks the model and its optimizer.
 PROJECTS = {
-    'cnn_project': ('  model = models.CNN(num_classes=4, conv1_in_features=1, rngs=nnx.Rngs(rng))',
+    'cnn_project': ('CNN', '  model = models.CNN(num_classes=4, conv1_in_features=1, rngs=nnx.Rngs(rng))',
                     '  model, optimizer = create_train_state(jax.random.key(seed), 0.05, 0.9)'),
-    'mnist_project': ('  cnn = models.CNN(conv1_in_features=1, linear1_in_features=256, rngs=nnx.Rngs(rng))',
+    'mnist_project': ('CNN', '  cnn = models.CNN(conv1_in_features=1, linear1_in_features=256, rngs=nnx.Rngs(rng))',
                       '  cnn, optimizer = create_train_state(jax.random.key(seed), 0.05, 0.9)'),
+    # Dropout on in training, off in decoding: the decode-mode view is made after model.train(), so it gets its own
+    # decoder.eval() (nnx.with_attributes copies the modules).
+    'lm_project': ('TransformerLM', '  model = models.TransformerLM(VOCAB, rngs=nnx.Rngs(rng))',
+                   '  decoder = nnx.with_attributes(model, decode=True)', '  decoder.eval()'),
 }
 
 
@@ -229,8 +233,8 @@ def _run_project(folder: pathlib.Path) -> tuple[list[float], jax.Array]:
 @pytest.fixture(scope='module')
 def linen_project_runs() -> dict[str, tuple[parity.LinenRecord, list[float], jax.Array]]:
   runs = {}
-  for name in PROJECTS:
-    with parity.recording_linen('CNN') as linen:
+  for name, (model_class, *_) in PROJECTS.items():
+    with parity.same_masks(), parity.recording_linen(model_class) as linen:  # one dropout mask on both sides
       losses, output = _run_project(SCRIPTS / name)
     runs[name] = linen, losses, output
   return runs
@@ -248,13 +252,14 @@ def test_a_two_file_project_migrates_across_files_and_trains_the_same(tmp_path, 
   assert not todos, '\n'.join(todos)
   assert [o.status for o in result.files] == ['changed', 'changed']
   lines = (folder / 'train.py').read_text().splitlines()
-  assert all(line in lines for line in PROJECTS[project]), '\n'.join(lines)
+  model_class, *expected = PROJECTS[project]
+  assert all(line in lines for line in expected), '\n'.join(lines)
   assert not any(line.startswith('class TrainState') or 'train_state' in line for line in lines if 'import' in line)
   for name in ('models.py', 'train.py'):
     leftovers = linen_leftovers((folder / name).read_text())
     assert not leftovers, f'Linen code left in {name}: ' + ', '.join(leftovers)
   linen, linen_losses, linen_output = linen_project_runs[project]
-  with parity.transferring_into('CNN', linen) as ported:
+  with parity.same_masks(), parity.transferring_into(model_class, linen) as ported:
     losses, output = _run_project(folder)
   parity.assert_close(linen_losses, losses, **TOL)
   parity.assert_close(linen_output, output, **TOL)
