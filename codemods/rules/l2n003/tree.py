@@ -13,6 +13,7 @@ from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import Scope
 from libcst.metadata import ScopeProvider
 
+N = tp.TypeVar('N', bound=cst.CSTNode)
 MetadataLookup = tp.Callable[..., tp.Any]
 """A rule's `get_metadata(provider, node[, default])`."""
 
@@ -87,19 +88,16 @@ class Tree:
 
   def function_def(self, name: cst.Name) -> cst.FunctionDef | None:
     """The function `name` is bound to, when it is bound once, to a `def`."""
-    scope = self.scope_or_none(name)
-    assignments = list(scope[name.value]) if scope is not None else []
-    if len(assignments) == 1 and isinstance(assignments[0].node, cst.FunctionDef):
-      return assignments[0].node
-    return None
+    return self._bound_once(name, cst.FunctionDef)
 
   def class_def(self, name: cst.Name) -> cst.ClassDef | None:
     """The class `name` is bound to, when it is bound once, to a `class` statement."""
+    return self._bound_once(name, cst.ClassDef)
+
+  def _bound_once(self, name: cst.Name, kind: type[N]) -> N | None:
     scope = self.scope_or_none(name)
     assignments = list(scope[name.value]) if scope is not None else []
-    if len(assignments) == 1 and isinstance(assignments[0].node, cst.ClassDef):
-      return assignments[0].node
-    return None
+    return assignments[0].node if len(assignments) == 1 and isinstance(assignments[0].node, kind) else None
 
   def binding_scope(self, node: cst.Name) -> Scope | None:
     """The scope, from `node` outwards, that binds the name `node` reads."""
