@@ -139,8 +139,11 @@ POOLING = frozenset(f'{module}.{name}' for module, names in (
     ('flax.nnx', ('avg_pool', 'max_pool', 'min_pool', 'pool'))) for name in names)
 """flax's pooling functions: windows over the axes between the batch and the last, which they keep (`nn.avg_pool(x,
 (2, 2))` of an NHWC array keeps C), as tests/codemods/test_vocabulary.py measures on the installed flax."""
+WINDOW_POOLING = frozenset(name for name in POOLING if not name.endswith('.pool'))
+"""Those of POOLING called `f(inputs, window_shape, strides=None, padding='VALID')` (`pool` takes init and reduce_fn
+first)."""
 POOLING_WINDOW = Window('window_shape', default_padding='VALID')
-"""How `nn.avg_pool(x, window_shape, strides=None, padding='VALID')` (max_pool, min_pool) sizes the axes it pools."""
+"""How the WINDOW_POOLING functions size the axes they pool."""
 REDUCTIONS = frozenset(f'jax.numpy.{name}' for name in (
     'mean', 'sum', 'max', 'min', 'prod', 'std', 'var', 'amax', 'amin', 'median', 'nanmean', 'nansum', 'nanmax', 'nanmin'))
 """jax.numpy reductions over `axis=`: they keep the last axis when every reduced axis is a negative literal other

@@ -130,17 +130,32 @@ def broadcast_shape(left: Shape, right: Shape) -> Shape:
   return None
 
 
+def reduced_axes(call: cst.Call) -> tuple[int | None, ...] | None:
+  """The axes a reduction `jnp.mean(x, axis=(1, 2))` reduces, as literal ints (None for any other value); None
+  without an `axis` or when `x` is not its first, positional argument."""
+  positional = [a.value for a in call.args if a.keyword is None and not a.star]
+  axis = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == 'axis'),
+              positional[1] if len(positional) > 1 else None)
+  if not call.args or call.args[0].keyword is not None or call.args[0].star or axis is None:
+    return None
+  values = [e.value for e in axis.elements] if isinstance(axis, (cst.Tuple, cst.List)) else [axis]
+  return tuple(literal_int(v) for v in values) or None
+
+
+def literal_int(value: cst.BaseExpression | None) -> int | None:
+  """The int a literal `3` / `-3` is, else None."""
+  if isinstance(value, cst.Integer):
+    return int(value.value)
+  if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus) \
+      and isinstance(value.expression, cst.Integer):
+    return -int(value.expression.value)
+  return None
+
+
 def keeps_last_axis(call: cst.Call) -> bool:
   """Whether a reduction `jnp.mean(x, axis=...)` reduces only negative literal axes other than -1."""
-  positional = [a for a in call.args if a.keyword is None and not a.star]
-  axis = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == 'axis'),
-              positional[1].value if len(positional) > 1 else None)
-  if not positional or positional[0] is not call.args[0] or axis is None:
-    return False
-  axes = [e.value for e in axis.elements] if isinstance(axis, (cst.Tuple, cst.List)) else [axis]
-  return bool(axes) and all(isinstance(a, cst.UnaryOperation) and isinstance(a.operator, cst.Minus)
-                            and isinstance(a.expression, cst.Integer) and a.expression.evaluated_value > 1
-                            for a in axes)
+  axes = reduced_axes(call)
+  return axes is not None and all(a is not None and a < -1 for a in axes)
 
 
 def _bare_slice(index: cst.BaseSlice) -> bool:

@@ -25,15 +25,17 @@ from codemods.nodes import descendants
 from codemods.report import INPUT_DIMENSION
 from codemods.report import UNDETERMINED
 from codemods.rules.l2n002.dims import BodyWalk
+from codemods.rules.l2n002.dims import literal_int
+from codemods.rules.l2n002.dims import reduced_axes
 from codemods.rules.l2n002.nodes import ARITHMETIC
 from codemods.rules.l2n002.nodes import assigned_name
 from codemods.rules.l2n002.nodes import forget
 from codemods.rules.l2n002.nodes import is_number
 from codemods.shape_formulas import SHAPE
 from codemods.vocabulary import ELEMENTWISE
-from codemods.vocabulary import POOLING
 from codemods.vocabulary import POOLING_WINDOW
 from codemods.vocabulary import REDUCTIONS
+from codemods.vocabulary import WINDOW_POOLING
 from nnx_bridge.layer_spec import SAME_AS_INPUT
 from nnx_bridge.layer_spec import InputDim
 from nnx_bridge.layer_spec import Window
@@ -55,7 +57,8 @@ def add_shape_formulas(p: ClassPlanner, plan: ClassRewrite, call: cst.FunctionDe
   """Gives each size argument the code leaves undetermined its formulas over the first input's shape."""
   children = {child.attr: child for child in plan.children}
   open_sizes = [(i, a) for i, a in enumerate(plan.size_arguments)
-                if a.origin in (UNDETERMINED, INPUT_DIMENSION) and a.input is None and a.child in children and a.child_argument is not None and children[a.child].spec is not None]
+                if a.origin in (UNDETERMINED, INPUT_DIMENSION) and a.input is None and a.child in children
+                and a.child_argument is not None and children[a.child].spec is not None]
   if not open_sizes or not plan.call_params:
     return
   found: dict[int, list[tuple[int, str]]] = {i: [] for i, _ in open_sizes}
@@ -91,7 +94,7 @@ class ExampleShapes(BodyWalk[Axes]):
     if isinstance(expr, cst.Call) and has_name(expr.func, ELEMENTWISE) and len(expr.args) == 1 \
         and expr.args[0].keyword is None and not expr.args[0].star:
       return self.value(expr.args[0].value, env)
-    if isinstance(expr, cst.Call) and has_name(expr.func, POOLING) and not has_name(expr.func, _PLAIN_POOL):
+    if isinstance(expr, cst.Call) and has_name(expr.func, WINDOW_POOLING):
       return self.pooled(expr, env)
     if isinstance(expr, cst.Call) and has_name(expr.func, REDUCTIONS) and expr.args and expr.args[0].keyword is None:
       return self.reduced(expr, env)
@@ -142,15 +145,11 @@ class ExampleShapes(BodyWalk[Axes]):
   def reduced(self, call: cst.Call, env: dict[str, Axes | None]) -> Axes | None:
     """`jnp.mean(x, axis=(1, 2))`: the reduced axes go (become 1 with `keepdims=True`)."""
     shape = self.value(call.args[0].value, env)
-    options = {a.keyword.value: a.value for a in call.args[1:] if a.keyword is not None}
-    positional = [a.value for a in call.args[1:] if a.keyword is None]
-    axis = options.get('axis', positional[0] if positional else None)
-    if shape is None or axis is None or len(positional) > 1 or set(options) - {'axis', 'keepdims'}:
-      return None
-    values = [e.value for e in axis.elements] if isinstance(axis, (cst.Tuple, cst.List)) else [axis]
-    axes = [_int(v) for v in values]
-    keep = options.get('keepdims')
-    if any(a is None or not -len(shape) <= a < len(shape) for a in axes) or (keep is not None and _bool(keep) is None):
+    options = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    axes, keep = reduced_axes(call), options.get('keepdims')
+    if shape is None or axes is None or any(a is None or not -len(shape) <= a < len(shape) for a in axes) \
+        or set(options) - {'axis', 'keepdims'} or len([a for a in call.args if a.keyword is None]) > 2 \
+        or (keep is not None and _bool(keep) is None):
       return None
     reduced = {a % len(shape) for a in axes}
     if keep is not None and _bool(keep):
@@ -167,7 +166,7 @@ class ExampleShapes(BodyWalk[Axes]):
     if base is None or not rest or any(isinstance(e, cst.StarredElement) or getattr(e, 'keyword', None) for e in rest):
       return None
     parts: list[str | None] = [self._size(e.value, env) for e in rest]
-    holes = [i for i, e in enumerate(rest) if _int(e.value) == -1]
+    holes = [i for i, e in enumerate(rest) if literal_int(e.value) == -1]
     if len(holes) > 1 or None in base:
       return None
     if holes:
@@ -182,12 +181,12 @@ class ExampleShapes(BodyWalk[Axes]):
 
   def _size(self, expr: cst.BaseExpression, env: dict[str, Axes | None]) -> str | None:
     """A literal size, or `x.shape[i]` of an array whose shape is known here."""
-    if _int(expr) is not None:
-      return str(_int(expr))
+    if literal_int(expr) is not None:
+      return str(literal_int(expr))
     if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Attribute) and expr.value.attr.value == 'shape' \
         and isinstance(expr.value.value, cst.Name) and len(expr.slice) == 1 \
         and isinstance(expr.slice[0].slice, cst.Index):
-      shape, index = env.get(expr.value.value.value), _int(expr.slice[0].slice.value)
+      shape, index = env.get(expr.value.value.value), literal_int(expr.slice[0].slice.value)
       if shape is not None and index is not None and -len(shape) <= index < len(shape):
         return shape[index]
     return None
@@ -211,9 +210,6 @@ class ExampleShapes(BodyWalk[Axes]):
           self.value(sub, env)
         forget(part, env)
     return output
-
-
-_PLAIN_POOL = frozenset({'flax.linen.pool', 'flax.linen.pooling.pool', 'flax.nnx.pool'})  # init and reduce_fn first
 
 
 def _windowed(shape: Axes, window: Window, kwargs: tp.Mapping[str, cst.BaseExpression],
@@ -241,28 +237,19 @@ def _padding(value: cst.BaseExpression | None, default: str, count: int) -> list
     return [default] * count
   if isinstance(value, cst.SimpleString) and value.evaluated_value in ('SAME', 'VALID'):
     return [value.evaluated_value] * count
-  if _int(value) is not None:
-    return [(_int(value), _int(value))] * count
+  if literal_int(value) is not None:
+    return [(literal_int(value), literal_int(value))] * count
   pairs = [_ints(e.value) for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else None
   if pairs is None or len(pairs) != count or any(p is None or len(p) != 2 for p in pairs):
     return None
   return [tuple(p) for p in pairs]
 
 
-def _int(value: cst.BaseExpression | None) -> int | None:
-  if isinstance(value, cst.Integer):
-    return int(value.value)
-  if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus) \
-      and isinstance(value.expression, cst.Integer):
-    return -int(value.expression.value)
-  return None
-
-
 def _ints(value: cst.BaseExpression | None) -> tuple[int, ...] | None:
-  if _int(value) is not None:
-    return (_int(value),)
+  if literal_int(value) is not None:
+    return (literal_int(value),)
   if isinstance(value, (cst.Tuple, cst.List)) and value.elements:
-    found = tuple(_int(e.value) for e in value.elements)
+    found = tuple(literal_int(e.value) for e in value.elements)
     return None if None in found else found
   return None
 
@@ -273,7 +260,7 @@ def _bool(value: cst.BaseExpression) -> bool | None:
 
 def _literal(value: cst.BaseExpression | None) -> str | None:
   """The size a constructor argument gives, when it is a literal integer."""
-  return str(_int(value)) if _int(value) is not None else None
+  return str(literal_int(value)) if literal_int(value) is not None else None
 
 
 def _paren(code: str) -> str:

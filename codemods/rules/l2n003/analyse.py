@@ -170,27 +170,27 @@ def size_arguments(tree: Tree, model: str, record: ConvertedClass, call: cst.Cal
 
 def _formula_value(argument: ConstructorArgument, example: cst.BaseExpression | None) -> int | None:
   """The size the argument's shape formula gives for an example input of literal shape, else None."""
-  shape = literal_shape(example) if example is not None else None
-  formula = dict(argument.shape_formulas).get(len(shape)) if shape is not None else None
+  elements = _shape_elements(example) if example is not None else None
+  if elements is None or not all(isinstance(e, cst.Integer) for e in elements):
+    return None
+  shape = tuple(int(e.value) for e in elements)
+  formula = dict(argument.shape_formulas).get(len(shape))
   return shape_formulas.evaluate(formula, shape) if formula is not None else None
 
 
-def literal_shape(example: cst.BaseExpression) -> tuple[int, ...] | None:
-  """(1, 28, 28, 1) for `jnp.ones([1, 28, 28, 1])` / `jnp.zeros((1, 28, 28, 1), jnp.float32)`, else None."""
-  if not (isinstance(example, cst.Call) and example.args and isinstance(example.args[0].value, (cst.Tuple, cst.List))
-          and ARRAY_MAKERS.match(cst.helpers.get_full_name_for_node(example.func) or '')):
-    return None
-  elements = [e.value for e in example.args[0].value.elements]
-  return tuple(int(e.value) for e in elements) if all(isinstance(e, cst.Integer) for e in elements) else None
+def _shape_elements(example: cst.BaseExpression) -> list[cst.BaseExpression] | None:
+  """The elements of the literal shape of `jnp.ones((1, 784))` / `jnp.zeros([1, 28, 28, 1], jnp.float32)`, else None."""
+  if isinstance(example, cst.Call) and example.args and isinstance(example.args[0].value, (cst.Tuple, cst.List)) \
+      and ARRAY_MAKERS.match(cst.helpers.get_full_name_for_node(example.func) or ''):
+    return [e.value for e in example.args[0].value.elements]
+  return None
 
 
 def _last_axis(tree: Tree, example: cst.BaseExpression) -> str:
   """`784` for `jnp.ones((1, 784))` or `jnp.ones([1, 784])`, else `<example>.shape[-1]`."""
-  if isinstance(example, cst.Call) and example.args and isinstance(example.args[0].value, (cst.Tuple, cst.List)):
-    func = cst.helpers.get_full_name_for_node(example.func) or ''
-    elements = example.args[0].value.elements
-    if ARRAY_MAKERS.match(func) and elements and isinstance(elements[-1].value, cst.Integer):
-      return elements[-1].value.value
+  elements = _shape_elements(example)
+  if elements and isinstance(elements[-1], cst.Integer):
+    return elements[-1].value
   code = tree.source(example)
   return f'{code}.shape[-1]' if isinstance(example, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) \
       else f'({code}).shape[-1]'
@@ -198,9 +198,11 @@ def _last_axis(tree: Tree, example: cst.BaseExpression) -> str:
 
 def example_shape(tree: Tree, example: cst.BaseExpression) -> str:
   """`(4, 12)` for `jnp.ones((4, 12), jnp.int32)` or `jnp.ones([4, 12])`, else `<example>.shape`."""
-  if isinstance(example, cst.Call) and example.args and isinstance(example.args[0].value, (cst.Tuple, cst.List)) \
-      and ARRAY_MAKERS.match(cst.helpers.get_full_name_for_node(example.func) or ''):
-    parts = [tree.code(e.value) for e in example.args[0].value.elements]
+  elements = _shape_elements(example)
+  if elements is not None and isinstance(example.args[0].value, cst.Tuple):
+    return tree.code(example.args[0].value)
+  if elements is not None:  # a list: as a tuple, which init_cache's shape arithmetic takes
+    parts = [tree.code(e) for e in elements]
     return f'({", ".join(parts)}{"," if len(parts) == 1 else ""})'
   return f'{tree.code(example)}.shape'
 

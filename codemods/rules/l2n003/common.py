@@ -178,7 +178,8 @@ def train_state_arguments(walk: Walk, call: cst.Call, fields: tp.Collection[str]
   arguments = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
   assigned = isinstance(parent, cst.Assign) and parent.value is call and single_name_target(parent)
   returned = isinstance(parent, cst.Return) and parent.value is call
-  if not (assigned or returned) or not {'apply_fn', 'params', 'tx'} <= set(arguments) <= {'apply_fn', 'params', 'tx', *fields} \
+  required = {'apply_fn', 'params', 'tx'}
+  if not (assigned or returned) or not required <= set(arguments) <= required | set(fields) \
       or len(call.args) != len(arguments) or not is_method(arguments['apply_fn'], group.model, 'apply'):
     raise Skip(call, 'a TrainState other than TrainState.create(apply_fn=model.apply, params=params, tx=tx) '
                      'assigned to one name or returned')

@@ -67,7 +67,7 @@ def _plan(site: ModelSite, tree: Tree, run: FileRun) -> ModelGroup:
   _check_assignments(walk)
   _check_model_uses(walk)
   _check_field_updates(walk)
-  modes.place_modes(walk, statements if group.anchor is None else _block_of(tree, group.anchor))
+  modes.place_modes(walk, statements if group.anchor is None else tree.block(group.anchor))
   step_styles.apply_step_styles(walk)
   return group
 
@@ -105,11 +105,6 @@ def _check_assignments(walk: Walk) -> None:
       node = assignment.node
       if node not in group.recognized:
         raise Skip(node, f'{key[1]} holds the state of {group.model} but is also assigned other values')
-
-
-def _block_of(tree: Tree, statement: cst.BaseStatement) -> tuple[cst.BaseStatement, ...]:
-  """The statements of the block `statement` is in."""
-  return tuple(tree.parent(statement).body)
 
 
 def _check_field_updates(walk: Walk) -> None:

@@ -108,7 +108,7 @@ class StateWalk:
   def moved(self, statement: cst.BaseStatement) -> None:
     """The model is used from `statement` on: its decode-mode twins built after it there are views of it."""
     self.group.anchor = statement
-    block = tuple(self.tree.parent(statement).body)
+    block = self.tree.block(statement)
     decoding.decode_views(self, block, block.index(statement), self.group.construction)
 
   def apply(self, call: cst.Call) -> None:

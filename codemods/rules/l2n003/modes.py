@@ -58,7 +58,7 @@ def _insert(walk: Walk, statement: cst.BaseStatement, *, before: str = '', after
   group = walk.group
   current = group.statements.get(statement, [statement]) or []
   code = before or after
-  body = list(getattr(walk.tree.parent(statement), 'body', ()))
+  body = walk.tree.block(statement)
   views = [name for name, view in sorted(group.twin_views.items())
            if view in body and statement in body and body.index(view) < body.index(statement)]
   calls = [code, *(f'{name}.{code.split(".", 1)[1]}' for name in views)]

@@ -108,7 +108,7 @@ def factory_optimizer(walk: Walk, call: cst.Call, ret: cst.Return, arguments: di
   made = cst.parse_statement(f'{optimizer} = nnx.Optimizer({group.model}, {tx}, wrt=nnx.Param)\n')
   group.changes.append((call, f'TrainState.create(...) -> {optimizer} = nnx.Optimizer({group.model}, {tx}, '
                               f'wrt=nnx.Param); {function.name.value} returns {group.model}, {optimizer}'))
-  _return_to_caller(walk, function, line, [made.with_changes(leading_lines=line.leading_lines)])
+  _return_to_caller(walk, function, line, [made])
 
 
 def is_factory_return(walk: Walk, ret: cst.Return) -> bool:
@@ -140,12 +140,13 @@ def _return_to_caller(walk: Walk, function: cst.FunctionDef, line: cst.SimpleSta
   group, tree = walk.group, walk.tree
   caller = _caller(walk, function)
   optimizer = optimizer_name(walk, line)
+  scope = tree.scope(caller)
   for name in (group.model, optimizer):
-    scope = tree.scope(caller)
     if scope.assignments[name] or scope.accesses[name]:
       raise Skip(caller, f'{name} is taken where {function.name.value} is called')
   returned = cst.parse_statement(f'return {group.model}, {optimizer}\n')
-  group.statements[line] = [*before, returned.with_changes(leading_lines=line.leading_lines) if not before else returned]
+  made = [*before, returned]
+  group.statements[line] = [made[0].with_changes(leading_lines=line.leading_lines), *made[1:]]
   unpacked = cst.parse_expression(f'{group.model}, {optimizer}')
   group.edits[caller] = lambda updated: updated.with_changes(targets=[cst.AssignTarget(unpacked)])
   walk.moved(tree.statement(caller))

@@ -35,6 +35,10 @@ class Tree:
       node = self.parent(node)
     return node
 
+  def block(self, statement: cst.BaseStatement) -> tuple[cst.BaseStatement, ...]:
+    """The statements of the block (a function body, the module) `statement` is in."""
+    return tuple(getattr(self.parent(statement), 'body', ()))
+
   def enclosing_function(self, node: cst.CSTNode) -> cst.CSTNode | None:
     """The innermost function or lambda around `node`, or None."""
     node = self.parent(node)
