@@ -14,8 +14,10 @@ So one batch (`batch_bytes`, or one rule's arrays if larger) is in memory, plus 
 tensorstore's buffers for it; the files are those orbax writes for jax.Arrays, with arrays over
 `CHUNK_BYTES` stored in chunks (orbax's `SaveArgs.chunk_byte_size`).
 
-The plan (`Job`, `plan`) and the readers (`read_metadata`, `restore_arrays`) are public because
-`checkpoint_restore.restore_linen_checkpoint` checks and reads a Linen checkpoint with them too.
+The plan (`Job`, `plan`, the `make` functions), the readers (`read_metadata`, `restore_arrays`)
+and the writer (`write`) are public because `checkpoint_restore.restore_linen_checkpoint` checks
+and reads a Linen checkpoint with them too, and `train_state_checkpoint` converts whole training
+states with them.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def linen_to_nnx_checkpoint(
   Staging folders that killed conversions into `dst` left are removed first (`clear_staging`).
   """
   src, dst = os.path.abspath(src), os.path.abspath(dst)  # orbax takes absolute paths only
-  _refuse_existing(dst)
+  refuse_existing(dst)
   clear_staging(dst)
   source = read_metadata(src)
   linen_key = linen_key_fn(linen_collection)
@@ -112,12 +114,12 @@ def linen_to_nnx_checkpoint(
   ]
   dropped = tuple(map(linen_key, mapping.dropped))
   target = None if nnx_abstract_state is None else {
-      path + _VALUE: leaf for path, leaf in _flat_nnx_abstract(nnx_abstract_state).items()
+      path + _VALUE: leaf for path, leaf in flatten_nnx_abstract(nnx_abstract_state).items()
   }
   made = plan(source, jobs, dropped, target, 'NNX model', src)
   if not allow_lossy:
-    _refuse_lossy(src, source, dropped, batch_bytes)
-  _write(src, dst, source, jobs, made, target or {}, batch_bytes)
+    refuse_lossy(src, source, dropped, batch_bytes)
+  write(src, dst, source, jobs, made, target or {}, batch_bytes)
 
 
 def nnx_to_linen_checkpoint(
@@ -138,25 +140,25 @@ def nnx_to_linen_checkpoint(
   conversions into `dst` left are removed first (`clear_staging`).
   """
   src, dst = os.path.abspath(src), os.path.abspath(dst)  # orbax takes absolute paths only
-  _refuse_existing(dst)
+  refuse_existing(dst)
   clear_staging(dst)
   source = read_metadata(src)
   suffix = _VALUE if all(key[-1:] == _VALUE for key in source) else ()
   linen_key = linen_key_fn(linen_collection)
   target = None
   if linen_abstract_variables is not None:
-    flat = _flat_linen_abstract(linen_abstract_variables)
+    flat = flatten_linen_abstract(linen_abstract_variables)
     target = {linen_key(key): leaf for key, leaf in flat.items() if linen_collection in (None, key[0])}
-  jobs = [Job((rule.nnx + suffix,), tuple(map(linen_key, rule.linen)), _splitter(rule)) for rule in mapping.rules]
+  jobs = [Job((rule.nnx + suffix,), tuple(map(linen_key, rule.linen)), splitter(rule)) for rule in mapping.rules]
   for key in map(linen_key, mapping.dropped):
     if target is None or key not in target:
       raise StateMismatchError(
           f'{path_str(key)} has no NNX leaf; pass linen_abstract_variables so that it can be '
           'written back as zeros of the right shape'
       )
-    jobs.append(Job((), (key,), _zeros(target[key])))
+    jobs.append(Job((), (key,), zeros_like(target[key])))
   made = plan(source, jobs, (), target, 'Linen model', src)
-  _write(src, dst, source, jobs, made, target or {}, batch_bytes)
+  write(src, dst, source, jobs, made, target or {}, batch_bytes)
 
 
 # --- the plan ----------------------------------------------------------------------------------
@@ -183,7 +185,9 @@ def joiner(rule: LeafRule) -> tp.Callable[[list[tp.Any]], list[tp.Any]]:
   return lambda parts: [TreeMapping.build_nnx_leaf(rule, dict(zip(rule.linen, parts)))]
 
 
-def _splitter(rule: LeafRule) -> tp.Callable[[list[tp.Any]], list[tp.Any]]:
+def splitter(rule: LeafRule) -> tp.Callable[[list[tp.Any]], list[tp.Any]]:
+  """A Job's `make` for an NNX -> Linen rule: [its NNX array] -> the rule's Linen arrays (split if fused)."""
+
   def split(values: list[tp.Any]) -> list[tp.Any]:
     linen = TreeMapping((rule,)).nnx_to_linen({rule.nnx: values[0]})
     return [linen[key] for key in rule.linen]
@@ -191,18 +195,20 @@ def _splitter(rule: LeafRule) -> tp.Callable[[list[tp.Any]], list[tp.Any]]:
   return split
 
 
-def _zeros(like: tp.Any) -> tp.Callable[[list[tp.Any]], list[tp.Any]]:
+def zeros_like(like: tp.Any) -> tp.Callable[[list[tp.Any]], list[tp.Any]]:
+  """A Job's `make` for a dropped Linen leaf written back: zeros of `like`'s shape and dtype."""
   return lambda _: [jnp.zeros(like.shape, like.dtype)]
 
 
-def _flat_nnx_abstract(state: tp.Any) -> dict[Key, tp.Any]:
+def flatten_nnx_abstract(state: tp.Any) -> dict[Key, tp.Any]:
   """An nnx.State (of Variables) or a pure dict as {NNX path: leaf}, integer keys as strings."""
   if isinstance(state, nnx.State):
     return {normalize_path(path): leaf.get_value() for path, leaf in nnx.to_flat_state(state)}
   return flatten(state)
 
 
-def _flat_linen_abstract(variables: tp.Any) -> dict[Key, tp.Any]:
+def flatten_linen_abstract(variables: tp.Any) -> dict[Key, tp.Any]:
+  """Linen variables (boxed or not, abstract or not) as {checkpoint key: leaf}."""
   return flatten(meta.unbox(variables))
 
 
@@ -230,10 +236,13 @@ def plan(
     target_name: str,
     src: PathLike,
     outcome: str = 'nothing written',
+    covers: tuple[Key, ...] | None = None,
 ) -> dict[Key, jax.ShapeDtypeStruct]:
   """Every target leaf's shape and dtype, or StateMismatchError naming both sides of every problem.
 
-  `outcome` says in the error what the caller did not do because of it.
+  `outcome` says in the error what the caller did not do because of it. `covers` are the key
+  prefixes whose leaves `target` describes (default: all); leaves made elsewhere are not checked
+  against it (a TrainState's optimizer state, when only the model is known).
   """
   problems = []
   used = {key: job for job in jobs for key in job.sources}
@@ -256,7 +265,8 @@ def plan(
     except (TypeError, ValueError) as error:
       problems.append(f'{job.describe()}: cannot be built from {", ".join(map(describe, inputs))}: {error}')
   if target is not None:
-    producer = {key: job for job in jobs for key in job.targets}
+    covered = lambda key: covers is None or any(key[:len(prefix)] == prefix for prefix in covers)
+    producer = {key: job for job in jobs for key in job.targets if covered(key)}
     for key in sorted(producer.keys() - target.keys()):
       problems.append(f'{producer[key].describe()}: the {target_name} has no leaf {path_str(key)}')
     for key in sorted(target.keys() - producer.keys()):
@@ -371,17 +381,34 @@ def restore_arrays(
   }
   if not item:
     return {}
-  tree = nest(item)
-  args = ocp.args.PyTreeRestore(
-      item=tree, restore_args=ocp.checkpoint_utils.construct_restore_args(tree), partial_restore=True
-  )
   try:
-    return flatten(ocp.PyTreeCheckpointer().restore(path, args=args))
+    tree = _partial_template(ocp.PyTreeCheckpointHandler().metadata(pathlib.Path(path)).tree, (), item)
+    args = ocp.args.PyTreeRestore(
+        item=tree, restore_args=ocp.checkpoint_utils.construct_restore_args(tree), partial_restore=True
+    )
+    restored = flatten(ocp.PyTreeCheckpointer().restore(path, args=args))
+    return {key: restored[key] for key in item}
   except Exception as error:  # orbax raises a bare Exception; the metadata was read: the arrays' files are damaged
     names = [path_str(key) for key in item]
     names = ('one of ' if len(names) > 1 else '') + ', '.join(names[:3]) + (
         f' and {len(names) - 3} more' if len(names) > 3 else '')
     raise UnreadableCheckpointError(f'{path}: cannot read {names} ({one_line_reason(error)}); {_DAMAGED}') from None
+
+
+def _partial_template(structure: tp.Any, prefix: Key, item: dict[Key, tp.Any]) -> tp.Any:
+  """The restore template for the leaves `item` names, shaped as the checkpoint's tree `structure` is.
+
+  Dicts keep only the entries with a leaf to read; a list (a saved tuple: an optax state) keeps
+  its length, with orbax's PLACEHOLDER where nothing is read, as partial restore requires.
+  """
+  if isinstance(structure, dict):
+    kept = {name: _partial_template(node, (*prefix, str(name)), item) for name, node in structure.items()}
+    kept = {name: node for name, node in kept.items() if node is not ocp.PLACEHOLDER}
+    return kept or ocp.PLACEHOLDER
+  if isinstance(structure, (list, tuple)):
+    kept = [_partial_template(node, (*prefix, str(index)), item) for index, node in enumerate(structure)]
+    return kept if any(node is not ocp.PLACEHOLDER for node in kept) else ocp.PLACEHOLDER
+  return item.get(prefix, ocp.PLACEHOLDER)
 
 
 class _StreamingHandler(ocp.type_handlers.TypeHandler):
@@ -437,12 +464,13 @@ def _by_bytes(groups: tp.Iterable[list[T]], nbytes: tp.Callable[[T], int], limit
     yield batch
 
 
-def _refuse_existing(dst: PathLike) -> None:
+def refuse_existing(dst: PathLike) -> None:
+  """Raises FileExistsError if `dst` exists: a conversion never writes over anything."""
   if os.path.lexists(dst):
     raise FileExistsError(f'{dst} exists; convert into a new path')
 
 
-def _refuse_lossy(src: PathLike, source: dict[Key, tp.Any], dropped: tuple[Key, ...], batch_bytes: int) -> None:
+def refuse_lossy(src: PathLike, source: dict[Key, tp.Any], dropped: tuple[Key, ...], batch_bytes: int) -> None:
   """Raises LossyConversionError if a dropped leaf is not zero, reading them a batch at a time."""
   nbytes = lambda key: math.prod(source[key].shape) * np.dtype(source[key].dtype).itemsize
   nonzero = []
@@ -455,7 +483,7 @@ def _refuse_lossy(src: PathLike, source: dict[Key, tp.Any], dropped: tuple[Key, 
     )
 
 
-def _write(
+def write(
     src: PathLike,
     dst: PathLike,
     source: dict[Key, tp.Any],
@@ -463,8 +491,13 @@ def _write(
     made: dict[Key, jax.ShapeDtypeStruct],
     target: dict[Key, tp.Any],
     batch_bytes: int,
+    layout: tp.Any = None,
 ) -> None:
-  """Streams the jobs' outputs into a new orbax checkpoint beside `dst`, renamed to `dst` once complete."""
+  """Streams the jobs' outputs into a new orbax checkpoint beside `dst`, renamed to `dst` once complete.
+
+  `layout` is a pytree whose leaves sit at the output's keys (a TrainState, whose optax state
+  holds tuples that a restore into it needs as such); without it, the output is nested dicts.
+  """
   pending = {}
   for index, job in enumerate(jobs):
     for key in job.targets:
@@ -496,8 +529,12 @@ def _write(
     _claim(staging, dst)
     # save_concurrent_gb as StandardCheckpointer sets it
     handler = ocp.PyTreeCheckpointHandler(save_concurrent_gb=96, type_handler_registry=registry)
-    save_args = nest({key: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES) for key in pending})
-    ocp.Checkpointer(handler).save(os.path.join(staging, name), args=ocp.args.PyTreeSave(nest(pending), save_args))
+    if layout is None:
+      item = nest(pending)
+    else:
+      item = jax.tree_util.tree_map_with_path(lambda path, _: pending[normalize_path(path)], layout)
+    save_args = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES), item)
+    ocp.Checkpointer(handler).save(os.path.join(staging, name), args=ocp.args.PyTreeSave(item, save_args))
     os.rename(os.path.join(staging, name), dst)
   finally:
     shutil.rmtree(staging, ignore_errors=True)

@@ -135,7 +135,7 @@ def nnx_to_linen(
 # --- optimizer state --------------------------------------------------------------------------
 
 
-def _split_at_params(path: tuple[str, ...], param_suffixes: set[tuple[str, ...]]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+def split_at_params(path: tuple[str, ...], param_suffixes: set[tuple[str, ...]]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
   """(prefix, params path) when the leaf sits in a params-shaped subtree of an optax state."""
   for start in range(len(path)):
     if path[start:] in param_suffixes:
@@ -161,7 +161,7 @@ def optimizer_state_to_nnx(
   converted: dict[NNXPath, tp.Any] = {}
   for keypath, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
     path = normalize_path(keypath)
-    split = _split_at_params(path, suffixes)
+    split = split_at_params(path, suffixes)
     if split is None:
       converted[('opt_state', *path)] = leaf
     else:
@@ -193,7 +193,7 @@ def optimizer_state_to_linen(optimizer: nnx.Optimizer, mapping: TreeMapping, opt
   nnx_flat = {path: var.get_value() for path, var in flat_nnx_variables(optimizer).items()}
   leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(opt_state_like)
   paths = [normalize_path(keypath) for keypath, _ in leaves_with_paths]
-  splits = [_split_at_params(path, suffixes) for path in paths]
+  splits = [split_at_params(path, suffixes) for path in paths]
   linen_by_prefix: dict[tuple[str, ...], dict[LinenKey, tp.Any]] = {}
   for prefix in {s[0] for s in splits if s is not None}:
     sub = {

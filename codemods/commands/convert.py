@@ -20,7 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
       description=(
           'Read the orbax checkpoint SRC written for the Linen model and write DST for its NNX '
           'port (restorable with nnx.eval_shape + orbax restore, as the flax guide does), or the '
-          'reverse with --to linen. Both models are built abstractly (no weights) to derive the '
+          'reverse with --to linen; with --train-state, a whole flax TrainState checkpoint and '
+          'nnx.state((model, optimizer)). Both models are built abstractly (no weights) to derive the '
           'leaf mapping and check every leaf before anything is written. Arrays are converted a '
           'few at a time; DST appears only when complete, and staging folders that killed runs '
           'left beside it are removed. Exit 0 on success, 1 when the checkpoint does not fit the '
@@ -41,6 +42,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
   parser.add_argument(
       '--linen-collection', metavar='NAME',
       help="the Linen side holds one collection's tree without its name (e.g. params of a TrainState)",
+  )
+  parser.add_argument(
+      '--train-state', action='store_true',
+      help=(
+          'the Linen side is a whole flax TrainState (step, params, opt_state, and one field per other '
+          'collection of the Linen model, e.g. batch_stats); the NNX side is nnx.state((model, optimizer)) '
+          'of an nnx.Optimizer(model, tx, wrt=nnx.Param)'
+      ),
+  )
+  parser.add_argument(
+      '--optimizer', metavar='REF',
+      help=(
+          "the TrainState's optax transform, path/to/file.py:NAME: a GradientTransformation or a function "
+          'of no arguments returning one. With --train-state, the optimizer state is checked against it; '
+          '--to linen needs it to lay the optax state out as TrainState.create does'
+      ),
   )
   parser.add_argument('--mapping', metavar='FILE.json', help='use this leaf mapping instead of deriving one')
   parser.add_argument('--write-mapping', metavar='FILE.json', help='write the mapping used, for review')
@@ -64,6 +81,16 @@ def run(args: argparse.Namespace) -> int:
   if not isinstance(sys.unraisablehook, _DropAbandonedReadReports):
     sys.unraisablehook = _DropAbandonedReadReports(sys.unraisablehook)
   try:
+    if args.train_state and args.linen_collection:
+      raise model_refs.UsageError('--train-state and --linen-collection describe different checkpoints; give one')
+    if args.optimizer and not args.train_state:
+      raise model_refs.UsageError('--optimizer is the optax transform of a TrainState: add --train-state')
+    if args.train_state and args.to == 'linen' and not args.optimizer:
+      raise model_refs.UsageError(
+          '--train-state --to linen needs --optimizer path/to/file.py:NAME, the optax transform the '
+          'TrainState was created with, to lay out its opt_state'
+      )
+    tx = _load_optimizer(args.optimizer) if args.optimizer else None
     leftovers = checkpoint.clear_staging(args.dst)
     example = model_refs.build_example(args, args.linen)
     eval_module, eval_kwargs, linen_abstract = verify.abstract_linen(example, args.examples)
@@ -93,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
       mapping = derive.derive_mapping(eval_module, nnx_model, *example.args, **eval_kwargs, **example.kwargs)
     if args.write_mapping:
       mapping.save(args.write_mapping)
-    if args.to == 'nnx':
+    if args.train_state:
+      written = _convert_train_state(args, mapping, nnx_model, linen_abstract, tx)
+    elif args.to == 'nnx':
       checkpoint.linen_to_nnx_checkpoint(
           # Rng state has no Linen source and is never invented: restore the checkpoint into
           # nnx.state(model, nnx.Not(nnx.RngState)) of a model built with your own nnx.Rngs.
@@ -111,8 +140,56 @@ def run(args: argparse.Namespace) -> int:
   except BridgeError as error:
     print(f'linen2nnx convert: nothing written: {error}', file=sys.stderr)
     return EXIT_MISMATCH
-  print(f'wrote {args.dst} ({len(mapping.rules)} {args.to.upper() if args.to == "nnx" else "Linen"} leaves)')
+  if args.train_state:
+    print(f'wrote {args.dst} ({written} leaves: the model, the optimizer state and the step)')
+  else:
+    print(f'wrote {args.dst} ({len(mapping.rules)} {args.to.upper() if args.to == "nnx" else "Linen"} leaves)')
   return EXIT_OK
+
+
+def _load_optimizer(ref: str) -> tp.Any:
+  """The optax GradientTransformation `--optimizer` names, calling a function of no arguments to get it."""
+  import optax
+
+  from codemods.ports import model_refs
+
+  tx = model_refs.load_object(ref)
+  if not isinstance(tx, optax.GradientTransformation) and callable(tx):
+    try:
+      tx = tx()
+    except TypeError as error:
+      raise model_refs.UsageError(f'{ref}: calling it with no arguments failed ({error})') from None
+  if not isinstance(tx, optax.GradientTransformation):
+    raise model_refs.UsageError(f'{ref} is a {type(tx).__name__}, not an optax GradientTransformation')
+  return tx
+
+
+def _convert_train_state(args: argparse.Namespace, mapping: tp.Any, nnx_model: tp.Any, linen_abstract: tp.Any,
+                         tx: tp.Any) -> int:
+  """`--train-state`: a TrainState checkpoint to nnx.state((model, optimizer)), or back; the leaves written."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from flax.core import meta
+
+  from nnx_bridge import train_state_checkpoint
+
+  if args.to == 'nnx':
+    optimizer = None if tx is None else nnx.state(
+        nnx.eval_shape(lambda model: nnx.Optimizer(model, tx, wrt=nnx.Param), nnx_model))
+    return train_state_checkpoint.train_state_to_nnx_checkpoint(
+        args.src, args.dst, mapping, model_abstract_state=nnx.state(nnx_model, nnx.Not(nnx.RngState)),
+        optimizer_abstract_state=optimizer, allow_lossy=args.allow_lossy,
+    )
+  variables = dict(meta.unbox(linen_abstract))
+  train_state_like = {  # what TrainState.create(params=..., tx=tx, <collection>=...) saves
+      **variables,
+      'step': jax.ShapeDtypeStruct((), jnp.int32),
+      'opt_state': jax.eval_shape(tx.init, variables['params']),
+  }
+  return train_state_checkpoint.nnx_to_train_state_checkpoint(
+      args.src, args.dst, mapping, train_state_like=train_state_like,
+  )
 
 
 def _megabytes(path: str) -> str:

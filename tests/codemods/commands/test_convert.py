@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -159,3 +160,84 @@ def test_a_staging_folder_of_a_running_conversion_is_a_usage_error(tmp_path, lin
   err = _one_line_error(['convert', str(src), str(tmp_path / 'nnx'), *MODELS], capsys)
   assert f'{staging} is being written by process {os.getpid()}' in err and 'still running' in err
   assert staging.is_dir() and not (tmp_path / 'nnx').exists()
+
+
+# --- --train-state: a whole TrainState checkpoint --------------------------------------------------
+
+CNN_MODELS = [f'--linen={EXAMPLES}/cnn_linen.py:CNN', f'--nnx={EXAMPLES}/cnn_nnx.py:CNN',
+              '--nnx-kwargs', '{"image_size": 8}', '--input', 'x=float32[2,8,8,1]']
+
+
+@pytest.fixture()
+def train_state_checkpoint(tmp_path):
+  """The CNN's TrainState (batch_stats field, adam) after one update, saved whole, and its --optimizer file."""
+  import typing as tp
+
+  import optax
+  from flax.training import train_state
+
+  sys.path.insert(0, str(EXAMPLES))
+  import cnn_linen
+
+  class TrainState(train_state.TrainState):
+    batch_stats: tp.Any
+
+  (tmp_path / 'optim.py').write_text('import optax\n\n\ndef make_optimizer():\n  return optax.adam(1e-3)\n')
+  variables = cnn_linen.CNN().init(jax.random.key(0), np.ones((2, 8, 8, 1), np.float32), train=False)
+  state = TrainState.create(apply_fn=cnn_linen.CNN().apply, params=variables['params'],
+                            batch_stats=variables['batch_stats'], tx=optax.adam(1e-3))
+  state = jax.jit(lambda s: s.apply_gradients(grads=jax.tree.map(jnp.ones_like, s.params)))(state)
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(tmp_path / 'linen', state)
+  return tmp_path / 'linen', state, f'--optimizer={tmp_path}/optim.py:make_optimizer'
+
+
+def test_a_train_state_checkpoint_converts_both_ways(tmp_path, train_state_checkpoint, capsys):
+  import optax
+
+  src, state, optimizer_ref = train_state_checkpoint
+  argv = ['convert', str(src), str(tmp_path / 'nnx'), *CNN_MODELS, '--train-state', optimizer_ref]
+  assert cli.main(argv) == 0
+  assert 'leaves: the model, the optimizer state and the step' in capsys.readouterr().out
+  sys.path.insert(0, str(EXAMPLES))
+  import cnn_nnx
+
+  model = cnn_nnx.CNN(image_size=8, rngs=nnx.Rngs(3))
+  optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+  with ocp.StandardCheckpointer() as checkpointer:
+    nnx.update((model, optimizer), checkpointer.restore(
+        tmp_path / 'nnx', nnx.state((model, optimizer), nnx.Not(nnx.RngState))))
+  assert int(optimizer.step.get_value()) == 1
+  adam = optimizer.opt_state[0]
+  np.testing.assert_array_equal(adam.mu['linear1']['kernel'].get_value(), state.opt_state[0].mu['Dense_0']['kernel'])
+  np.testing.assert_array_equal(model.bn.var.get_value(), state.batch_stats['BatchNorm_0']['var'])
+
+  back = ['convert', str(tmp_path / 'nnx'), str(tmp_path / 'back'), '--to', 'linen', *CNN_MODELS,
+          '--train-state', optimizer_ref]
+  assert cli.main(back) == 0
+  with ocp.StandardCheckpointer() as checkpointer:
+    restored = checkpointer.restore(tmp_path / 'back', state)
+  for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_train_state_checkpoint_of_another_optimizer_writes_nothing(tmp_path, train_state_checkpoint, capsys):
+  src, _, _ = train_state_checkpoint
+  (tmp_path / 'sgd.py').write_text('import optax\n\nTX = optax.sgd(0.1, momentum=0.9)\n')
+  argv = ['convert', str(src), str(tmp_path / 'nnx'), *CNN_MODELS, '--train-state', f'--optimizer={tmp_path}/sgd.py:TX']
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err
+  assert 'nothing written' in err and '1/opt_state/0/trace/conv1/kernel/value' in err
+  assert not (tmp_path / 'nnx').exists()
+
+
+@pytest.mark.parametrize('extra, expected', [
+    (['--linen-collection', 'params'], '--train-state and --linen-collection describe different checkpoints'),
+    (['--to', 'linen'], '--train-state --to linen needs --optimizer path/to/file.py:NAME'),
+    (['--optimizer', 'optax:adam'], 'optax:adam: calling it with no arguments failed'),
+    (['--optimizer', 'optax:__version__'], 'optax:__version__ is a str, not an optax GradientTransformation'),
+])
+def test_train_state_usage_errors(tmp_path, train_state_checkpoint, capsys, extra, expected):
+  src, _, _ = train_state_checkpoint
+  err = _one_line_error(['convert', str(src), str(tmp_path / 'nnx'), *CNN_MODELS, '--train-state', *extra], capsys)
+  assert expected in err
