@@ -12,7 +12,8 @@ gets sharded arrays without a full copy in host memory.
 The Linen layout: `ocp.StandardCheckpointer().save(path, variables)` (`params/Dense_0/kernel`,
 `batch_stats/...`), one collection's tree without its name (`linen_collection='params'`), or a
 whole TrainState-like dict (`params`, `batch_stats`, ..., `opt_state`, `step`), whose
-`opt_state` and `step` are left unread.
+`opt_state` and `step` go into an `nnx.Optimizer` when one is given and are left unread
+otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from flax import serialization
 
 from nnx_bridge import checkpoint
 from nnx_bridge import collectionlib
+from nnx_bridge import train_state_checkpoint
 from nnx_bridge.derive import MappingError
 from nnx_bridge.derive import mapping_by_path
 from nnx_bridge.errors import LossyConversionError
@@ -40,7 +42,7 @@ from nnx_bridge.treemap import path_str
 Key = checkpoint.Key
 PathLike = checkpoint.PathLike
 TRAINING_KEYS = ('opt_state', 'step')
-"""The top-level keys of a TrainState checkpoint without model variables: unread unless the mapping uses them."""
+"""The top-level keys of a TrainState checkpoint without model variables: read only into an optimizer."""
 
 _MAPPING_HINT = (
     'The NNX model is not laid out like the Linen variables, or a leaf differs. If the layouts differ, '
@@ -48,6 +50,7 @@ _MAPPING_HINT = (
     'mapping.json`, or nnx_bridge.derive_mapping(linen_module, nnx_model, *inputs).'
 )
 _UNCHANGED = 'nothing restored, the model is unchanged'
+_OPTIMIZER = 'optimizer'  # the optimizer's paths among the model's, in the plan and its errors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,9 +94,10 @@ def restore_linen_checkpoint(
     path: PathLike,
     mapping: TreeMapping | None = None,
     *,
+    optimizer: nnx.Optimizer | nnx.State | None = None,
     linen_collection: str | None = None,
     allow_lossy: bool = False,
-) -> nnx.State:
+) -> nnx.State | tuple[nnx.State, nnx.State]:
   """Reads the Linen checkpoint at `path` into an NNX model, each array in its NNX leaf's sharding.
 
   `target` is an NNX model, updated in place (`nnx.update`), or an abstract NNX state
@@ -111,6 +115,12 @@ def restore_linen_checkpoint(
   `flax.training.checkpoints.save_checkpoint` file or folder (msgpack, or orbax: the latest
   `checkpoint_<step>` in a folder, as `restore_checkpoint` takes it).
 
+  `optimizer`, an `nnx.Optimizer(model, tx, wrt=nnx.Param)` (updated in place) or its abstract
+  state, gets the TrainState's `step` and `opt_state` too, so that training resumes where it
+  stopped: each params-shaped subtree of the optax state (Adam's `mu`, `nu`) through the
+  mapping's `params` rules, every other optax leaf at its own path, and
+  `(model state, optimizer state)` is returned. Its paths are named `optimizer/...` in errors.
+
   `mapping` defaults to `mapping_by_path` of the checkpoint's metadata and the target, for an NNX
   model laid out like the Linen variables. Strict: a missing, extra, wrong-shape or wrong-dtype
   leaf raises StateMismatchError (or MappingError for the default mapping) naming the checkpoint
@@ -119,8 +129,13 @@ def restore_linen_checkpoint(
   FileNotFoundError. Everything is checked on the metadata before any array is read, and the
   model is updated only once every array has been read, so a failure leaves it unchanged.
   """
-  model = target if isinstance(target, nnx.Module) else None
+  if optimizer is not None and linen_collection is not None:
+    raise ValueError(
+        'A checkpoint of one collection holds no optimizer state: restore the optimizer from the '
+        'TrainState checkpoint, or leave optimizer= out'
+    )
   wanted = _target(target)
+  wanted_optimizer = None if optimizer is None else _target(optimizer)
   source = _open(path)
   leaves = _model_leaves(source, mapping, wanted, linen_collection)
   if mapping is None:
@@ -128,35 +143,55 @@ def restore_linen_checkpoint(
   linen_key = checkpoint.linen_key_fn(linen_collection)
   jobs = [checkpoint.Job(tuple(map(linen_key, rule.linen)), (rule.nnx,), checkpoint.joiner(rule))
           for rule in mapping.rules]
+  concat_axes = [rule.concat_axis for rule in mapping.rules]
   dropped = tuple(map(linen_key, mapping.dropped))
-  checkpoint.plan(leaves, jobs, dropped, wanted.abstract, 'NNX model', source.path, _UNCHANGED)
-  if dropped and not allow_lossy:
-    _refuse_lossy(source, dropped)
+  abstract = dict(wanted.abstract)
+  if wanted_optimizer is not None:
+    training = train_state_checkpoint.step_as_int32(
+        {key: leaf for key, leaf in source.leaves.items() if key[0] in TRAINING_KEYS})
+    leaves = {**leaves, **training}
+    planned = train_state_checkpoint.optimizer_jobs(training, mapping)
+    jobs += [checkpoint.Job(job.sources, tuple((_OPTIMIZER, *key) for key in job.targets), job.make)
+             for job in planned.jobs]
+    concat_axes += planned.concat_axes
+    dropped += tuple(planned.dropped)
+    abstract.update({(_OPTIMIZER, *key): leaf for key, leaf in wanted_optimizer.abstract.items()})
+  checkpoint.plan(leaves, jobs, dropped, abstract, 'NNX model', source.path, _UNCHANGED)
+  if mapping.dropped and not allow_lossy:
+    _refuse_lossy(source, tuple(map(linen_key, mapping.dropped)))
   # A one-to-one leaf is read straight into its target sharding; fused parts go through host memory.
   shardings = {}
   for job in jobs:
     one_to_one = len(job.sources) == 1
     for key in job.sources:
-      shardings[key] = wanted.abstract[job.targets[0]].sharding if one_to_one else checkpoint.host_sharding()
+      shardings[key] = abstract[job.targets[0]].sharding if one_to_one else checkpoint.host_sharding()
   read = source.read(list(shardings), shardings)
   values = {}
-  for job, rule in zip(jobs, mapping.rules):
+  for job, axis in zip(jobs, concat_axes):
     parts = [read.pop(key) for key in job.sources]
     # Fused parts are concatenated in host memory by numpy: no jit, so also inside a `jax.set_mesh`.
-    value = parts[0] if len(parts) == 1 else np.concatenate([np.asarray(p) for p in parts], rule.concat_axis)
-    values[rule.nnx] = jax.device_put(value, wanted.abstract[rule.nnx].sharding)
+    value = parts[0] if len(parts) == 1 else np.concatenate([np.asarray(p) for p in parts], axis)
+    leaf = abstract[job.targets[0]]
+    if value.dtype != leaf.dtype:  # the step: a TrainState's int32, an nnx.Optimizer's uint32
+      value = np.asarray(value).astype(leaf.dtype)
+    values[job.targets[0]] = jax.device_put(value, leaf.sharding)
   state = wanted.state(values)
-  if model is not None:
-    nnx.update(model, state)
-  return state
+  if isinstance(target, nnx.Module):
+    nnx.update(target, state)
+  if wanted_optimizer is None:
+    return state
+  optimizer_state = wanted_optimizer.state({key[1:]: value for key, value in values.items() if key[0] == _OPTIMIZER})
+  if isinstance(optimizer, nnx.Optimizer):
+    nnx.update(optimizer, optimizer_state)
+  return state, optimizer_state
 
 
 # --- the target ----------------------------------------------------------------------------------
 
 
-def _target(target: nnx.Module | nnx.State) -> _Target:
+def _target(target: nnx.Module | nnx.Optimizer | nnx.State) -> _Target:
   """The Variables `target` holds, less rng state, with where each of their arrays goes."""
-  if isinstance(target, nnx.Module):
+  if isinstance(target, (nnx.Module, nnx.Optimizer)):
     state = nnx.state(target)
   elif isinstance(target, nnx.State):
     state = target

@@ -19,6 +19,7 @@ through `checkpoint`'s writer: same checks before anything is written, same atom
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import typing as tp
 
@@ -66,20 +67,11 @@ def train_state_to_nnx_checkpoint(
   src, dst = os.path.abspath(src), os.path.abspath(dst)  # orbax takes absolute paths only
   checkpoint.refuse_existing(dst)
   checkpoint.clear_staging(dst)
-  source = _step_as_int32(checkpoint.read_metadata(src))
-  params = mapping.only('params')
+  source = step_as_int32(checkpoint.read_metadata(src))
   jobs = [Job(rule.linen, ((MODEL, *rule.nnx, *_VALUE),), checkpoint.joiner(rule)) for rule in mapping.rules]
-  jobs.append(Job(((STEP,),), ((OPTIMIZER, STEP, *_VALUE),), _cast(jnp.uint32)))
-  dropped = list(mapping.dropped)
-  linen_params = {key[1:] for key in params.linen_keys}
-  prefixes, others = _split_optimizer_state([key[1:] for key in source if key[0] == OPT_STATE], linen_params)
-  for path in others:
-    jobs.append(Job(((OPT_STATE, *path),), ((OPTIMIZER, OPT_STATE, *path, *_VALUE),), _same))
-  for prefix in prefixes:
-    for rule in params.rules:
-      linen = tuple((OPT_STATE, *prefix, *key[1:]) for key in rule.linen)
-      jobs.append(Job(linen, ((OPTIMIZER, OPT_STATE, *prefix, *rule.nnx, *_VALUE),), checkpoint.joiner(rule)))
-    dropped += [(OPT_STATE, *prefix, *key[1:]) for key in params.dropped]
+  optimizer = optimizer_jobs(source, mapping)
+  jobs += [Job(job.sources, tuple((OPTIMIZER, *key, *_VALUE) for key in job.targets), job.make) for job in optimizer.jobs]
+  dropped = [*mapping.dropped, *optimizer.dropped]
   abstract = {MODEL: model_abstract_state, OPTIMIZER: optimizer_abstract_state}
   target = {
       (name, *path, *_VALUE): leaf
@@ -92,6 +84,40 @@ def train_state_to_nnx_checkpoint(
     checkpoint.refuse_lossy(src, source, mapping.dropped, batch_bytes)
   checkpoint.write(src, dst, source, jobs, made, target, batch_bytes)
   return len(made)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerJobs:
+  """How a TrainState's `step` and `opt_state` leaves become an nnx.Optimizer's state."""
+
+  jobs: list[Job]
+  """Targets are nnx.Optimizer state paths: `('step',)`, `('opt_state', '0', 'mu', 'linear', 'kernel')`."""
+  concat_axes: list[int | None]
+  """Each job's concatenation axis, for a fused leaf (its rule's), or None."""
+  dropped: list[Key]
+  """The optax statistics of the model leaves the mapping drops: dropped with them."""
+
+
+def optimizer_jobs(source: tp.Iterable[Key], mapping: TreeMapping) -> OptimizerJobs:
+  """The jobs that make an nnx.Optimizer's state from the `step` and `opt_state` keys among the checkpoint keys `source`.
+
+  Each params-shaped subtree of the optax state is converted with the mapping's `params` rules;
+  its other leaves keep their path. The step becomes the optimizer's uint32.
+  """
+  params = mapping.only('params')
+  jobs, axes, dropped = [Job(((STEP,),), ((STEP,),), _cast(jnp.uint32))], [None], []
+  linen_params = {key[1:] for key in params.linen_keys}
+  prefixes, others = _split_optimizer_state([key[1:] for key in source if key[0] == OPT_STATE], linen_params)
+  for path in others:
+    jobs.append(Job(((OPT_STATE, *path),), ((OPT_STATE, *path),), _same))
+    axes.append(None)
+  for prefix in prefixes:
+    for rule in params.rules:
+      linen = tuple((OPT_STATE, *prefix, *key[1:]) for key in rule.linen)
+      jobs.append(Job(linen, ((OPT_STATE, *prefix, *rule.nnx),), checkpoint.joiner(rule)))
+      axes.append(rule.concat_axis)
+    dropped += [(OPT_STATE, *prefix, *key[1:]) for key in params.dropped]
+  return OptimizerJobs(jobs, axes, dropped)
 
 
 def nnx_to_train_state_checkpoint(
@@ -156,7 +182,7 @@ def _split_optimizer_state(paths: tp.Iterable[Key], params_paths: tp.Collection[
   return list(prefixes), others
 
 
-def _step_as_int32(source: dict[Key, tp.Any]) -> dict[Key, tp.Any]:
+def step_as_int32(source: dict[Key, tp.Any]) -> dict[Key, tp.Any]:
   """The checkpoint's leaves with an int64 step read as int32: the Python int 0 that `TrainState.create` sets."""
   step = source.get((STEP,))
   if step is None or np.dtype(step.dtype) != np.int64 or step.shape != ():

@@ -233,6 +233,58 @@ def test_a_train_state_restores_its_model_collections_and_leaves_the_rest(tmp_pa
   np.testing.assert_allclose(renamed(X), _linen_out(variables), rtol=1e-6)
 
 
+def _linen_training(state: TrainState, steps: int) -> tuple[TrainState, list[float]]:
+  """`steps` Adam steps on a squared error, the TrainState way; the state after them and their losses."""
+
+  @jax.jit
+  def step(state):
+    def loss_fn(params):
+      return jnp.mean(state.apply_fn({'params': params, 'batch_stats': state.batch_stats}, X) ** 2)
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    return state.apply_gradients(grads=grads), loss
+
+  losses = []
+  for _ in range(steps):
+    state, loss = step(state)
+    losses.append(float(loss))
+  return state, losses
+
+
+def test_with_the_optimizer_training_resumes_with_the_losses_linen_would_have(tmp_path):
+  state, _ = _linen_training(_train_state(_variables()), 2)
+  _save(tmp_path / 'state', state)
+  model = RenamedPort(nnx.Rngs(3))
+  optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+  model_state, optimizer_state = restore_linen_checkpoint(model, tmp_path / 'state', RENAMED, optimizer=optimizer)
+  assert int(optimizer.step.get_value()) == 9 and optimizer_state['step'].get_value() == 9  # 7 + 2
+  np.testing.assert_array_equal(model_state['head']['kernel'].get_value(), state.params['Dense_1']['kernel'])
+
+  @nnx.jit
+  def nnx_step(model, optimizer):
+    loss, grads = nnx.value_and_grad(lambda model: jnp.mean(model(X) ** 2))(model)
+    optimizer.update(model, grads)
+    return loss
+
+  _, linen_losses = _linen_training(state, 3)
+  np.testing.assert_allclose([float(nnx_step(model, optimizer)) for _ in range(3)], linen_losses, rtol=1e-6)
+
+
+def test_with_the_optimizer_an_optax_state_of_another_kind_is_refused(tmp_path):
+  _save(tmp_path / 'state', _train_state(_variables()))
+  model = RenamedPort(nnx.Rngs(3))
+  optimizer = nnx.Optimizer(model, optax.sgd(0.1, momentum=0.9), wrt=nnx.Param)
+  before = _snapshot(model)
+  with pytest.raises(StateMismatchError) as error:
+    restore_linen_checkpoint(model, tmp_path / 'state', RENAMED, optimizer=optimizer)
+  assert 'the NNX model has no leaf optimizer/opt_state/0/mu/linear/kernel' in str(error.value)
+  assert 'optimizer/opt_state/0/trace/linear/kernel: in the NNX model, nothing in the mapping makes it' in str(error.value)
+  _assert_unchanged(model, before)
+  with pytest.raises(ValueError, match='A checkpoint of one collection holds no optimizer state'):
+    restore_linen_checkpoint(model, tmp_path / 'state', RENAMED, optimizer=optimizer, linen_collection='params')
+
+
 def test_an_unknown_top_level_key_is_refused_by_name(tmp_path):
   variables = _variables()
   _save(tmp_path / 'state', {**variables, 'ema': variables['params'], 'step': 3})
@@ -534,6 +586,33 @@ _SHARDED_CHILD = textwrap.dedent('''
       model = Port(nnx.Rngs(1))
     restore_linen_checkpoint(model, tmp + '/linen', mapping)
     check(nnx.state(model), 'model in place')
+
+    # 4. A TrainState into a sharded model and its optimizer: Adam's moments keep the params' shardings.
+    import optax
+    from flax.training import train_state
+
+    class TrainState(train_state.TrainState):
+      batch_stats: object
+
+    tx = optax.adam(1e-3)
+    ts = TrainState.create(apply_fn=LinenNet().apply, params=variables['params'],
+                           batch_stats=variables['batch_stats'], tx=tx)
+    _, opt_state = tx.update(jax.tree.map(jnp.ones_like, ts.params), ts.opt_state, ts.params)
+    saver.save(tmp + '/train_state', ts.replace(opt_state=opt_state, step=1))
+    saver.wait_until_finished()
+    with jax.set_mesh(mesh):
+      model = Port(nnx.Rngs(1))
+      optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    restore_linen_checkpoint(model, tmp + '/train_state', mapping, optimizer=optimizer)
+    check(nnx.state(model), 'model with its optimizer')
+    assert int(optimizer.step.get_value()) == 1
+    linen_mu = jax.tree.map(np.asarray, opt_state[0].mu)
+    for name, spec in (('qk', P(None, 'model')), ('Dense_0', P('model', None))):
+      got = optimizer.opt_state[0].mu[name]['kernel'].get_value()
+      assert got.sharding == NamedSharding(mesh, spec), (name, got.sharding)
+      want = (np.concatenate([linen_mu['q']['kernel'], linen_mu['k']['kernel']], 1) if name == 'qk'
+              else linen_mu['Dense_0']['kernel'])
+      assert np.array_equal(np.asarray(got), want), name
     print('sharded restore ok')
 ''')
 

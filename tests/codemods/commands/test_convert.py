@@ -241,3 +241,60 @@ def test_train_state_usage_errors(tmp_path, train_state_checkpoint, capsys, extr
   src, _, _ = train_state_checkpoint
   err = _one_line_error(['convert', str(src), str(tmp_path / 'nnx'), *CNN_MODELS, '--train-state', *extra], capsys)
   assert expected in err
+
+
+def _load_train_module(folder: pathlib.Path, name: str) -> dict:
+  """`folder/train.py`'s globals, with `import models` finding `folder/models.py`."""
+  import runpy
+
+  sys.path.insert(0, str(folder))
+  sys.modules.pop('models', None)
+  try:
+    return runpy.run_path(str(folder / 'train.py'), run_name=name)
+  finally:
+    sys.path.remove(str(folder))
+    sys.modules.pop('models', None)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_the_linen_project_resumes_in_the_migrated_project(tmp_path, capsys):
+  """fixtures/training/cnn_project: trained 4 steps in Linen and saved, converted from the command line, then trained
+  3 more steps by the migrated train.py's own train_step: the same next losses as the Linen program's."""
+  import shutil
+
+  project = EXAMPLES.parent / 'training' / 'cnn_project'
+  linen = _load_train_module(project, '_l2n_linen_cnn_project')
+  images, labels = linen['make_batch'](jax.random.key(1234), 64)
+  state = linen['create_train_state'](jax.random.key(0), 0.05, 0.9)
+  for _ in range(4):
+    state, _, _ = linen['train_step'](state, images, labels)
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(tmp_path / 'linen_ckpt', state)
+  linen_losses = []
+  for _ in range(3):
+    state, loss, _ = linen['train_step'](state, images, labels)
+    linen_losses.append(float(loss))
+
+  folder = tmp_path / 'project'
+  shutil.copytree(project, folder)
+  report = tmp_path / 'migrate.json'  # its record of CNN gives the NNX constructor's sizes
+  assert cli.main(['migrate', '--write', '--report-json', str(report), str(folder)]) == 0
+  (tmp_path / 'optim.py').write_text('import optax\n\nTX = optax.sgd(0.05, 0.9)\n')
+  argv = ['convert', str(tmp_path / 'linen_ckpt'), str(tmp_path / 'nnx_ckpt'), '--train-state',
+          f'--optimizer={tmp_path}/optim.py:TX', f'--linen={project}/models.py:CNN', f'--nnx={folder}/models.py:CNN',
+          '--migrate-report', str(report), '--linen-kwargs', '{"num_classes": 4}', '--input', 'x=float32[2,8,8,1]']
+  assert cli.main(argv) == 0, capsys.readouterr().err
+
+  ported = _load_train_module(folder, '_l2n_nnx_cnn_project')
+  model, optimizer = ported['create_train_state'](jax.random.key(1), 0.05, 0.9)  # another init: all is restored
+  with ocp.StandardCheckpointer() as checkpointer:
+    nnx.update((model, optimizer), checkpointer.restore(
+        tmp_path / 'nnx_ckpt', nnx.state((model, optimizer), nnx.Not(nnx.RngState))))
+  model.train()  # as the migrated train() resumes its loop
+  graphdef, pure = nnx.split((model, optimizer))
+  pure = nnx.to_pure_dict(pure)
+  losses = []
+  for _ in range(3):
+    (loss, _), pure = ported['train_step'](graphdef, pure, images, labels)
+    losses.append(float(loss))
+  np.testing.assert_allclose(losses, linen_losses, rtol=1e-5)
