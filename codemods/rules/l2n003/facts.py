@@ -24,6 +24,9 @@ MODEL_STATE = (VARIABLES, OPT_STATE, TRAIN_STATE)
 KEPT_STATE, KEPT_PARAMS = 'kept_train_state', 'kept_params'
 """With `--train-state keep`: a TrainState kept around `nnx.split` state, and its `params` (an nnx.State)."""
 KEPT = (KEPT_STATE, KEPT_PARAMS)
+RNG_KEY = 'rng_key'
+"""A TrainState field holding the key of the model's random streams (`dropout_rng`), and the keys split from it:
+each use feeds an apply's `rngs=` or goes back into the state, and goes, since the NNX model holds nnx.Rngs."""
 
 
 def collection(name: str) -> str:
@@ -43,7 +46,8 @@ def describe(kind: str) -> str:
     return f'the {name!r} collection'
   return {VARIABLES: 'the variables', OPT_STATE: 'the optimizer state', TRAIN_STATE: 'the TrainState',
           KEPT_STATE: 'the kept TrainState', KEPT_PARAMS: 'the params of the kept TrainState',
-          UPDATES: 'the mutated collections', OPTAX_UPDATES: 'the optax updates'}[kind]
+          UPDATES: 'the mutated collections', OPTAX_UPDATES: 'the optax updates',
+          RNG_KEY: "the TrainState's rng key"}[kind]
 
 
 class Skip(Exception):

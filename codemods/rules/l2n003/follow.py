@@ -25,6 +25,7 @@ from codemods.rules.l2n003.facts import KEPT_PARAMS
 from codemods.rules.l2n003.facts import KEPT_STATE
 from codemods.rules.l2n003.facts import OPT_STATE
 from codemods.rules.l2n003.facts import OPTAX_UPDATES
+from codemods.rules.l2n003.facts import RNG_KEY
 from codemods.rules.l2n003.facts import TRAIN_STATE
 from codemods.rules.l2n003.facts import UPDATES
 from codemods.rules.l2n003.facts import VARIABLES
@@ -80,8 +81,11 @@ class StateWalk:
       arg = parent_of(parent_of(parent))
       call = parent_of(arg) if isinstance(arg, cst.Arg) else None
       if isinstance(call, cst.Call) and call.args and call.args[0] is arg and applies.is_apply(self, call) \
-          and kind not in (OPT_STATE, TRAIN_STATE, OPTAX_UPDATES, UPDATES, KEPT_STATE):
+          and kind not in (OPT_STATE, TRAIN_STATE, OPTAX_UPDATES, UPDATES, KEPT_STATE, RNG_KEY):
         return self.apply(call)
+      if kind == RNG_KEY and isinstance(call, cst.Call) and arg.keyword is not None and arg.keyword.value == 'rngs' \
+          and applies.is_apply(self, call):
+        return self.apply(call)  # its rngs= goes
     if isinstance(parent, cst.Assign) and parent.value is node and kind not in (OPTAX_UPDATES,):
       return self._alias(parent, kind)
     if isinstance(parent, cst.Element) and isinstance(parent_of(parent), cst.Tuple):
@@ -165,6 +169,8 @@ class StateWalk:
 
   def _argument(self, call: cst.Call, arg: cst.Arg, node: cst.BaseExpression, kind: str) -> None:
     func = cst.helpers.get_full_name_for_node(call.func) or ''
+    if kind == RNG_KEY:
+      return self._rng_key_argument(call, arg, func)
     first = call.args[0] is arg
     params = collection('params')
     if first and applies.is_apply(self, call) and kind not in (OPT_STATE, TRAIN_STATE, OPTAX_UPDATES, UPDATES):
@@ -203,6 +209,26 @@ class StateWalk:
         return training_steps.step_argument(self, call, function, call.args.index(arg), kind)
     raise Skip(node, f'{self.tree.code(node)} ({describe(kind)}) is passed to {func or "a call"}, which is not '
                      'converted yet')
+
+  def _rng_key_argument(self, call: cst.Call, arg: cst.Arg, func: str) -> None:
+    """The TrainState's rng key split (`rng, new_rng = jax.random.split(state.dropout_rng)`: the statement goes, both
+    keys followed), or given back to the state (`state.replace(dropout_rng=new_rng)`, converted from the state)."""
+    group, tree = self.group, self.tree
+    if arg.keyword is not None and arg.keyword.value in group.fields and isinstance(call.func, cst.Attribute) \
+        and call.func.attr.value in ('replace', 'apply_gradients'):
+      return None
+    assign = tree.parent(call)
+    target = assign.targets[0].target if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+    if func.endswith('random.split') and call.args[0] is arg and assign.value is call \
+        and isinstance(target, (cst.Tuple, cst.List)):
+      group.statements[tree.statement(assign)] = None
+      group.changes.append((call, f'{tree.code(assign)} goes: the NNX model draws its random numbers from its '
+                                  'own nnx.Rngs'))
+      for element in target.elements:
+        self.target(element.value, RNG_KEY)
+      return None
+    raise Skip(call, f'{tree.code(arg.value)} ({describe(RNG_KEY)}) is passed to {func or "a call"}, which is not '
+                     'converted yet (its splits, an apply\'s rngs= and its return into the state are)')
 
   def _unwrap(self, call: cst.Call, func: str, kind: str) -> None:
     """`freeze(params)` / `jax_utils.replicate(state)` -> `params` / `state`: the wrapper goes."""

@@ -14,6 +14,7 @@ from codemods.rules.l2n003.common import optimizer_name
 from codemods.rules.l2n003.common import replace_statement
 from codemods.rules.l2n003.facts import OPT_STATE
 from codemods.rules.l2n003.facts import OPTAX_UPDATES
+from codemods.rules.l2n003.facts import RNG_KEY
 from codemods.rules.l2n003.facts import TRAIN_STATE
 from codemods.rules.l2n003.facts import Skip
 from codemods.rules.l2n003.facts import collection
@@ -42,6 +43,14 @@ def train_state_attribute(walk: Walk, attribute: cst.Attribute, name: str, paren
   if name == 'step':
     optimizer = optimizer_name(walk, attribute)
     group.edits[attribute] = lambda _: cst.parse_expression(f'{optimizer}.step[...]')
+    return True
+  if name == 'replace' and isinstance(parent, cst.Call) and parent.args \
+      and all(a.keyword is not None and group.fields.get(a.keyword.value) == RNG_KEY for a in parent.args):
+    group.done.add(parent)  # `state.replace(dropout_rng=new_rng)` -> `state`: the model holds its nnx.Rngs
+    group.edits[parent] = lambda updated: updated.func.value
+    group.changes.append((parent, f'{tree.code(parent)} -> {tree.code(attribute.value)}: the NNX model draws its '
+                                  'random numbers from its own nnx.Rngs'))
+    walk.use(parent, TRAIN_STATE)
     return True
   if name != 'apply_gradients' or not isinstance(parent, cst.Call):
     return False

@@ -17,8 +17,12 @@ The factory (`return TrainState.create(...)`, or `state = TrainState.create(...)
 state`) now returns `model, optimizer` (an `nnx.Optimizer` over the model), its one caller
 unpacks them, and `state`'s uses are followed from there as a TrainState's. A field of the
 subclass holding model state (`batch_stats`) is read as that state, which the NNX model holds; the
-subclass goes once nothing else uses it. A subclass with methods, a field holding anything else,
-or a factory called more than once stays as it is (a TODO says which).
+subclass goes once nothing else uses it. A field holding an rng key (`dropout_rng`, as in the
+training scripts of transformers' Flax examples) goes too: the NNX model draws from its own
+nnx.Rngs, so the key's splits (`rng, new_rng = jax.random.split(state.dropout_rng)`), its use
+in an apply's `rngs=` and its return into the state (`state.replace(dropout_rng=new_rng)`,
+`apply_gradients(..., dropout_rng=new_rng)`) go with it. A subclass with methods, a field
+holding anything else, or a factory called more than once stays as it is (a TODO says which).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from codemods.nodes import descendants
 
 from codemods.rules.l2n003.common import Walk
 from codemods.rules.l2n003.common import optimizer_name
+from codemods.rules.l2n003.facts import RNG_KEY
 from codemods.rules.l2n003.facts import TRAIN_STATE
 from codemods.rules.l2n003.facts import Skip
 from codemods.rules.l2n003.facts import collection
@@ -71,11 +76,18 @@ def field_kinds(walk: Walk, call: cst.Call, arguments: dict[str, cst.BaseExpress
         kind = collection(keys[0])
     elif isinstance(value, cst.Name):
       kind = group.names.get((id(tree.scope(value)), value.value))
+    if kind is None and value is not None and _names_a_key(name):
+      kind = RNG_KEY  # the model's nnx.Rngs take its place; its uses are followed and must all go
     if kind is None or kind == collection('params'):
       raise Skip(value or call, f'the TrainState field {name} is given something other than a collection of the '
                                 f'variables of {group.model}; it is not converted yet')
     kinds[name] = kind
   return kinds
+
+
+def _names_a_key(field: str) -> bool:
+  """Whether a TrainState field's name says it holds an rng key: `dropout_rng`, `rng`, `noise_key`."""
+  return 'rng' in field.lower() or field.lower().endswith('key')
 
 
 def remove_subclass(walk: Walk, call: cst.Call) -> None:

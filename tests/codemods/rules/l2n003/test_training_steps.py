@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from codemods import rules as registry
+from codemods.options import STEP_STYLES
 from codemods.options import MigrationOptions
 from codemods.transform import transform_source
 from tests.codemods.rules import training_parity as parity
@@ -158,3 +159,56 @@ def test_train_state_factory_port_trains_to_the_same_losses_and_statistics():
   parity.assert_same_state(linen.final, ported)  # params and batch stats, from the jitted eval step
   assert any(path[-1] == 'mean' for path in parity.flat_state(ported.model))
   assert linen_globals['losses'][-1] < linen_globals['losses'][0]
+
+
+_DROPOUT_RNG = FIXTURES / 'train_state_dropout_rng.in.py'
+_HF_STYLE = (  # transformers' Flax examples give the new key back through apply_gradients instead of replace
+    ("  state = state.apply_gradients(grads=grads, batch_stats=new_model_state['batch_stats'])\n"
+     "  return state.replace(dropout_rng=new_dropout_rng), loss\n"),
+    ("  new_state = state.apply_gradients(\n      grads=grads, batch_stats=new_model_state['batch_stats'], "
+     "dropout_rng=new_dropout_rng)\n  return new_state, loss\n"),
+)
+
+
+@pytest.mark.parametrize('step_style', STEP_STYLES)
+@pytest.mark.parametrize('given_back', ['replace', 'apply_gradients'])
+def test_a_dropout_key_field_goes_and_the_port_trains_the_same(tmp_path, given_back, step_style):
+  # The key's split, its use in rngs= and its return into the state all go; one dropout mask on both sides.
+  source = _DROPOUT_RNG.read_text()
+  if given_back == 'apply_gradients':
+    assert _HF_STYLE[0] in source
+    source = source.replace(*_HF_STYLE)
+  linen_script, nnx_script = tmp_path / 'linen.py', tmp_path / 'nnx.py'
+  linen_script.write_text(source)
+  result = transform_source(source, registry.select_rules(['L2N003']), MigrationOptions(step_style=step_style))
+  assert not [e.message for e in result.entries if e.kind == 'todo']
+  assert 'dropout_rng' not in result.source.split('def train_step')[1] and 'class TrainState' not in result.source
+  nnx_script.write_text(result.source)
+  with parity.same_masks():
+    with parity.recording_linen('Classifier') as linen:
+      linen_globals = runpy.run_path(str(linen_script))
+    with parity.transferring_into('Classifier', linen) as ported:
+      nnx_globals = runpy.run_path(str(nnx_script))
+  parity.assert_close(linen_globals['losses'], nnx_globals['losses'])
+  parity.assert_close(linen_globals['predictions'], nnx_globals['predictions'])
+  parity.assert_same_state(linen.final, ported)
+  assert linen_globals['losses'][-1] < linen_globals['losses'][0]
+
+
+@pytest.mark.parametrize('use, reason', [
+    ('  dropout_rng = jax.random.fold_in(state.dropout_rng, state.step)\n',
+     "is passed to jax.random.fold_in, which is not converted yet (its splits, an apply's rngs= and its return"),
+    ("  jax.debug.print('{}', new_dropout_rng)\n", 'is passed to jax.debug.print'),
+])
+def test_a_dropout_key_used_otherwise_stays_linen_with_one_todo(use, reason):
+  line = '  dropout_rng, new_dropout_rng = jax.random.split(state.dropout_rng)\n'
+  source = _DROPOUT_RNG.read_text()
+  assert line in source
+  if 'fold_in' in use:
+    source = source.replace(line, use + '  new_dropout_rng = dropout_rng\n')
+  else:
+    source = source.replace(line, line + use)
+  result = transform_source(source, registry.select_rules(['L2N003']))
+  todos = [e.message for e in result.entries if e.code == 'L2N003' and e.kind == 'todo']
+  assert len(todos) == 1 and reason in todos[0], todos
+  assert 'TrainState.create(' in result.source
