@@ -187,8 +187,8 @@ class StateWalk:
     if func.endswith('.create') and arg.keyword is not None and (arg.keyword.value == 'params' and kind == params
                                                                  or collection_of(kind) is not None):
       return self._train_state(call)
-    if isinstance(call.func, cst.Attribute) and call.func.attr.value == 'apply_gradients' and arg.keyword is not None \
-        and arg.keyword.value != 'grads' and collection_of(kind) is not None:
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value in ('apply_gradients', 'replace') \
+        and arg.keyword is not None and arg.keyword.value != 'grads' and collection_of(kind) is not None:
       self.group.field_updates.add(call)  # the call goes whole (`optimizers.train_state_attribute`)
       return None
     if isinstance(call.func, cst.Attribute) and call.func.attr.value == 'update' \

@@ -35,7 +35,7 @@ def train_state_optimizer(walk: Walk, call: cst.Call, assign: cst.Assign,
 
 def train_state_attribute(walk: Walk, attribute: cst.Attribute, name: str, parent: cst.CSTNode | None) -> bool:
   """`state.step` -> `optimizer.step[...]`, `state = state.apply_gradients(grads=g)` (or its `return`) ->
-  `optimizer.update(model, g)`.
+  `optimizer.update(model, g)`, `state.replace(<fields>=...)` -> `state`.
 
   False for any other attribute of the TrainState.
   """
@@ -45,11 +45,13 @@ def train_state_attribute(walk: Walk, attribute: cst.Attribute, name: str, paren
     group.edits[attribute] = lambda _: cst.parse_expression(f'{optimizer}.step[...]')
     return True
   if name == 'replace' and isinstance(parent, cst.Call) and parent.args \
-      and all(a.keyword is not None and group.fields.get(a.keyword.value) == RNG_KEY for a in parent.args):
-    group.done.add(parent)  # `state.replace(dropout_rng=new_rng)` -> `state`: the model holds its nnx.Rngs
+      and all(a.keyword is not None and a.keyword.value in group.fields for a in parent.args):
+    # `state.replace(batch_stats=..., dropout_rng=new_rng)` -> `state`: the NNX model holds that state itself
+    group.done.add(parent)
     group.edits[parent] = lambda updated: updated.func.value
-    group.changes.append((parent, f'{tree.code(parent)} -> {tree.code(attribute.value)}: the NNX model draws its '
-                                  'random numbers from its own nnx.Rngs'))
+    holds = ('its own nnx.Rngs' if all(group.fields[a.keyword.value] == RNG_KEY for a in parent.args)
+             else 'its state, updated in place')
+    group.changes.append((parent, f'{tree.code(parent)} -> {tree.code(attribute.value)}: the NNX model holds {holds}'))
     walk.use(parent, TRAIN_STATE)
     return True
   if name != 'apply_gradients' or not isinstance(parent, cst.Call):

@@ -170,29 +170,45 @@ _HF_STYLE = (  # transformers' Flax examples give the new key back through apply
 )
 
 
-@pytest.mark.parametrize('step_style', STEP_STYLES)
-@pytest.mark.parametrize('given_back', ['replace', 'apply_gradients'])
-def test_a_dropout_key_field_goes_and_the_port_trains_the_same(tmp_path, given_back, step_style):
-  # The key's split, its use in rngs= and its return into the state all go; one dropout mask on both sides.
-  source = _DROPOUT_RNG.read_text()
-  if given_back == 'apply_gradients':
-    assert _HF_STYLE[0] in source
-    source = source.replace(*_HF_STYLE)
+def _port_and_run_both(tmp_path, source: str, class_name: str, options: MigrationOptions = MigrationOptions()):
+  """Ports `source` (no TODO may be left) and runs it and its port from the same start, one dropout mask on both."""
   linen_script, nnx_script = tmp_path / 'linen.py', tmp_path / 'nnx.py'
   linen_script.write_text(source)
-  result = transform_source(source, registry.select_rules(['L2N003']), MigrationOptions(step_style=step_style))
+  result = transform_source(source, registry.select_rules(['L2N003']), options)
   assert not [e.message for e in result.entries if e.kind == 'todo']
-  assert 'dropout_rng' not in result.source.split('def train_step')[1] and 'class TrainState' not in result.source
   nnx_script.write_text(result.source)
   with parity.same_masks():
-    with parity.recording_linen('Classifier') as linen:
+    with parity.recording_linen(class_name) as linen:
       linen_globals = runpy.run_path(str(linen_script))
-    with parity.transferring_into('Classifier', linen) as ported:
+    with parity.transferring_into(class_name, linen) as ported:
       nnx_globals = runpy.run_path(str(nnx_script))
   parity.assert_close(linen_globals['losses'], nnx_globals['losses'])
   parity.assert_close(linen_globals['predictions'], nnx_globals['predictions'])
   parity.assert_same_state(linen.final, ported)
   assert linen_globals['losses'][-1] < linen_globals['losses'][0]
+  return result.source
+
+
+@pytest.mark.parametrize('step_style', STEP_STYLES)
+@pytest.mark.parametrize('given_back', ['replace', 'apply_gradients'])
+def test_a_dropout_key_field_goes_and_the_port_trains_the_same(tmp_path, given_back, step_style):
+  # The key's split, its use in rngs= and its return into the state all go.
+  source = _DROPOUT_RNG.read_text()
+  if given_back == 'apply_gradients':
+    assert _HF_STYLE[0] in source
+    source = source.replace(*_HF_STYLE)
+  ported = _port_and_run_both(tmp_path, source, 'Classifier', MigrationOptions(step_style=step_style))
+  assert 'dropout_rng' not in ported.split('def train_step')[1] and 'class TrainState' not in ported
+
+
+def test_batch_stats_given_back_through_replace(tmp_path):
+  line = "  new_state = state.apply_gradients(grads=grads, batch_stats=new_model_state['batch_stats'])\n"
+  source = (FIXTURES / 'train_state_factory.in.py').read_text()
+  assert line in source
+  source = source.replace(line, "  new_state = state.apply_gradients(grads=grads)\n"
+                                "  new_state = new_state.replace(batch_stats=new_model_state['batch_stats'])\n")
+  ported = _port_and_run_both(tmp_path, source, 'ResNet')
+  assert '.replace(' not in ported
 
 
 @pytest.mark.parametrize('use, reason', [
