@@ -231,6 +231,18 @@ def test_a_train_state_checkpoint_of_another_optimizer_writes_nothing(tmp_path, 
   assert not (tmp_path / 'nnx').exists()
 
 
+def test_a_train_state_checkpoint_without_its_optimizer_state_writes_nothing(tmp_path, train_state_checkpoint, capsys):
+  _, state, optimizer_ref = train_state_checkpoint
+  with ocp.StandardCheckpointer() as checkpointer:  # a partial save: the model and the step only
+    checkpointer.save(tmp_path / 'partial', {'step': state.step, 'params': state.params, 'batch_stats': state.batch_stats})
+  argv = ['convert', str(tmp_path / 'partial'), str(tmp_path / 'nnx'), *CNN_MODELS, '--train-state', optimizer_ref]
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err
+  assert 'nothing written' in err
+  assert '1/opt_state/0/mu/conv1/kernel/value: in the NNX model and optimizer, nothing in the mapping makes it' in err
+  assert not (tmp_path / 'nnx').exists()
+
+
 @pytest.mark.parametrize('extra, expected', [
     (['--linen-collection', 'params'], '--train-state and --linen-collection describe different checkpoints'),
     (['--to', 'linen'], '--train-state --to linen needs --optimizer path/to/file.py:NAME'),
