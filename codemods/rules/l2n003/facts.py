@@ -132,7 +132,8 @@ class StepFunction:
   drops: dict[tuple[int, ...], str] = dataclasses.field(default_factory=dict)  # returned state: path -> kind
   returns: dict[cst.Return, set[tuple[int, ...]]] = dataclasses.field(default_factory=dict)  # -> its drops
   calls: set[cst.Call] = dataclasses.field(default_factory=set)
-  pmap: tuple[cst.Decorator, dict[str, cst.BaseExpression]] | None = None  # a jax.pmap decorator and its options
+  pmap: tuple[cst.Decorator | cst.Call, dict[str, cst.BaseExpression]] | None = None  # jax.pmap, its options
+  wrapper: cst.Call | None = None  # the `jax.pmap(step, ...)` / `jax.jit(step)` an alias of the step is bound to
 
 
 @dataclasses.dataclass

@@ -202,11 +202,13 @@ class StateWalk:
     if func in TREE_READERS and (kind == VARIABLES or flax_variable_type(collection_of(kind) or '')):
       return state_reads.state_read(self, call, node, kind)
     if isinstance(call.func, cst.Name) and arg.keyword is None and not arg.star and kind != OPTAX_UPDATES:
-      function = self.tree.function_def(call.func)
+      function, wrapper = self.tree.function_def(call.func), None
+      if function is None and kind not in KEPT:
+        wrapper, function = training_steps.wrapped_step(self, call.func) or (None, None)
       if function is not None and kind in KEPT:
         return train_state_keep.kept_step_argument(self, call, function, call.args.index(arg), kind)
       if function is not None:
-        return training_steps.step_argument(self, call, function, call.args.index(arg), kind)
+        return training_steps.step_argument(self, call, function, call.args.index(arg), kind, wrapper)
     raise Skip(node, f'{self.tree.code(node)} ({describe(kind)}) is passed to {func or "a call"}, which is not '
                      'converted yet')
 

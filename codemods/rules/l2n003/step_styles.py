@@ -55,6 +55,10 @@ def apply_step_styles(walk: Walk) -> None:
       group.changes.append((function, f'{name}: stays an nnx.pmap step over the model; step style {style} not '
                                       'applied (it applies to jitted steps)'))
       continue
+    if record.wrapper is not None:
+      group.changes.append((record.wrapper, f'{name}: stays an nnx.jit step, jitted where it is wrapped; step style '
+                                            f'{style} not applied (it applies to steps decorated with jax.jit)'))
+      continue
     if not any(transform_of(d.decorator)[0] == 'jit' for d in function.decorators):
       continue
     choice = choose_style(walk, record, style)

@@ -33,8 +33,38 @@ from codemods.vocabulary import GRADS
 from codemods.vocabulary import PMAP_OPTIONS
 
 
-def step_argument(walk: Walk, call: cst.Call, function: cst.FunctionDef, position: int, kind: str) -> None:
-  """State passed to a step function defined in this file: the parameter is followed as state."""
+def wrapped_step(walk: Walk, name: cst.Name) -> tuple[cst.Call, cst.FunctionDef] | None:
+  """`(jax.pmap(step, 'batch'), step)` when `name` is bound once to a jax.jit / jax.pmap of a step defined in the
+  file (`p_train_step = jax.pmap(train_step, axis_name='batch')`, as flax's and transformers' examples make it),
+  also through `functools.partial(step, config=...)` binding keywords."""
+  tree = walk.tree
+  scope = tree.scope_or_none(name)
+  assignments = list(scope[name.value]) if scope is not None else []
+  if len(assignments) != 1 or not isinstance(assignments[0].node, cst.Name):
+    return None
+  target = tree.parent(assignments[0].node)
+  assign = tree.parent(target) if isinstance(target, cst.AssignTarget) else None
+  wrapper = assign.value if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+  if not (isinstance(wrapper, cst.Call) and wrapper.args and wrapper.args[0].keyword is None
+          and transform_of(wrapper.func)[0] is not None):
+    return None
+  inner = _partial_target(wrapper.args[0].value)
+  function = tree.function_def(inner) if isinstance(inner, cst.Name) else None
+  return (wrapper, function) if function is not None else None
+
+
+def _partial_target(expression: cst.BaseExpression) -> cst.BaseExpression:
+  """`step` for `functools.partial(step, config=...)` (keywords only: the positions stay), else `expression`."""
+  if isinstance(expression, cst.Call) and (cst.helpers.get_full_name_for_node(expression.func) or '').endswith(
+      'partial') and expression.args and all(a.keyword is not None for a in expression.args[1:]):
+    return expression.args[0].value
+  return expression
+
+
+def step_argument(walk: Walk, call: cst.Call, function: cst.FunctionDef, position: int, kind: str,
+                  wrapper: cst.Call | None = None) -> None:
+  """State passed to a step function defined in this file (or to the alias its `wrapper`, a jax.jit / jax.pmap
+  of it, is bound to): the parameter is followed as state."""
   group, tree = walk.group, walk.tree
   if kind not in (*MODEL_STATE, collection('params')) and collection_of(kind) is None:
     raise Skip(call, f'{describe(kind)} passed to {function.name.value}')
@@ -42,6 +72,9 @@ def step_argument(walk: Walk, call: cst.Call, function: cst.FunctionDef, positio
   if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.posonly_params or position >= len(params.params):
     raise Skip(call, f'{function.name.value}: state passed to a parameter that is not a plain positional one')
   record = group.functions.setdefault(function, StepFunction(function))
+  if wrapper is not None and record.wrapper not in (None, wrapper):
+    raise Skip(call, f'{function.name.value} is wrapped by jax.jit / jax.pmap in two places')
+  record.wrapper = record.wrapper or wrapper
   record.calls.add(call)
   if record.kinds.get(position, kind) != kind:
     raise Skip(call, f'{function.name.value} receives different state in parameter {position}')
@@ -79,6 +112,34 @@ def _decorators(walk: Walk, record: StepFunction) -> None:
       continue
     group.edits[decorator] = lambda updated: updated.with_changes(decorator=cst.parse_expression('nnx.jit'))
     group.changes.append((decorator, f'@{tree.code(expression)} -> @nnx.jit on {function.name.value}'))
+  if record.wrapper is not None:
+    _wrapper(walk, record)
+
+
+def _wrapper(walk: Walk, record: StepFunction) -> None:
+  """`jax.jit(step)` -> `nnx.jit(step)`; `jax.pmap(step, 'batch')` is recorded as the step's pmap, rewritten once
+  the in_axes of its state are known (`data_parallel.pmap_decorator`)."""
+  group, tree = walk.group, walk.tree
+  wrapper, name = record.wrapper, record.node.name.value
+  transform, _ = transform_of(wrapper.func)
+  options = {a.keyword.value: a.value for a in wrapper.args[1:] if a.keyword is not None}
+  positional = [a for a in wrapper.args[1:] if a.keyword is None]
+  if transform == 'pmap' and positional:  # jax.pmap(fun, axis_name, in_axes, ...)
+    options.update(zip(('axis_name', 'in_axes'), (a.value for a in positional)))
+    positional = positional[2:]
+  allowed = PMAP_OPTIONS if transform == 'pmap' else ('donate_argnums',)
+  if positional or any(k not in allowed for k in options) or any(a.star for a in wrapper.args):
+    what = ', '.join(k for k in options if k not in allowed) or 'arguments this rule does not know'
+    raise Skip(wrapper, f'{tree.code(wrapper.func)}({name}, ...) with {what} (positions change when the state '
+                        'becomes the model)')
+  if 'donate_argnums' in options:
+    group.changes.append((wrapper, f'{name}: donate_argnums dropped (NNX updates the model in place)'))
+  if transform == 'pmap':
+    record.pmap = (wrapper, options)
+    return
+  step = tree.code(wrapper.args[0].value)
+  group.edits[wrapper] = lambda _: cst.parse_expression(f'nnx.jit({step})')
+  group.changes.append((wrapper, f'{tree.code(wrapper)} -> nnx.jit({step})'))
 
 
 def grad_transform(walk: Walk, call: cst.Call) -> cst.Call | None:
@@ -220,15 +281,11 @@ def _step_calls(walk: Walk, record: StepFunction, drops: set[tuple[int, ...]]) -
   """Every call of a step passes the state in the same places; its unpacking drops the returned state."""
   group, tree = walk.group, walk.tree
   function = record.node
-  scope = tree.scope(function.name)
-  (assignment,) = tree.assignments(scope, function.name.value)
   names = state_names(walk, function, record.kinds)
-  for access in assignment.references:
-    if not resolves_to(access.scope, function.name.value, scope):
-      continue
-    call = tree.parent(access.node)
-    if not (isinstance(call, cst.Call) and call.func is access.node and call in record.calls):
-      raise Skip(access.node, f'{function.name.value} is used other than called with the state of {group.model}')
+  for node in _call_names(walk, record):
+    call = tree.parent(node)
+    if not (isinstance(call, cst.Call) and call.func is node and call in record.calls):
+      raise Skip(node, f'{function.name.value} is used other than called with the state of {group.model}')
     for position in record.kinds:
       if position >= len(call.args) or call.args[position].keyword is not None or call.args[position].star \
           or call.args[position].value not in group.visited:
@@ -242,6 +299,24 @@ def _step_calls(walk: Walk, record: StepFunction, drops: set[tuple[int, ...]]) -
       group.modes[owner] = mode
     if drops:
       _prune_consumer(walk, call, record.drops)
+
+
+def _call_names(walk: Walk, record: StepFunction) -> list[cst.Name]:
+  """The names a step is called through: its own, and for a wrapped step (`p_step = jax.pmap(step)`) its alias's
+  instead of the one reading it in the wrapper."""
+  tree, function = walk.tree, record.node
+  scope = tree.scope(function.name)
+  (assignment,) = tree.assignments(scope, function.name.value)
+  names = [a.node for a in assignment.references if resolves_to(a.scope, function.name.value, scope)]
+  wrapper = record.wrapper
+  if wrapper is None:
+    return names
+  alias = tree.parent(wrapper).targets[0].target
+  alias_scope = tree.scope(alias)
+  (bound,) = tree.assignments(alias_scope, alias.value)
+  wrapped = _partial_target(wrapper.args[0].value)
+  return [n for n in names if n is not wrapped] + [
+      a.node for a in bound.references if resolves_to(a.scope, alias.value, alias_scope)]
 
 
 def _prune_consumer(walk: Walk, call: cst.Call, drops: dict[tuple[int, ...], str]) -> None:

@@ -86,22 +86,52 @@ print('ok')
 """
 
 
+# flax's and transformers' examples pmap their steps where they run them: `p_train_step = jax.pmap(...)`.
+_WRAPPED = (
+    ("@functools.partial(jax.pmap, axis_name='batch')\ndef train_step(state, images, labels):",
+     'def train_step(state, images, labels, learning_rate_scale=1.0):'),
+    ('@jax.pmap\ndef eval_step(state, images):', 'def eval_step(state, images):'),
+    ('  state = jax_utils.replicate(state)\n',
+     '  state = jax_utils.replicate(state)\n'
+     "  p_train_step = jax.pmap(functools.partial(train_step, learning_rate_scale=1.0), 'batch', donate_argnums=(0,))\n"
+     "  p_eval_step = jax.pmap(eval_step, axis_name='batch')\n"),
+    ('    state, loss, accuracy = train_step(state, images, labels)',
+     '    state, loss, accuracy = p_train_step(state, images, labels)'),
+    ('  return losses, eval_step(state,', '  return losses, p_eval_step(state,'),
+)
+_EXPECTED = {
+    'decorated': ["@nnx.pmap(axis_name='batch', in_axes=(None, None, 0, 0))"],
+    'wrapped': ["  p_train_step = nnx.pmap(functools.partial(train_step, learning_rate_scale=1.0), axis_name='batch', "
+                'in_axes=(None, None, 0, 0))',
+                "  p_eval_step = nnx.pmap(eval_step, axis_name='batch', in_axes=(None, 0))"],
+}
+
+
 @pytest.mark.slow
-def test_a_two_file_pmap_project_migrates_and_trains_like_the_linen_pmap_on_8_devices(tmp_path):
+@pytest.mark.parametrize('steps', ['decorated', 'wrapped'])
+def test_a_two_file_pmap_project_migrates_and_trains_like_the_linen_pmap_on_8_devices(tmp_path, steps):
   import shutil
 
   from codemods import rules as registry
   from codemods.engine import migrate
 
+  linen = tmp_path / 'linen'
+  shutil.copytree(PROJECT, linen)
+  if steps == 'wrapped':
+    source = (linen / 'train.py').read_text()
+    for old, new in _WRAPPED:
+      assert old in source
+      source = source.replace(old, new)
+    (linen / 'train.py').write_text(source)
   folder = tmp_path / 'pmap_project'
-  shutil.copytree(PROJECT, folder)
+  shutil.copytree(linen, folder)
   result = migrate([folder], rules=registry.ALL_RULES, write=True, jobs=1)
   assert not [e.message for o in result.files for e in o.entries if e.kind == 'todo']
-  source = (folder / 'train.py').read_text()
-  assert "@nnx.pmap(axis_name='batch', in_axes=(None, None, 0, 0))" in source and 'import jax_utils' not in source
+  lines = (folder / 'train.py').read_text().splitlines()
+  assert all(line in lines for line in _EXPECTED[steps]) and 'from flax import jax_utils' not in lines, lines
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu',
              PYTHONPATH=str(ROOT))
-  done = subprocess.run([sys.executable, '-c', _PROJECT_SCRIPT, str(PROJECT), str(folder)], env=env, cwd=ROOT,
+  done = subprocess.run([sys.executable, '-c', _PROJECT_SCRIPT, str(linen), str(folder)], env=env, cwd=ROOT,
                         capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.strip().endswith('ok')

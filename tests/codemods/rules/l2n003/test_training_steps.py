@@ -136,8 +136,8 @@ opt_state = tx.init(params)
      'unpacked in a different shape than it is returned'),
     ('def loss(params, x):\n  return model.apply({"params": params}, x).sum()\n\n\n'
      'grads = jax.grad(loss, argnums=1)(params, x)\n', 'argnums'),
-    ('def step(params):\n  return model.apply({"params": params}, x)\n\n\nfast = jax.jit(step)\ny = fast(params)\n',
-     'is passed to fast'),
+    ('def step(params):\n  return model.apply({"params": params}, x)\n\n\nfast = jax.jit(step, static_argnums=0)\n'
+     'y = fast(params)\n', 'jax.jit(step, ...) with static_argnums'),
     ('@jax.jit\ndef step(params):\n  return model.apply({"params": params}, x)\n\n\n'
      'y = step(params)\nz = step({"Dense_0": {}})\n', 'used other than called with the state of model'),
     ('params = load_checkpoint()\ny = model.apply({"params": params}, x)\n', 'also assigned other values'),
@@ -199,6 +199,20 @@ def test_a_dropout_key_field_goes_and_the_port_trains_the_same(tmp_path, given_b
     source = source.replace(*_HF_STYLE)
   ported = _port_and_run_both(tmp_path, source, 'Classifier', MigrationOptions(step_style=step_style))
   assert 'dropout_rng' not in ported.split('def train_step')[1] and 'class TrainState' not in ported
+
+
+@pytest.mark.parametrize('step_style', STEP_STYLES)
+def test_a_step_jitted_where_it_is_run_becomes_an_nnx_jit_step(tmp_path, step_style):
+  source = _DROPOUT_RNG.read_text()
+  for old, new in [('@jax.jit\ndef train_step(state, batch):', 'def train_step(state, batch):'),
+                   ('state = create_train_state(jax.random.key(0), 0.01)\n',
+                    'state = create_train_state(jax.random.key(0), 0.01)\n'
+                    'jit_train_step = jax.jit(train_step, donate_argnums=(0,))\n'),
+                   ('  state, loss = train_step(state, batch)', '  state, loss = jit_train_step(state, batch)')]:
+    assert old in source
+    source = source.replace(old, new)
+  ported = _port_and_run_both(tmp_path, source, 'Classifier', MigrationOptions(step_style=step_style))
+  assert 'jit_train_step = nnx.jit(train_step)' in ported and 'loss = jit_train_step(model, optimizer, batch)' in ported
 
 
 def test_batch_stats_given_back_through_replace(tmp_path):
