@@ -22,6 +22,7 @@ from codemods.rules.l2n003.common import FileRun
 from codemods.rules.l2n003.common import Walk
 from codemods.rules.l2n003.common import state_names
 from codemods.rules.l2n003.construction import rewrite_construction
+from codemods.rules.l2n003.construction import seed_rng_streams
 from codemods.rules.l2n003.facts import ConvertedModel
 from codemods.rules.l2n003.facts import LeftAsLinen
 from codemods.rules.l2n003.facts import ModelGroup
@@ -69,6 +70,7 @@ def _plan(site: ModelSite, tree: Tree, run: FileRun) -> ModelGroup:
   _check_field_updates(walk)
   modes.place_modes(walk, statements if group.anchor is None else tree.block(group.anchor))
   step_styles.apply_step_styles(walk)
+  seed_rng_streams(walk, site)
   return group
 
 

@@ -172,6 +172,8 @@ class ModelGroup:
   anchor: cst.BaseStatement | None = None
   fields: dict[str, str] = dataclasses.field(default_factory=dict)  # TrainState subclass fields -> their kind
   field_updates: set[cst.Call] = dataclasses.field(default_factory=set)  # apply_gradients(field=...) calls
+  rng_keys: dict[str, cst.BaseExpression] = dataclasses.field(default_factory=dict)  # RNG_KEY field -> its value
+  rng_streams: set[str] = dataclasses.field(default_factory=set)  # the `rngs=` streams those keys fed
   pending_returns: list[tuple[cst.BaseExpression, str]] = dataclasses.field(default_factory=list)  # (node, kind)
   # The rewrite: statement replacements, node edits, report entries.
   statements: dict[cst.BaseStatement, Replacement] = dataclasses.field(default_factory=dict)

@@ -85,7 +85,9 @@ class StateWalk:
         return self.apply(call)
       if kind == RNG_KEY and isinstance(call, cst.Call) and arg.keyword is not None and arg.keyword.value == 'rngs' \
           and applies.is_apply(self, call):
-        return self.apply(call)  # its rngs= goes
+        if isinstance(parent.key, cst.SimpleString):
+          self.group.rng_streams.add(parent.key.evaluated_value)
+        return self.apply(call)  # its rngs= goes; the key seeds that stream of the model (`construction`)
     if isinstance(parent, cst.Assign) and parent.value is node and kind not in (OPTAX_UPDATES,):
       return self._alias(parent, kind)
     if isinstance(parent, cst.Element) and isinstance(parent_of(parent), cst.Tuple):

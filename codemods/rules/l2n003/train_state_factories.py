@@ -21,7 +21,8 @@ subclass goes once nothing else uses it. A field holding an rng key (`dropout_rn
 training scripts of transformers' Flax examples) goes too: the NNX model draws from its own
 nnx.Rngs, so the key's splits (`rng, new_rng = jax.random.split(state.dropout_rng)`), its use
 in an apply's `rngs=` and its return into the state (`state.replace(dropout_rng=new_rng)`,
-`apply_gradients(..., dropout_rng=new_rng)`) go with it. A subclass with methods, a field
+`apply_gradients(..., dropout_rng=new_rng)`) go with it, and the key the factory gave the field
+seeds the stream it fed (`nnx.Rngs(params_rng, dropout=dropout_rng)`, `construction.seed_rng_streams`). A subclass with methods, a field
 holding anything else, or a factory called more than once stays as it is (a TODO says which).
 """
 
@@ -78,6 +79,7 @@ def field_kinds(walk: Walk, call: cst.Call, arguments: dict[str, cst.BaseExpress
       kind = group.names.get((id(tree.scope(value)), value.value))
     if kind is None and value is not None and _names_a_key(name):
       kind = RNG_KEY  # the model's nnx.Rngs take its place; its uses are followed and must all go
+      group.rng_keys[name] = value
     if kind is None or kind == collection('params'):
       raise Skip(value or call, f'the TrainState field {name} is given something other than a collection of the '
                                 f'variables of {group.model}; it is not converted yet')

@@ -199,6 +199,7 @@ def test_a_dropout_key_field_goes_and_the_port_trains_the_same(tmp_path, given_b
     source = source.replace(*_HF_STYLE)
   ported = _port_and_run_both(tmp_path, source, 'Classifier', MigrationOptions(step_style=step_style))
   assert 'dropout_rng' not in ported.split('def train_step')[1] and 'class TrainState' not in ported
+  assert 'rngs=nnx.Rngs(params_rng, dropout=dropout_rng))' in ported  # the key seeds the model's dropout stream
 
 
 @pytest.mark.parametrize('step_style', STEP_STYLES)
