@@ -157,8 +157,9 @@ def _load_optimizer(ref: str) -> tp.Any:
   if not isinstance(tx, optax.GradientTransformation) and callable(tx):
     try:
       tx = tx()
-    except TypeError as error:
-      raise model_refs.UsageError(f'{ref}: calling it with no arguments failed ({error})') from None
+    except Exception as error:  # the user's function: any failure is theirs to fix, in one line
+      raise model_refs.UsageError(
+          f'{ref}: calling it with no arguments failed ({type(error).__name__}: {error})') from None
   if not isinstance(tx, optax.GradientTransformation):
     raise model_refs.UsageError(f'{ref} is a {type(tx).__name__}, not an optax GradientTransformation')
   return tx

@@ -223,8 +223,8 @@ class StateWalk:
       return None
     assign = tree.parent(call)
     target = assign.targets[0].target if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
-    if func.endswith('random.split') and call.args[0] is arg and assign.value is call \
-        and isinstance(target, (cst.Tuple, cst.List)):
+    if func.endswith('random.split') and call.args[0] is arg and isinstance(target, (cst.Tuple, cst.List)) \
+        and assign.value is call:
       group.statements[tree.statement(assign)] = None
       group.changes.append((call, f'{tree.code(assign)} goes: the NNX model draws its random numbers from its '
                                   'own nnx.Rngs'))

@@ -22,8 +22,9 @@ training scripts of transformers' Flax examples) goes too: the NNX model draws f
 nnx.Rngs, so the key's splits (`rng, new_rng = jax.random.split(state.dropout_rng)`), its use
 in an apply's `rngs=` and its return into the state (`state.replace(dropout_rng=new_rng)`,
 `apply_gradients(..., dropout_rng=new_rng)`) go with it, and the key the factory gave the field
-seeds the stream it fed (`nnx.Rngs(params_rng, dropout=dropout_rng)`, `construction.seed_rng_streams`). A subclass with methods, a field
-holding anything else, or a factory called more than once stays as it is (a TODO says which).
+seeds the stream it fed (`nnx.Rngs(params_rng, dropout=dropout_rng)`, see
+`construction.seed_rng_streams`). A subclass with methods, a field holding anything else, or a
+factory called more than once stays as it is (a TODO says which).
 """
 
 from __future__ import annotations
