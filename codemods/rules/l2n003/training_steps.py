@@ -29,6 +29,7 @@ from codemods.rules.l2n003.syntax import replace_with
 from codemods.rules.l2n003.syntax import resolves_to
 from codemods.rules.l2n003.syntax import transform_of
 from codemods.rules.l2n003.syntax import without_trailing_comma
+from codemods.rules.l2n003.tree import Tree
 from codemods.vocabulary import GRADS
 from codemods.vocabulary import PMAP_OPTIONS
 
@@ -36,20 +37,28 @@ from codemods.vocabulary import PMAP_OPTIONS
 def wrapped_step(walk: Walk, name: cst.Name) -> tuple[cst.Call, cst.FunctionDef] | None:
   """`(jax.pmap(step, 'batch'), step)` when `name` is bound once to a jax.jit / jax.pmap of a step defined in the
   file (`p_train_step = jax.pmap(train_step, axis_name='batch')`, as flax's and transformers' examples make it),
-  also through `functools.partial(step, config=...)` binding keywords."""
+  also through `functools.partial(step, config=...)` binding keywords, or rebinds the step's own name after its
+  `def` (`train_step = jax.jit(train_step)`)."""
   tree = walk.tree
   scope = tree.scope_or_none(name)
   assignments = list(scope[name.value]) if scope is not None else []
-  if len(assignments) != 1 or not isinstance(assignments[0].node, cst.Name):
+  targets = [a.node for a in assignments if isinstance(a.node, cst.Name)]
+  if len(targets) != 1 or not isinstance(tree.parent(targets[0]), cst.AssignTarget):
     return None
-  target = tree.parent(assignments[0].node)
-  assign = tree.parent(target) if isinstance(target, cst.AssignTarget) else None
+  assign = tree.parent(tree.parent(targets[0]))
   wrapper = assign.value if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
   if not (isinstance(wrapper, cst.Call) and wrapper.args and wrapper.args[0].keyword is None
           and transform_of(wrapper.func)[0] is not None):
     return None
   inner = _partial_target(wrapper.args[0].value)
-  function = tree.function_def(inner) if isinstance(inner, cst.Name) else None
+  if not isinstance(inner, cst.Name):
+    return None
+  if inner.value == name.value:  # the rebinding: the step's `def`, then `step = jax.jit(step)`
+    defs = [a.node for a in assignments if isinstance(a.node, cst.FunctionDef)]
+    if len(assignments) == 2 and len(defs) == 1 and tree.position(defs[0]) < tree.position(assign):
+      return wrapper, defs[0]
+    return None
+  function = tree.function_def(inner) if len(assignments) == 1 else None
   return (wrapper, function) if function is not None else None
 
 
@@ -304,19 +313,20 @@ def _step_calls(walk: Walk, record: StepFunction, drops: set[tuple[int, ...]]) -
 def _call_names(walk: Walk, record: StepFunction) -> list[cst.Name]:
   """The names a step is called through: its own, and for a wrapped step (`p_step = jax.pmap(step)`) its alias's
   instead of the one reading it in the wrapper."""
-  tree, function = walk.tree, record.node
-  scope = tree.scope(function.name)
-  (assignment,) = tree.assignments(scope, function.name.value)
-  names = [a.node for a in assignment.references if resolves_to(a.scope, function.name.value, scope)]
-  wrapper = record.wrapper
-  if wrapper is None:
+  tree = walk.tree
+  names = _references(tree, record.node.name)
+  if record.wrapper is None:
     return names
-  alias = tree.parent(wrapper).targets[0].target
-  alias_scope = tree.scope(alias)
-  (bound,) = tree.assignments(alias_scope, alias.value)
-  wrapped = _partial_target(wrapper.args[0].value)
-  return [n for n in names if n is not wrapped] + [
-      a.node for a in bound.references if resolves_to(a.scope, alias.value, alias_scope)]
+  alias = tree.parent(record.wrapper).targets[0].target
+  wrapped = _partial_target(record.wrapper.args[0].value)
+  return [n for n in dict.fromkeys([*names, *_references(tree, alias)]) if n is not wrapped]
+
+
+def _references(tree: Tree, name: cst.Name) -> list[cst.Name]:
+  """The reads of the name `name` binds, in the scope it binds it in (both bindings of a rebound step's name)."""
+  scope = tree.scope(name)
+  return list(dict.fromkeys(a.node for assignment in tree.assignments(scope, name.value)
+                            for a in assignment.references if resolves_to(a.scope, name.value, scope)))
 
 
 def _prune_consumer(walk: Walk, call: cst.Call, drops: dict[tuple[int, ...], str]) -> None:

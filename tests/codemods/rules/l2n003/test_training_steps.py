@@ -202,18 +202,27 @@ def test_a_dropout_key_field_goes_and_the_port_trains_the_same(tmp_path, given_b
   assert 'rngs=nnx.Rngs(params_rng, dropout=dropout_rng))' in ported  # the key seeds the model's dropout stream
 
 
+_JITTED_WHERE_RUN = {  # `jit_train_step = jax.jit(train_step, ...)` called in the loop, or the step's name rebound
+    'alias': [('state = create_train_state(jax.random.key(0), 0.01)\n',
+               'state = create_train_state(jax.random.key(0), 0.01)\n'
+               'jit_train_step = jax.jit(train_step, donate_argnums=(0,))\n'),
+              ('  state, loss = train_step(state, batch)', '  state, loss = jit_train_step(state, batch)')],
+    'rebound': [('\n\n@jax.jit\ndef eval_step', '\n\ntrain_step = jax.jit(train_step)\n\n\n@jax.jit\ndef eval_step')],
+}
+
+
 @pytest.mark.parametrize('step_style', STEP_STYLES)
-def test_a_step_jitted_where_it_is_run_becomes_an_nnx_jit_step(tmp_path, step_style):
+@pytest.mark.parametrize('wrapped', _JITTED_WHERE_RUN)
+def test_a_step_jitted_where_it_is_run_becomes_an_nnx_jit_step(tmp_path, wrapped, step_style):
   source = _DROPOUT_RNG.read_text()
   for old, new in [('@jax.jit\ndef train_step(state, batch):', 'def train_step(state, batch):'),
-                   ('state = create_train_state(jax.random.key(0), 0.01)\n',
-                    'state = create_train_state(jax.random.key(0), 0.01)\n'
-                    'jit_train_step = jax.jit(train_step, donate_argnums=(0,))\n'),
-                   ('  state, loss = train_step(state, batch)', '  state, loss = jit_train_step(state, batch)')]:
+                   *_JITTED_WHERE_RUN[wrapped]]:
     assert old in source
     source = source.replace(old, new)
   ported = _port_and_run_both(tmp_path, source, 'Classifier', MigrationOptions(step_style=step_style))
-  assert 'jit_train_step = nnx.jit(train_step)' in ported and 'loss = jit_train_step(model, optimizer, batch)' in ported
+  jitted = {'alias': 'jit_train_step = nnx.jit(train_step)', 'rebound': 'train_step = nnx.jit(train_step)'}[wrapped]
+  called = 'jit_train_step' if wrapped == 'alias' else 'train_step'
+  assert jitted in ported.splitlines() and f'loss = {called}(model, optimizer, batch)' in ported
 
 
 def test_batch_stats_given_back_through_replace(tmp_path):
