@@ -321,7 +321,7 @@ def read_metadata(path: str) -> dict[Key, tp.Any]:
     except (OSError, ValueError) as error:
       raise UnreadableCheckpointError(f'{file} cannot be read ({one_line_reason(error)}); {_DAMAGED}') from None
   try:
-    tree = ocp.PyTreeCheckpointHandler().metadata(pathlib.Path(path)).tree
+    tree = read_structure(path)
   except (OSError, ValueError, KeyError, TypeError) as error:
     raise UnreadableCheckpointError(
         f'{path} cannot be read as an orbax checkpoint ({one_line_reason(error)}); {_DAMAGED}'
@@ -372,8 +372,13 @@ def restore_arrays(
     source: dict[Key, tp.Any],
     keys: tp.Iterable[Key],
     shardings: tp.Mapping[Key, jax.sharding.Sharding] | None = None,
+    structure: tp.Any = None,
 ) -> dict[Key, jax.Array]:
-  """Reads only `keys` from the checkpoint at `path` (orbax partial restore), each with its sharding."""
+  """Reads only `keys` from the checkpoint at `path` (orbax partial restore), each with its sharding.
+
+  `structure` is the checkpoint's tree (`read_structure`), read here when not given: a caller
+  reading a checkpoint batch by batch reads it once.
+  """
   shardings = shardings or {}
   item = {
       key: jax.ShapeDtypeStruct(source[key].shape, source[key].dtype, sharding=shardings.get(key) or host_sharding())
@@ -382,7 +387,7 @@ def restore_arrays(
   if not item:
     return {}
   try:
-    tree = _partial_template(ocp.PyTreeCheckpointHandler().metadata(pathlib.Path(path)).tree, (), item)
+    tree = _partial_template(read_structure(path) if structure is None else structure, (), item)
     args = ocp.args.PyTreeRestore(
         item=tree, restore_args=ocp.checkpoint_utils.construct_restore_args(tree), partial_restore=True
     )
@@ -393,6 +398,11 @@ def restore_arrays(
     names = ('one of ' if len(names) > 1 else '') + ', '.join(names[:3]) + (
         f' and {len(names) - 3} more' if len(names) > 3 else '')
     raise UnreadableCheckpointError(f'{path}: cannot read {names} ({one_line_reason(error)}); {_DAMAGED}') from None
+
+
+def read_structure(path: PathLike) -> tp.Any:
+  """The tree of the orbax checkpoint at `path` as orbax saved it (dicts, and lists for tuples), from its metadata."""
+  return ocp.PyTreeCheckpointHandler().metadata(pathlib.Path(path)).tree
 
 
 def _partial_template(structure: tp.Any, prefix: Key, item: dict[Key, tp.Any]) -> tp.Any:
@@ -473,9 +483,10 @@ def refuse_existing(dst: PathLike) -> None:
 def refuse_lossy(src: PathLike, source: dict[Key, tp.Any], dropped: tuple[Key, ...], batch_bytes: int) -> None:
   """Raises LossyConversionError if a dropped leaf is not zero, reading them a batch at a time."""
   nbytes = lambda key: math.prod(source[key].shape) * np.dtype(source[key].dtype).itemsize
-  nonzero = []
+  nonzero, structure = [], read_structure(src) if dropped else None
   for batch in _by_bytes(([key] for key in dropped), nbytes, batch_bytes):
-    nonzero += [key for key, value in restore_arrays(src, source, batch).items() if np.any(np.asarray(value) != 0)]
+    read = restore_arrays(src, source, batch, structure=structure)
+    nonzero += [key for key, value in read.items() if np.any(np.asarray(value) != 0)]
   if nonzero:
     raise LossyConversionError(
         f'{", ".join(map(path_str, nonzero))} in {src} is not zero and the NNX model has no place '
@@ -503,6 +514,7 @@ def write(
     for key in job.targets:
       sharding = getattr(target.get(key), 'sharding', None) or host_sharding()
       pending[key] = _Pending(key, index, tuple(made[key].shape), np.dtype(made[key].dtype), sharding)
+  structure = read_structure(src)
 
   def produce(batch: tp.Sequence[_Pending]) -> list[jax.Array]:
     batch_jobs = [jobs[index] for index in dict.fromkeys(leaf.job for leaf in batch)]
@@ -511,7 +523,7 @@ def write(
         for job in batch_jobs
         if len(job.sources) == len(job.targets) == 1
     }
-    read = restore_arrays(src, source, [key for job in batch_jobs for key in job.sources], shardings)
+    read = restore_arrays(src, source, [key for job in batch_jobs for key in job.sources], shardings, structure)
     made_arrays = {}
     for job in batch_jobs:
       made_arrays.update(zip(job.targets, job.make([read.pop(key) for key in job.sources])))

@@ -168,9 +168,11 @@ CNN_MODELS = [f'--linen={EXAMPLES}/cnn_linen.py:CNN', f'--nnx={EXAMPLES}/cnn_nnx
               '--nnx-kwargs', '{"image_size": 8}', '--input', 'x=float32[2,8,8,1]']
 
 
-@pytest.fixture()
-def train_state_checkpoint(tmp_path):
-  """The CNN's TrainState (batch_stats field, adam) after one update, saved whole, and its --optimizer file."""
+@pytest.fixture(scope='module')
+def train_state_checkpoint(tmp_path_factory):
+  """The CNN's TrainState (batch_stats field, adam) after one update, saved whole, and its --optimizer file; made
+  once for the tests below, which read it and write into their own folders."""
+  tmp_path = tmp_path_factory.mktemp('train_state')
   import typing as tp
 
   import optax
