@@ -63,6 +63,9 @@ def _block_sites(statements: tuple[cst.BaseStatement, ...], tree: Tree,
     if init is None:
       continue
     construction = next((s for s in reversed(statements[:index]) if assigned_name(s) == init.model), None)
+    given_by = None
+    if construction is None:
+      construction, given_by = given_module(tree, statements, init) or (None, None)
     value = assigned_value(construction) if construction is not None else None
     if not isinstance(value, cst.Call):
       continue
@@ -71,8 +74,53 @@ def _block_sites(statements: tuple[cst.BaseStatement, ...], tree: Tree,
     except Skip as skip:
       built = LeftAsLinen(skip.node, skip.message)
     if built is not None:  # None: not a model of a class converted here (`opt_state = tx.init(params)`, ...)
-      sites.append(ModelSite(statements, construction, init, built))
+      sites.append(ModelSite(statements, construction, init, built, given_by))
   return sites
+
+
+def given_module(tree: Tree, statements: tuple[cst.BaseStatement, ...], init: InitStatement
+                 ) -> tuple[cst.SimpleStatementLine, cst.Call] | None:
+  """`cnn = CNN()` and the call `create_train_state(cnn, rng, ...)` when the init is `module.init(...)` at the top
+  of a function called once, `module` one of its parameters, given a name built in the caller's block before the call
+  (the layout of flax's Quick Start and imagenet example: the module is built by the caller, initialised by the
+  factory)."""
+  function = tree.enclosing_function(init.statement)
+  if not (isinstance(function, cst.FunctionDef) and tuple(function.body.body) == statements):
+    return None
+  call = _one_call(tree, function)
+  argument = parameter_argument(function, call, init.model) if call is not None else None
+  if not isinstance(argument, cst.Name):
+    return None
+  line = tree.statement(call)
+  block = tree.block(line)
+  if line not in block or len(tree.assignments(tree.scope(line), argument.value)) != 1:
+    return None
+  construction = next((s for s in reversed(block[:block.index(line)]) if assigned_name(s) == argument.value), None)
+  return (construction, call) if construction is not None else None
+
+
+def _one_call(tree: Tree, function: cst.FunctionDef) -> cst.Call | None:
+  """The call of `function` when its name is bound once and read once, to call it."""
+  name = function.name.value
+  scope = tree.scope(function)
+  assignments = tree.assignments(scope, name)
+  uses = [a.node for assignment in assignments for a in assignment.references]
+  call = tree.parent(uses[0]) if len(assignments) == 1 and len(uses) == 1 else None
+  return call if isinstance(call, cst.Call) and call.func is uses[0] else None
+
+
+def parameter_argument(function: cst.FunctionDef, call: cst.Call, name: str) -> cst.BaseExpression | None:
+  """What `call` gives the parameter `name` of `function` (by position or keyword), None when it gives it nothing
+  plainly (`*args`, a default)."""
+  params = function.params
+  if any(a.star for a in call.args) or params.star_arg is not cst.MaybeSentinel.DEFAULT or params.star_kwarg:
+    return None
+  positional = [*params.posonly_params, *params.params]
+  given = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+  for position, arg in enumerate(a for a in call.args if a.keyword is None):
+    if position < len(positional):
+      given[positional[position].name.value] = arg.value
+  return given.get(name)
 
 
 def init_statement(statement: cst.CSTNode) -> InitStatement | None:

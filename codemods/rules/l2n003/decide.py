@@ -50,7 +50,7 @@ def _plan(site: ModelSite, tree: Tree, run: FileRun) -> ModelGroup:
   statements, construction, init = site.statements, site.construction, site.init
   model, call = init.model, init.call
   index = statements.index(init.statement)
-  between = statements[statements.index(construction) + 1:index]
+  between = statements[statements.index(construction) + 1:index] if site.given_by is None else ()
   if any(isinstance(n, cst.Name) and n.value == model for s in between for n in descendants(s)):
     raise Skip(call, f'{model}.init: {model} is used between its construction and init')
   group = ModelGroup(model, site.built.record, init.statement, tree.scope(init.statement), layer=site.built.layer,

@@ -87,12 +87,14 @@ class ModelClass:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSite:
-  """A model's construction and its init, in one block of statements."""
+  """A model's construction and its init, in one block of statements, or the init in a function the module is given
+  to (`create_train_state(cnn, rng, ...)` once, `cnn = CNN()` in the caller's block before that call)."""
 
-  statements: tuple[cst.BaseStatement, ...]  # the block
+  statements: tuple[cst.BaseStatement, ...]  # the block of the init
   construction: cst.SimpleStatementLine
   init: InitStatement
   built: ModelClass
+  given_by: cst.Call | None = None  # the call giving the module to the function that initialises it, if not built there
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +170,7 @@ class ModelGroup:
   kept_modes: set[bool] = dataclasses.field(default_factory=set)  # train/eval of the kept TrainState's applies
   optimizer: str | None = None
   kept_state: bool = False  # with --train-state keep, once the TrainState is kept
+  kept_fields: tuple[str, ...] = ()  # the fields of a kept project's TrainState subclass (`metrics`), read as in Linen
   # Where the model is used from: its init, or the caller a TrainState factory returns it to (`state = create(...)`).
   anchor: cst.BaseStatement | None = None
   fields: dict[str, str] = dataclasses.field(default_factory=dict)  # TrainState subclass fields -> their kind

@@ -88,6 +88,8 @@ class StateWalk:
         if isinstance(parent.key, cst.SimpleString):
           self.group.rng_streams.add(parent.key.evaluated_value)
         return self.apply(call)  # its rngs= goes; the key seeds that stream of the model (`construction`)
+    if isinstance(parent, cst.Assign) and parent.value is node and kind in KEPT and single_name_target(parent):
+      return self.target(parent.targets[0].target, kind)  # `test_state = state`: a kept TrainState is a value
     if isinstance(parent, cst.Assign) and parent.value is node and kind not in (OPTAX_UPDATES,):
       return self._alias(parent, kind)
     if isinstance(parent, cst.Element) and isinstance(parent_of(parent), cst.Tuple):
@@ -96,6 +98,9 @@ class StateWalk:
         return self._tuple_alias(assign, list(assign.value.elements).index(parent), kind)
     if isinstance(parent, cst.Return) and kind == TRAIN_STATE and train_state_factories.is_factory_return(self, parent):
       return train_state_factories.returned_train_state(self, parent)
+    if isinstance(parent, cst.Return) and kind == KEPT_STATE \
+        and train_state_factories.kept_state_returned(self, parent, kind):
+      return None
     if isinstance(parent, (cst.Element, cst.Return)) and kind in KEPT:
       return None  # a kept TrainState is returned and passed on as in Linen
     if isinstance(parent, (cst.Element, cst.Return)):
@@ -203,12 +208,13 @@ class StateWalk:
       return optimizers.tree_map_update(self, call, node)
     if func in TREE_READERS and (kind == VARIABLES or flax_variable_type(collection_of(kind) or '')):
       return state_reads.state_read(self, call, node, kind)
+    if isinstance(call.func, cst.Name) and kind in KEPT and not arg.star \
+        and self.tree.function_def(call.func) is not None:
+      return train_state_keep.kept_step_argument(self, call, self.tree.function_def(call.func), arg, kind)
     if isinstance(call.func, cst.Name) and arg.keyword is None and not arg.star and kind != OPTAX_UPDATES:
       function, wrapper = self.tree.function_def(call.func), None
       if function is None and kind not in KEPT:
         wrapper, function = training_steps.wrapped_step(self, call.func) or (None, None)
-      if function is not None and kind in KEPT:
-        return train_state_keep.kept_step_argument(self, call, function, call.args.index(arg), kind)
       if function is not None:
         return training_steps.step_argument(self, call, function, call.args.index(arg), kind, wrapper)
     raise Skip(node, f'{self.tree.code(node)} ({describe(kind)}) is passed to {func or "a call"}, which is not '
@@ -255,13 +261,13 @@ class StateWalk:
     if not fields and not (cst.helpers.get_full_name_for_node(call.func) or '').endswith('TrainState.create'):
       raise Skip(call, f'{self.tree.code(call.func)}(params=...) is not converted yet')
     statement, arguments = train_state_arguments(self, call, fields)
-    group.fields = train_state_factories.field_kinds(self, call, arguments, fields)
-    for name in group.fields:
-      group.visited.add(arguments[name])
-    if self.run.options.train_state == 'keep':
-      if fields or isinstance(statement, cst.Return):
-        raise Skip(call, 'a TrainState subclass or factory with --train-state keep is not converted yet')
-      return train_state_keep.keep_train_state(self, call, statement, arguments)
+    kinds = train_state_factories.field_kinds(self, call, arguments, fields)
+    others = [name for name, kind in kinds.items() if kind is None]
+    if self.run.options.train_state == 'keep' or others:
+      why = None if self.run.options.train_state == 'keep' else (
+          f'its field {others[0]} holds state that is neither the model\'s nor the optimizer\'s')
+      return train_state_keep.keep_train_state(self, call, statement, arguments, kinds, why)
+    train_state_factories.model_fields(self, arguments, kinds)
     if fields:
       train_state_factories.remove_subclass(self, call)
     else:

@@ -29,6 +29,8 @@ factory called more than once stays as it is (a TODO says which).
 
 from __future__ import annotations
 
+import typing as tp
+
 import libcst as cst
 
 from codemods.nodes import descendants
@@ -64,12 +66,15 @@ def subclass_fields(walk: Walk, call: cst.Call) -> dict[str, cst.AnnAssign]:
 
 
 def field_kinds(walk: Walk, call: cst.Call, arguments: dict[str, cst.BaseExpression],
-                fields: dict[str, cst.AnnAssign]) -> dict[str, str]:
-  """The kind of state each extra field of `TrainState.create(...)` is given: `variables['batch_stats']`."""
+                fields: dict[str, cst.AnnAssign]) -> dict[str, str | None]:
+  """The kind of model state each extra field of `TrainState.create(...)` is given (`variables['batch_stats']`, a
+  key named like one: `dropout_rng`), None for a field given anything else (clu metrics, an EMA of the params)."""
   group, tree = walk.group, walk.tree
-  kinds = {}
+  kinds: dict[str, str | None] = {}
   for name in fields:
     value = arguments.get(name)
+    if value is None:
+      raise Skip(call, f'the TrainState field {name} is not given to {tree.code(call.func)}(...)')
     kind = None
     if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Name):
       keys, top = subscript_keys(value, tree.parent)
@@ -78,14 +83,20 @@ def field_kinds(walk: Walk, call: cst.Call, arguments: dict[str, cst.BaseExpress
         kind = collection(keys[0])
     elif isinstance(value, cst.Name):
       kind = group.names.get((id(tree.scope(value)), value.value))
-    if kind is None and value is not None and _names_a_key(name):
+    if kind is None and _names_a_key(name):
       kind = RNG_KEY  # the model's nnx.Rngs take its place; its uses are followed and must all go
-      group.rng_keys[name] = value
-    if kind is None or kind == collection('params'):
-      raise Skip(value or call, f'the TrainState field {name} is given something other than a collection of the '
-                                f'variables of {group.model}; it is not converted yet')
-    kinds[name] = kind
+    kinds[name] = None if kind == collection('params') else kind
   return kinds
+
+
+def model_fields(walk: Walk, arguments: dict[str, cst.BaseExpression], kinds: dict[str, str | None]) -> None:
+  """The fields holding model state (every one), read as that state: the NNX model holds it."""
+  group = walk.group
+  group.fields = tp.cast(dict[str, str], kinds)
+  for name, kind in kinds.items():
+    group.visited.add(arguments[name])
+    if kind == RNG_KEY:
+      group.rng_keys[name] = arguments[name]
 
 
 def _names_a_key(field: str) -> bool:
@@ -136,6 +147,16 @@ def returned_train_state(walk: Walk, ret: cst.Return) -> None:
   """`return state` of a factory -> `return model, optimizer`; the caller unpacks both, its `state` followed."""
   line = walk.tree.statement(ret)
   _return_to_caller(walk, _factory(walk, ret), line, [])
+
+
+def kept_state_returned(walk: Walk, ret: cst.Return, kind: str) -> bool:
+  """Whether `ret` ends the factory, returning a kept TrainState: its one caller's `state = create_train_state(...)`
+  is then followed as that state (`--train-state keep`: the factory and its caller stay as they are)."""
+  function = _factory(walk, ret)
+  if function is None:
+    return False
+  walk.target(_caller(walk, function).targets[0].target, kind)
+  return True
 
 
 def _factory(walk: Walk, ret: cst.Return) -> cst.FunctionDef | None:

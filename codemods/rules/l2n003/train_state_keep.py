@@ -13,44 +13,110 @@ import libcst as cst
 from codemods.rules.l2n003.common import Walk
 from codemods.rules.l2n003.facts import KEPT_PARAMS
 from codemods.rules.l2n003.facts import KEPT_STATE
+from codemods.rules.l2n003.facts import RNG_KEY
 from codemods.rules.l2n003.facts import Skip
+from codemods.rules.l2n003.facts import describe
 from codemods.rules.l2n003.syntax import args_with_commas
 from codemods.rules.l2n003.syntax import literal_keys
 from codemods.rules.l2n003.syntax import single_name_target
 from codemods.vocabulary import EVAL_VALUE
 
 
-def keep_train_state(walk: Walk, call: cst.Call, assign: cst.Assign,
-                     arguments: dict[str, cst.BaseExpression]) -> None:
-  """`--train-state keep`: the TrainState stays, around `nnx.split` state (the migration guide's variant).
+def keep_train_state(walk: Walk, call: cst.Call, statement: cst.Assign | cst.Return,
+                     arguments: dict[str, cst.BaseExpression], fields: dict[str, str | None],
+                     why: str | None = None) -> None:
+  """`--train-state keep` (or `why` the TrainState must stay): the TrainState stays, around `nnx.split` state (the
+  migration guide's variant).
 
-  `graphdef, params, other_variables = nnx.split(model, nnx.Param, ...)`, a TrainState subclass
-  with an `other_variables` field, and `TrainState.create(apply_fn=graphdef.apply, ...)`.
+  `graphdef, params, other_variables = nnx.split(model, nnx.Param, ...)` before it, and `TrainState.create(
+  apply_fn=graphdef.apply, ..., other_variables=other_variables)`: flax's TrainState gets a subclass `NNXTrainState`
+  with that field, a project's subclass (`class TrainState(train_state.TrainState): metrics: Metrics`) gets the
+  field added. Its other fields keep what they are given (clu metrics, an EMA of the params).
   """
   group, tree, run = walk.group, walk.tree, walk.run
-  names = ('graphdef', 'other_variables', 'NNXTrainState')
+  subclass = tree.class_def(call.func.value) if fields else None
+  names = ('graphdef', 'other_variables') + (() if subclass is not None else ('NNXTrainState',))
   taken = [n for n in names if n in run.names_in_module or n in run.introduced]
   if taken:
     raise Skip(call, f'keeping the TrainState needs the names {", ".join(taken)}, which are taken')
+  held = [name for name, kind in fields.items() if kind is not None and kind != RNG_KEY]
+  if held:
+    raise Skip(arguments[held[0]], f'{why + ": " if why else ""}a kept TrainState with the field {held[0]} holding '
+                                   f'{describe(fields[held[0]])} is not converted yet (nnx.split puts it in '
+                                   'other_variables)')
   if group.record.mode_arguments:
-    raise Skip(call, f'a kept TrainState would drop the rng and batch-stat updates of {group.model} between '
-                     'steps (nnx.split state in other_variables); use --train-state nnx')
+    raise Skip(call, f'{why + ": " if why else ""}a kept TrainState would drop the rng and batch-stat updates of '
+                     f'{group.model} between steps (nnx.split state in other_variables)'
+                     + ('; use --train-state nnx' if why is None else ''))
   run.introduced.update({n: id(group) for n in names})
+  group.kept_fields = tuple(fields)
   params = tree.code(arguments['params']) if isinstance(arguments['params'], cst.Name) else 'params'
-  base, tx, state = tree.code(call.func.value), tree.code(arguments['tx']), assign.targets[0].target.value
-  lines = [f'class NNXTrainState({base}):\n  other_variables: nnx.State\n',
-           f'graphdef, {params}, other_variables = nnx.split({group.model}, nnx.Param, ...)\n',
-           f'{state} = NNXTrainState.create(apply_fn=graphdef.apply, params={params}, '
-           f'other_variables=other_variables, tx={tx})\n']
-  line = tree.statement(assign)
-  blank = [cst.EmptyLine()] * (2 if isinstance(tree.parent(line), cst.Module) else 1)
-  split, create = (cst.parse_statement(code) for code in lines[1:])
-  group.statements[line] = [cst.parse_statement(lines[0]).with_changes(leading_lines=line.leading_lines),
-                            split.with_changes(leading_lines=blank), create]
+  split = cst.parse_statement(f'graphdef, {params}, other_variables = nnx.split({group.model}, nnx.Param, ...)\n')
+  line = tree.statement(statement)
+  if subclass is None and isinstance(statement, cst.Assign):
+    _new_subclass(walk, call, statement, line, split, params)
+  else:
+    _add_field(walk, call, subclass, line, split, params)
   group.kept_state = True
   group.changes.append((call, f'TrainState.create(...) kept around nnx.split({group.model}, nnx.Param, ...) '
-                              '(--train-state keep): NNXTrainState adds other_variables'))
-  walk.target(assign.targets[0].target, KEPT_STATE)
+                              f'({why or "--train-state keep"})'
+                              + (': NNXTrainState adds other_variables' if subclass is None else '')))
+  if isinstance(statement, cst.Assign):
+    walk.target(statement.targets[0].target, KEPT_STATE)
+  else:
+    walk.use(call, KEPT_STATE)
+
+
+def _new_subclass(walk: Walk, call: cst.Call, assign: cst.Assign, line: cst.BaseStatement,
+                  split: cst.SimpleStatementLine, params: str) -> None:
+  """`state = train_state.TrainState.create(...)` -> `class NNXTrainState(train_state.TrainState)` adding
+  `other_variables`, the split, and `state = NNXTrainState.create(...)`."""
+  tree, group = walk.tree, walk.group
+  base, state = tree.code(call.func.value), assign.targets[0].target.value
+  arguments = {a.keyword.value: a.value for a in call.args}
+  subclass = cst.parse_statement(f'class NNXTrainState({base}):\n  other_variables: nnx.State\n')
+  create = cst.parse_statement(f'{state} = NNXTrainState.create(apply_fn=graphdef.apply, params={params}, '
+                               f'other_variables=other_variables, tx={tree.code(arguments["tx"])})\n')
+  blank = [cst.EmptyLine()] * (2 if isinstance(tree.parent(line), cst.Module) else 1)
+  group.statements[line] = [subclass.with_changes(leading_lines=line.leading_lines),
+                            split.with_changes(leading_lines=blank), create]
+
+
+def _add_field(walk: Walk, call: cst.Call, subclass: cst.ClassDef | None, line: cst.BaseStatement,
+               split: cst.SimpleStatementLine, params: str) -> None:
+  """The split before `line`; `create(...)` given `graphdef.apply`, the split's params and `other_variables`; the
+  project's subclass gets the field `other_variables: nnx.State` (flax's TrainState returned by a factory gets
+  `NNXTrainState`, placed before the factory)."""
+  tree, group = walk.tree, walk.group
+  group.statements[line] = [split.with_changes(leading_lines=line.leading_lines), line]
+  group.edits.setdefault(line, lambda updated: updated.with_changes(leading_lines=[]))
+  field = cst.parse_statement('other_variables: nnx.State\n')
+  if subclass is not None:
+    group.edits[subclass] = lambda updated: updated.with_changes(
+        body=updated.body.with_changes(body=[*updated.body.body, field]))
+    group.changes.append((subclass, f'class {subclass.name.value} adds the field other_variables: nnx.State'))
+    func = None
+  else:
+    function = tree.enclosing_function(line)
+    if not isinstance(function, cst.FunctionDef) or tree.parent(tree.parent(function)) is not tree.module:
+      raise Skip(call, f'{tree.code(call.func)}(...) returned from a function not at the top of the module')
+    top = tree.statement(function)
+    made = cst.parse_statement(f'class NNXTrainState({tree.code(call.func.value)}):\n  other_variables: nnx.State\n')
+    group.statements[top] = [made.with_changes(leading_lines=top.leading_lines),
+                             top.with_changes(leading_lines=[cst.EmptyLine()] * 2)]
+    func = cst.Name('NNXTrainState')
+  replaced = {'apply_fn': cst.parse_expression('graphdef.apply'), 'params': cst.Name(params)}
+
+  def edit(updated: cst.Call) -> cst.Call:
+    args = [a.with_changes(value=replaced[a.keyword.value]) if a.keyword.value in replaced else a
+            for a in updated.args]
+    last = args[-1]
+    added = cst.Arg(cst.Name('other_variables'), keyword=cst.Name('other_variables'), comma=last.comma,
+                    equal=cst.AssignEqual(cst.SimpleWhitespace(''), cst.SimpleWhitespace('')))
+    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(' ')))
+    made = updated.with_changes(args=[*args, added])
+    return made.with_changes(func=made.func.with_changes(value=func)) if func is not None else made
+  group.edits[call] = edit
 
 
 def kept_attribute(walk: Walk, attribute: cst.Attribute, name: str, parent: cst.CSTNode | None) -> None:
@@ -61,28 +127,36 @@ def kept_attribute(walk: Walk, attribute: cst.Attribute, name: str, parent: cst.
   if name == 'params':
     return walk.use(attribute, KEPT_PARAMS)
   assign = tree.parent(parent) if isinstance(parent, cst.Call) else None
-  if name == 'apply_gradients' and isinstance(assign, cst.Assign) and assign.value is parent \
+  if name in ('apply_gradients', 'replace') and isinstance(assign, cst.Assign) and assign.value is parent \
       and single_name_target(assign):
     return walk.target(assign.targets[0].target, KEPT_STATE)
-  if name in ('apply_gradients', 'step', 'opt_state', 'tx', 'replace'):
-    return None
+  if name in ('apply_gradients', 'step', 'opt_state', 'tx', 'replace') or name in walk.group.kept_fields:
+    return None  # as in Linen: the fields of the project's subclass hold what they held
   raise Skip(attribute, f'{tree.code(attribute)} of a kept TrainState is not converted yet')
 
 
-def kept_step_argument(walk: Walk, call: cst.Call, function: cst.FunctionDef, position: int, kind: str) -> None:
-  """A kept TrainState (or its params) passed to a step: the step stays a jax step; its parameter is followed."""
+def kept_step_argument(walk: Walk, call: cst.Call, function: cst.FunctionDef, arg: cst.Arg, kind: str) -> None:
+  """A kept TrainState (or its params) passed to a step, by position or keyword: the step stays a jax step; its
+  parameter is followed."""
   group, tree = walk.group, walk.tree
   params = function.params
-  if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.posonly_params or position >= len(params.params):
-    raise Skip(call, f'{function.name.value}: state passed to a parameter that is not a plain positional one')
-  name = call.args[position].value
+  if isinstance(params.star_arg, cst.Param) or params.posonly_params or params.star_kwarg:
+    raise Skip(call, f'{function.name.value}: state passed to a function taking *args, **kwargs or '
+                     'positional-only parameters')
+  if arg.keyword is None:
+    position = [a for a in call.args if a.keyword is None].index(arg)
+    param = params.params[position] if position < len(params.params) else None
+  else:
+    param = next((p for p in (*params.params, *params.kwonly_params) if p.name.value == arg.keyword.value), None)
+  if param is None:
+    raise Skip(call, f'{function.name.value}: state passed to a parameter it does not have')
+  name = arg.value
   assign = tree.parent(call)
   if isinstance(assign, cst.Assign) and assign.value is call and isinstance(name, cst.Name):
     targets = [assign.targets[0].target]
     while targets and isinstance(targets[0], cst.Tuple):
       targets = [e.value for e in targets.pop(0).elements] + targets
     group.recognized.update(t for t in targets if isinstance(t, cst.Name) and t.value == name.value)
-  param = params.params[position]
   group.recognized.add(param)
   group.kept_steps.add(function)
   walk.name(tree.scope(function.body), param.name.value, kind)
