@@ -109,6 +109,108 @@ def test_kept_train_state_refuses_a_model_with_train_eval_state():
   assert 'train_state.TrainState.create(' in result.source
 
 
+def _assert_quick_start_trains_the_same(linen_globals, ported, nnx_globals, steps=4):
+  for name, values in linen_globals['metrics_history'].items():  # clu's loss and accuracy, train and test
+    assert len(values) == 2
+    parity.assert_close(values, nnx_globals['metrics_history'][name])
+  state = nnx_globals['state']
+  assert int(state.step) == int(linen_globals['state'].step) == steps
+  nnx.update(ported.model, state.params)  # the trained params live in the kept TrainState
+  parity.assert_same_state({'params': linen_globals['state'].params}, ported)
+  parity.assert_close(linen_globals['kernel'], nnx_globals['kernel'])
+
+
+@pytest.mark.parametrize('train_state', ['nnx', 'keep'])
+def test_quick_start_train_state_with_clu_metrics_is_kept_and_trains_the_same(tmp_path, train_state):
+  # flax's Quick Start: clu metrics in a TrainState subclass, the module built by the caller and given to
+  # create_train_state, compute_metrics(*, state, batch), `test_state = state`. The metrics are neither the
+  # model's nor the optimizer's state, so even the default keeps the TrainState, around nnx.split state.
+  source = (FIXTURES / 'train_state_metrics.in.py').read_text()
+  result = transform_source(source, registry.select_rules(['L2N003']), MigrationOptions(train_state=train_state))
+  assert not [e.message for e in result.entries if e.kind == 'todo']
+  assert result.source == (FIXTURES / 'train_state_metrics.out.py').read_text()
+  linen, linen_globals, ported, nnx_globals = _run_both('train_state_metrics', 'CNN', 'CNN')
+  _assert_quick_start_trains_the_same(linen_globals, ported, nnx_globals)
+  assert 'other_variables: nnx.State' in result.source.split('class TrainState')[1].split('def ')[0]
+
+
+def test_the_quick_start_check_rejects_a_port_that_trains_differently(tmp_path):
+  source = (FIXTURES / 'train_state_metrics.out.py').read_text()
+  assert 'optax.sgd(learning_rate, momentum)' in source
+  wrong = tmp_path / 'wrong.py'
+  wrong.write_text(source.replace('optax.sgd(learning_rate, momentum)', 'optax.sgd(learning_rate)'))
+  linen, linen_globals, ported, nnx_globals = _run_both('train_state_metrics', 'CNN', 'CNN', str(wrong))
+  with pytest.raises(AssertionError):
+    _assert_quick_start_trains_the_same(linen_globals, ported, nnx_globals)
+
+
+def test_a_module_given_to_a_plain_train_state_factory_becomes_model_and_optimizer(tmp_path):
+  # The Quick Start without its metrics: flax's TrainState, so the default makes an nnx.Optimizer; the module is
+  # still built by the caller (`cnn = CNN()` -> `CNN(<sizes>, rngs=nnx.Rngs(0))`, the key of the factory's init).
+  source = (FIXTURES / 'train_state_metrics.in.py').read_text()
+  edits = [("class TrainState(train_state.TrainState):\n  metrics: Metrics\n\n\n", ''),
+           ('TrainState.create(\n      apply_fn=module.apply, params=params, tx=tx,\n      metrics=Metrics.empty())',
+            'train_state.TrainState.create(apply_fn=module.apply, params=params, tx=tx)'),
+           ('  state = compute_metrics(state=state, batch=batch)\n', '')]
+  for old, new in edits:
+    assert old in source
+    source = source.replace(old, new)
+  source = source[:source.index('  if (step + 1) % 2 == 0:')] + "kernel = state.params['Dense_1']['kernel']\n"
+  source = source.replace('for step in range(4):', 'losses = []\nfor step in range(4):')
+  source = source.replace('  state = train_step(state, batch)\n', '  state = train_step(state, batch)\n'
+                          "  losses.append(compute_loss(state, batch))\n")
+  source = source.replace('\n\ncnn = CNN()', """
+
+@jax.jit
+def compute_loss(state, batch):
+  logits = state.apply_fn({'params': state.params}, batch['image'])
+  return optax.softmax_cross_entropy_with_integer_labels(logits, batch['label']).mean()
+
+
+predictions = None
+cnn = CNN()""")
+  source += "predictions = jnp.argmax(state.apply_fn({'params': state.params}, batch['image']), -1)\n"
+  ported = _port_and_run_both(tmp_path, source, 'CNN')
+  assert 'cnn = CNN(conv_in_features=1, linear1_in_features=128, rngs=nnx.Rngs(0))' in ported
+  assert 'optimizer = nnx.Optimizer(module, tx, wrt=nnx.Param)\n  return module, optimizer' in ported
+  assert 'module.init' not in ported and 'TrainState.create' not in ported
+
+
+_GIVEN_MODULE_TODOS = [
+    ('state = create_train_state(cnn, init_rng, learning_rate, momentum)\n',
+     'state = create_train_state(cnn, init_rng, learning_rate, momentum)\nprint(cnn)\n',
+     'cnn is used other than given to create_train_state(...) once'),
+    ('init_rng = jax.random.key(0)\n', 'init_rng = jax.random.fold_in(jax.random.key(0), 1)\n',
+     'init_rng, the key create_train_state initialises cnn with, is bound after it is built; bind the key first'),
+    ('  params = module.init(rng,', '  rng, _ = jax.random.split(rng)\n  params = module.init(rng,',
+     'is not a parameter of create_train_state bound only there'),
+]
+
+
+@pytest.mark.parametrize('old, new, reason', _GIVEN_MODULE_TODOS)
+def test_a_given_module_the_rule_cannot_build_where_it_was_built_stays_linen_with_one_todo(old, new, reason):
+  source = (FIXTURES / 'train_state_metrics.in.py').read_text()
+  assert old in source
+  result = transform_source(source.replace(old, new), registry.select_rules(['L2N003']))
+  todos = [e.message for e in result.entries if e.code == 'L2N003' and e.kind == 'todo']
+  assert len(todos) == 1 and reason in todos[0], todos
+  assert "module.init(rng, jnp.ones([1, 8, 8, 1]))['params']" in result.source
+
+
+def test_a_kept_train_state_subclass_with_batch_stats_stays_linen_with_one_todo():
+  # Its batch statistics would have to move into other_variables, and the steps' updates with them.
+  for train_state in ('keep', 'nnx'):
+    source = (FIXTURES / 'train_state_factory.in.py').read_text().replace(
+        '  batch_stats: Any\n', '  batch_stats: Any\n  ema_params: Any\n').replace(
+        "batch_stats=variables['batch_stats'])", "batch_stats=variables['batch_stats'], ema_params=variables['params'])")
+    result = transform_source(source, registry.select_rules(['L2N003']), MigrationOptions(train_state=train_state))
+    todos = [e.message for e in result.entries if e.code == 'L2N003' and e.kind == 'todo']
+    assert len(todos) == 1 and "the field batch_stats holding the 'batch_stats' collection" in todos[0], todos
+    if train_state == 'nnx':
+      assert todos[0].startswith('its field ema_params holds state that is neither the model')
+    assert 'TrainState.create(' in result.source
+
+
 _MODEL = '''import jax
 import jax.numpy as jnp
 import optax
