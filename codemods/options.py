@@ -12,7 +12,8 @@ from codemods.example_sizes import ExampleSizes
 OPTIONS_KEY = 'linen2nnx.options'
 TRAIN_STATE_STYLES = ('nnx', 'keep')
 """'nnx': a flax TrainState becomes `nnx.Optimizer` and steps over the model (the default);
-'keep': the TrainState stays, built around `nnx.split` state (the migration guide's variant)."""
+'keep': the TrainState stays, built around `nnx.split` state (the migration guide's variant). A TrainState
+subclass with a field that is neither the model's state nor the optimizer's (clu metrics) is kept either way."""
 STEP_STYLES = ('functional', 'cached', 'nnx-jit')
 """How a converted training step is jitted and called (docs/performance.md):
 'functional' (the default): `@jax.jit` over `(graphdef, state)`, `nnx.split` once before the loop

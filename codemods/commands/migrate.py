@@ -47,7 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
   parser.add_argument(
       '--train-state', choices=TRAIN_STATE_STYLES, default=None,
       help='what a flax TrainState becomes: nnx (default: nnx.Optimizer, steps over the model) or keep '
-           '(the TrainState stays, around nnx.split state, as in the migration guide)',
+           '(the TrainState stays, around nnx.split state, as in the migration guide; a TrainState with a field '
+           'that is neither model nor optimizer state, such as clu metrics, is kept either way)',
   )
   parser.add_argument(
       '--step-style', choices=STEP_STYLES, default=None,

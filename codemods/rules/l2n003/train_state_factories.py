@@ -23,8 +23,13 @@ nnx.Rngs, so the key's splits (`rng, new_rng = jax.random.split(state.dropout_rn
 in an apply's `rngs=` and its return into the state (`state.replace(dropout_rng=new_rng)`,
 `apply_gradients(..., dropout_rng=new_rng)`) go with it, and the key the factory gave the field
 seeds the stream it fed (`nnx.Rngs(params_rng, dropout=dropout_rng)`, see
-`construction.seed_rng_streams`). A subclass with methods, a field holding anything else, or a
-factory called more than once stays as it is (a TODO says which).
+`construction.seed_rng_streams`). A field holding anything else (clu metrics, an EMA of the params)
+keeps the TrainState, around `nnx.split` state (`train_state_keep`). A subclass with methods, or a
+factory called more than once, stays as it is (a TODO says which).
+
+The factory may also be given the module its caller built (flax's Quick Start: `cnn = CNN()`, then
+`create_train_state(cnn, init_rng, ...)` calls `module.init(rng, ...)`): `analyse.given_module`
+finds that site, and `construction` builds the NNX module where the Linen one was built.
 """
 
 from __future__ import annotations

@@ -3,7 +3,12 @@
 The migration guide's variant: `graphdef, params, other_variables = nnx.split(model, nnx.Param,
 ...)`, a TrainState subclass with an `other_variables` field, and its steps stay `jax.jit`
 steps; `state.apply_fn({'params': params}, x)` becomes
-`state.apply_fn(params, state.other_variables)(x)[0]`.
+`state.apply_fn(params, state.other_variables)(x)[0]`. A project's subclass (`class
+TrainState(train_state.TrainState): metrics: Metrics`) gets the `other_variables` field itself, and
+its other fields keep what they hold; such a subclass is kept even without `--train-state keep`
+when a field holds state that is neither the model's nor the optimizer's (clu metrics), since
+only a functional TrainState carries it as the Linen code does. A factory returning the kept
+state stays as it is; its caller's `state` is followed.
 """
 
 from __future__ import annotations
@@ -98,12 +103,12 @@ def _add_field(walk: Walk, call: cst.Call, subclass: cst.ClassDef | None, line: 
     func = None
   else:
     function = tree.enclosing_function(line)
-    if not isinstance(function, cst.FunctionDef) or tree.parent(tree.parent(function)) is not tree.module:
+    if not isinstance(function, cst.FunctionDef) or not isinstance(tree.parent(function), cst.Module):
       raise Skip(call, f'{tree.code(call.func)}(...) returned from a function not at the top of the module')
     top = tree.statement(function)
     made = cst.parse_statement(f'class NNXTrainState({tree.code(call.func.value)}):\n  other_variables: nnx.State\n')
-    group.statements[top] = [made.with_changes(leading_lines=top.leading_lines),
-                             top.with_changes(leading_lines=[cst.EmptyLine()] * 2)]
+    group.statements[top] = [made.with_changes(leading_lines=top.leading_lines), top]
+    group.edits[top] = lambda updated: updated.with_changes(leading_lines=[cst.EmptyLine()] * 2)
     func = cst.Name('NNXTrainState')
   replaced = {'apply_fn': cst.parse_expression('graphdef.apply'), 'params': cst.Name(params)}
 

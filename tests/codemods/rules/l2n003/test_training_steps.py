@@ -144,9 +144,11 @@ def test_the_quick_start_check_rejects_a_port_that_trains_differently(tmp_path):
     _assert_quick_start_trains_the_same(linen_globals, ported, nnx_globals)
 
 
-def test_a_module_given_to_a_plain_train_state_factory_becomes_model_and_optimizer(tmp_path):
-  # The Quick Start without its metrics: flax's TrainState, so the default makes an nnx.Optimizer; the module is
-  # still built by the caller (`cnn = CNN()` -> `CNN(<sizes>, rngs=nnx.Rngs(0))`, the key of the factory's init).
+@pytest.mark.parametrize('train_state', ['nnx', 'keep'])
+def test_a_module_given_to_a_plain_train_state_factory_is_built_where_it_was(tmp_path, train_state):
+  # The Quick Start without its metrics: flax's TrainState, so the default makes an nnx.Optimizer, and keep an
+  # NNXTrainState placed before the factory; either way the module is built by the caller (`cnn = CNN()` ->
+  # `CNN(<sizes>, rngs=nnx.Rngs(0))`, the key of the factory's init).
   source = (FIXTURES / 'train_state_metrics.in.py').read_text()
   edits = [("class TrainState(train_state.TrainState):\n  metrics: Metrics\n\n\n", ''),
            ('TrainState.create(\n      apply_fn=module.apply, params=params, tx=tx,\n      metrics=Metrics.empty())',
@@ -170,10 +172,17 @@ def compute_loss(state, batch):
 predictions = None
 cnn = CNN()""")
   source += "predictions = jnp.argmax(state.apply_fn({'params': state.params}, batch['image']), -1)\n"
-  ported = _port_and_run_both(tmp_path, source, 'CNN')
+  ported = _port_and_run_both(tmp_path, source, 'CNN', MigrationOptions(train_state=train_state))
   assert 'cnn = CNN(conv_in_features=1, linear1_in_features=128, rngs=nnx.Rngs(0))' in ported
-  assert 'optimizer = nnx.Optimizer(module, tx, wrt=nnx.Param)\n  return module, optimizer' in ported
-  assert 'module.init' not in ported and 'TrainState.create' not in ported
+  assert 'module.init' not in ported
+  if train_state == 'nnx':
+    assert 'optimizer = nnx.Optimizer(module, tx, wrt=nnx.Param)\n  return module, optimizer' in ported
+    assert 'TrainState.create' not in ported
+  else:
+    assert 'class NNXTrainState(train_state.TrainState):\n  other_variables: nnx.State\n\n\ndef create_train_state(' \
+        in ported
+    assert 'return NNXTrainState.create(apply_fn=graphdef.apply, params=params, tx=tx, ' \
+           'other_variables=other_variables)' in ported
 
 
 _GIVEN_MODULE_TODOS = [
@@ -286,6 +295,8 @@ def _port_and_run_both(tmp_path, source: str, class_name: str, options: Migratio
       nnx_globals = runpy.run_path(str(nnx_script))
   parity.assert_close(linen_globals['losses'], nnx_globals['losses'])
   parity.assert_close(linen_globals['predictions'], nnx_globals['predictions'])
+  if options.train_state == 'keep':
+    nnx.update(ported.model, nnx_globals['state'].params)  # the trained params live in the kept TrainState
   parity.assert_same_state(linen.final, ported)
   assert linen_globals['losses'][-1] < linen_globals['losses'][0]
   return result.source
