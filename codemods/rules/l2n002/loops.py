@@ -21,8 +21,10 @@ Linen names: auto-named layers count across iterations (`Dense_0`, `Dense_1`, ..
 
 setup() lists: `self.layers = [nn.Dense(f) for f in self.features]`, or `layers = []`, `for f in ...:
 layers.append(nn.Dense(f))`, `self.layers = layers` (Linen's `layers_0`, `layers_1`, ...), become
-`nnx.List([...])`, sized by walking the `for layer in self.layers:` loops of `__call__` as above; any
-other use of the list (`self.layers[-1]`, a slice) keeps the class Linen.
+`nnx.List([...])`, sized by walking the `for layer in self.layers:` loops of `__call__` as above (their
+body may hold `if`s of simple statements not using the layer, as transformers' layer collections do); any
+other use of the list (`self.layers[-1]`, a slice) keeps the class Linen. A list's `name=str(i)`
+(transformers': Linen's `0`, `1`, ...) or `name=f'block_{i}'` goes; Linen's names are recorded.
 """
 
 from __future__ import annotations
@@ -110,7 +112,8 @@ class Site:
 
   loop: Loop
   ctor: cst.Call
-  pattern: str | None = None  # the Linen name an f-string name= gives, `layer_{i}`
+  pattern: str | None = None  # the Linen name an f-string name= gives, `layer_{i}` (`{i}` for `name=str(i)`)
+  setup_attr: str | None = None  # the attribute of a setup() list (`self.layers = [...]`)
   seen: list[tuple[cst.Call, list[Dim]]] = dataclasses.field(default_factory=list)
 
 
@@ -287,11 +290,11 @@ class Loops:
   def _setup_site(self, planner: ClassPlanner, ctor: cst.Call, loop_node: cst.For | cst.CompFor, value: cst.BaseExpression, attr: str,
                   what: str) -> cst.Call:
     """Registers the construction of a setup() list built by `loop_node` (a for loop or a comprehension)."""
-    if any(a.keyword is not None and a.keyword.value == 'name' for a in ctor.args):
-      raise Unsupported(ctor, f'self.{attr}: name= in a setup() list (Linen names its layers {attr}_0, ...)')
+    name = next((a.value for a in ctor.args if a.keyword is not None and a.keyword.value == 'name'), None)
     loop = self._target(planner, loop_node, False)
     loop.comprehension = value
-    loop.sites.append(Site(loop, ctor))
+    loop.sites.append(Site(loop, ctor, _setup_name(planner, ctor, name, loop, attr) if name is not None else None,
+                           setup_attr=attr))
     self.sites[ctor] = loop.sites[-1]
     self.refs |= {n for n in descendants(ctor) if isinstance(n, cst.Name) and n.value in loop.names}
     try:
@@ -318,9 +321,12 @@ class Loops:
     used = f'self.{child.attr} (a list of layers)'
     if element is None or parent.orelse is not None:
       raise Unsupported(sub, f'{used} used other than by `for layer in self.{child.attr}:`')
-    if any(not isinstance(s, cst.SimpleStatementLine) for s in parent.body.body) \
-        or any(isinstance(n, LOOP_STOPS) for n in descendants(parent.body)):
-      raise Unsupported(parent, f'a for loop over {used} with nested blocks, break, continue or return')
+    blocks = [s for s in parent.body.body if not isinstance(s, cst.SimpleStatementLine)]
+    if any(not _plain_if(s, element) for s in blocks) or any(isinstance(n, LOOP_STOPS) for n in descendants(parent.body)):
+      raise Unsupported(parent, f'a for loop over {used} with nested blocks other than ifs of simple statements '
+                                f'that do not use {element}, or with break, continue or return')
+    for block in blocks:  # `if output_attentions: all_attentions += (out[1],)` (transformers): walked arm by arm
+      planner.plan.branches.update([block, *(s for s in descendants(block) if isinstance(s, cst.If))])
     for name in descendants(parent.body):
       if isinstance(name, cst.Name) and name.value == element:
         call = planner.facts.parent(name)
@@ -335,6 +341,8 @@ class Loops:
     site = self.sites.get(ctor)
     if site is None or name is None:
       return None
+    if site.setup_attr is not None:  # named by `self.<attr> = [...]`; its name= gave `site.pattern`
+      return site.setup_attr
     if not isinstance(name, cst.FormattedString) or not name.parts \
         or not isinstance(name.parts[0], cst.FormattedStringText):
       raise Unsupported(ctor, 'a submodule built in a loop with a name= other than an f-string with a literal '
@@ -386,10 +394,12 @@ class Loops:
     if listed:
       self._linen_names(plan)
     for child in listed:
-      if not child.hoisted:  # a setup() list: Linen names its layers after the attribute
-        child.linen_name = f'{child.attr}_{{{self.sites[child.ctor].loop.index}}}'
+      if not child.hoisted:  # a setup() list: Linen names its layers after the attribute, or as their name= says
+        site = self.sites[child.ctor]
+        child.linen_name = site.pattern or f'{child.attr}_{{{site.loop.index}}}'
+        first, second = (child.linen_name.replace(f'{{{site.loop.index}}}', str(k)) for k in (0, 1))
         planner.plan.pending.append((child.ctor, f'self.{child.attr}: a list of layers -> nnx.List (Linen names them '
-                                          f'{child.attr}_0, {child.attr}_1, ...)'))
+                                          f'{first}, {second}, ...)'))
     for loop in loops:
       if loop.comprehension is not None:  # a setup() list: reported above
         continue
@@ -693,6 +703,29 @@ def _fresh(planner: ClassPlanner, statement: cst.For) -> str:
   while name in used:
     name += '_'
   return name
+
+
+def _plain_if(statement: cst.BaseStatement, element: str) -> bool:
+  """An `if` (with `elif` / `else`) of simple statements that never reads the loop's layer `element`."""
+  return isinstance(statement, cst.If) \
+      and not any(isinstance(n, cst.BaseCompoundStatement) and not isinstance(n, cst.If) for n in descendants(statement)) \
+      and not any(isinstance(n, cst.Name) and n.value == element for n in descendants(statement))
+
+
+def _setup_name(planner: ClassPlanner, ctor: cst.Call, name: cst.BaseExpression, loop: Loop, attr: str) -> str:
+  """The Linen name pattern of a setup() list's `name=str(i)` (`{i}`, transformers' layer lists) or
+  `name=f'layer_{i}'` (`layer_{i}`), `i` the index of the comprehension; NNX names the elements by position."""
+  code = planner.facts.code
+  if isinstance(name, cst.Call) and _is_builtin(planner, name.func, 'str') and len(name.args) == 1 \
+      and isinstance(name.args[0].value, cst.Name) and name.args[0].value.value == loop.index:
+    return f'{{{loop.index}}}'
+  if isinstance(name, cst.FormattedString) and len(name.parts) in (1, 2) \
+      and isinstance(name.parts[-1], cst.FormattedStringExpression) \
+      and isinstance(name.parts[-1].expression, cst.Name) and name.parts[-1].expression.value == loop.index \
+      and all(isinstance(p, cst.FormattedStringText) for p in name.parts[:-1]):
+    return code(name)[len(name.start):-len(name.end)]
+  raise Unsupported(ctor, f'self.{attr}: name={code(name)} in a setup() list (converted: str({loop.index}) or '
+                          f"f'<prefix>{{{loop.index}}}', {loop.index} the index of the list)")
 
 
 def loop_entry(children: tp.Sequence[ChildName], name: str) -> tuple[str, ...] | None:

@@ -150,6 +150,8 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
     calls = self._inline_calls(plan, inline)
     tied = tied_uses(self, plan, methods, setup)  # `.apply` with a shared kernel, `.variables[...]`
     self._setup_child_calls(plan, methods, setup, calls, tied)
+    if method is None:
+      self._plain_branches(plan, methods, setup)
     self.called_when(plan, calls)
     self.loops.after_calls(self, plan, calls)
     marks = (len(plan.size_params), len(plan.size_arguments), len(self.plan.pending))
@@ -320,6 +322,18 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
                                      'in __init__ with its arguments (the statement goes)'))
     return {c.ctor: outer[c.ctor] for c in plan.children if c.hoisted and c.api is None}
 
+  def _plain_branches(self, plan: ClassRewrite, methods: dict[str, cst.FunctionDef], setup: cst.FunctionDef | None
+                      ) -> None:
+    """The conditionals of plain code at the top of a setup() class's methods (`if output_hidden_states:
+    all_hidden_states += (hidden_states,)`, as in transformers): walked arm by arm for sizes, as in @nn.compact
+    bodies; a conditional holding another block, or testing a scope API, is not."""
+    for method in methods.values():
+      if method is setup:
+        continue
+      for statement in method.body.body:
+        if isinstance(statement, cst.If) and _plain_if(statement):
+          plan.branches.update([statement, *(s for s in descendants(statement) if isinstance(s, cst.If))])
+
   def _straight_line(self, body: cst.BaseSuite, built: set[cst.Call]) -> None:
     """Simple statements, and conditionals of plain code: no loops, and a construction (`built`) only in an
     `if <test>: ... else: ...` of simple statements whose test __init__ can evaluate (see _conditions)."""
@@ -330,9 +344,7 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
         self.loops.plan(self, statement, built)
         continue
       branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
-      if not isinstance(statement, cst.If) or any(isinstance(s, cst.BaseCompoundStatement) and not isinstance(s, cst.If)
-                                                 for s in descendants(statement)) \
-          or any(has_scope_call(b.test) and not is_initializing_if(b) for b in branches):
+      if not isinstance(statement, cst.If) or not _plain_if(statement):
         raise Unsupported(statement, 'the @nn.compact body has loops, conditionals or nested blocks')
       if any(s in built for s in descendants(statement)):
         self.plan.conditions.update(self._construction_conditions(statement, built))
@@ -407,3 +419,10 @@ class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, 
     plan.helpers_only = True
     plan.linen_nodes = [node.bases[0].value, *self._convert_linen_refs(node, {node.bases[0].value})]
     return plan
+
+
+def _plain_if(statement: cst.If) -> bool:
+  """An `if` whose arms hold only simple statements and ifs, none testing a scope API (but `is_initializing`)."""
+  branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
+  return not any(isinstance(s, cst.BaseCompoundStatement) and not isinstance(s, cst.If) for s in descendants(statement)) \
+      and not any(has_scope_call(b.test) and not is_initializing_if(b) for b in branches)

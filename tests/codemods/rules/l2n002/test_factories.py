@@ -192,7 +192,7 @@ def test_conditional_tie_matches_linen_in_both_configurations(tie):
   linen_module = _load('tied_apply', 'in')['ConfigurableLM'](11, 6, tie_word_embeddings=tie)
   variables = linen_module.init(jax.random.key(0), TOKENS)
   assert ('decoder' in variables['params']['cls']['predictions']) is not tie
-  model = _load('tied_apply', 'out')['ConfigurableLM'](11, 6, tie_word_embeddings=tie, cls_predictions_decoder_in_features=6,
+  model = _load('tied_apply', 'out')['ConfigurableLM'](11, 6, tie_word_embeddings=tie,
                                                        rngs=nnx.Rngs(1))
   assert (model.cls.predictions.decoder is None) is tie  # tied_decoder passed on through MLMOutput
   report = nnx_bridge.compare(linen_module, variables, model, TOKENS)

@@ -14,6 +14,8 @@ from flax import nnx
 
 import nnx_bridge
 from codemods import rules as registry
+from codemods.report import ChildName
+from codemods.rules.l2n002.loops import loop_entry
 from codemods.transform import transform_source
 from tests.codemods.rules import test_fixture_parity as fixture_parity
 
@@ -109,6 +111,57 @@ class M(nn.Module):
     return self.layers[-1](x)
 '''
   assert 'self.layers (a list of layers) used other than by `for layer in self.layers:`' in _todo(source)
+
+
+NAMED = 'L2N002/setup_list_named'
+
+
+@pytest.mark.parametrize('name, names', [('FlaxTinyLayerCollection', ['0', '1', '2']),
+                                         ('FlaxTinyBlocks', ['block_0', 'block_1'])])
+def test_a_named_setup_list_pairs_linen_names_with_list_entries(name, names):
+  """transformers' `name=str(i)` (Linen's 0, 1, 2) and `name=f'block_{i}'`: each pairs with self.<attr>[i]."""
+  linen_module, variables, model, (x,) = fixture_parity.models(NAMED, fixture_parity.spec(NAMED, name))
+  assert list(variables['params']) == names
+  mapping = nnx_bridge.derive_mapping(linen_module, model, x)
+  attr = 'layers' if name == 'FlaxTinyLayerCollection' else 'blocks'
+  pairs = {rule.nnx[:2]: rule.linen[0][1] for rule in mapping.rules if rule.nnx[0] == attr}
+  assert pairs == {(attr, str(i)): linen for i, linen in enumerate(names)}
+  entries = {c.linen_name: c.nnx_attribute for c in _record(NAMED, name).children}
+  assert loop_entry(tuple(ChildName(k, v) for k, v in entries.items()), names[-1]) == (attr, str(len(names) - 1))
+
+
+def _record(case: str, name: str):
+  source = (fixture_parity.FIXTURES / f'{case}.in.py').read_text()
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  (record,) = [r for r in result.classes if r.linen_name == name]
+  return record
+
+
+SETUP_LIST = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  n: int
+
+  def setup(self):
+    self.layers = [nn.Dense(4, {name}) for i in range(self.n)]
+
+  def __call__(self, x):
+    for layer in self.layers:
+{body}
+    return x
+'''
+
+
+@pytest.mark.parametrize('name, body, message', [
+    ('name=str(i + 1)', '      x = layer(x)', 'self.layers: name=str(i + 1) in a setup() list (converted: str(i)'),
+    ("name=f'{i}_dense'", '      x = layer(x)', "name=f'{i}_dense' in a setup() list"),
+    ('name=str(i)', '      if x.ndim > 2:\n        x = layer(x)\n      x = layer(x)',
+     'nested blocks other than ifs of simple statements that do not use layer'),
+    ('name=str(i)', '      with jax.named_scope("l"):\n        x = layer(x)', 'nested blocks other than ifs'),
+])
+def test_named_setup_lists_that_stay_linen(name, body, message):
+  assert message in _todo(SETUP_LIST.format(name=name, body=body))
 
 
 def test_linen_names_count_across_iterations():
