@@ -230,11 +230,20 @@ class LastAxisWalk(BodyWalk[Known | Input]):
     super().__init__(ifs, branches)
     self.facts = facts
     self.derive = True  # False: walk for the calls only, every size unknown
+    self.firsts: dict[cst.CSTNode, Dim] = {}  # a tuple display or call walked -> its first element's size
 
   def value(self, expr: cst.CSTNode, env: dict[str, Dim]) -> Dim:
     derive = self.derive
     if derive and isinstance(expr, cst.Name):
       return env.get(expr.value)
+    if derive and isinstance(expr, cst.Tuple):  # `(hidden_states,)`: a tuple has no last axis; its first is kept
+      dims = [self.value(e.value, env) for e in expr.elements]
+      if dims and not isinstance(expr.elements[0], cst.StarredElement):
+        self.firsts[expr] = dims[0]
+      return None
+    if derive and isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Name) \
+        and first_of_tuple(expr.value.value) in env and _index_zero(expr):
+      return env[first_of_tuple(expr.value.value)]  # `layer_outputs[0]` of a name holding a tuple
     if derive and isinstance(expr, cst.Call) and self.facts.has_name(expr.func, ELEMENTWISE) \
         and len(expr.args) == 1 and expr.args[0].keyword is None and not expr.args[0].star:
       return self.value(expr.args[0].value, env)
@@ -295,21 +304,49 @@ class LastAxisWalk(BodyWalk[Known | Input]):
       elif not self.assign(part, env):
         self.value(part, env)
         targets = [t.target for t in getattr(part, 'targets', ())] + [getattr(part, 'target', None)]
+        extended = isinstance(part, cst.AugAssign) and isinstance(part.operator, cst.AddAssign)
         for target in filter(None, targets):
           for sub in (target, *descendants(target)):
             if isinstance(sub, cst.Name):
               env[sub.value] = None
+              if not extended:  # `outputs += (attn,)` keeps a tuple's first element
+                env.pop(first_of_tuple(sub.value), None)
     return output
 
   def returned(self, value: cst.BaseExpression, env: dict[str, Dim]) -> Dim:
     return self.value(value, env)
 
   def assign(self, part: cst.CSTNode, env: dict[str, Dim]) -> bool:
-    """`name = value`: the name gets the value's size (True); False for other statements."""
+    """`name = value`: the name gets the value's size (True), and a tuple's first element size; False for other
+    statements."""
     if isinstance(part, cst.Assign) and len(part.targets) == 1 and isinstance(part.targets[0].target, cst.Name):
-      env[part.targets[0].target.value] = self.value(part.value, env)
+      name = part.targets[0].target.value
+      env[name] = self.value(part.value, env)
+      first = env.get(first_of_tuple(part.value.value)) if isinstance(part.value, cst.Name) \
+          else self.firsts.get(part.value)
+      if first is not None:
+        env[first_of_tuple(name)] = first
+      else:
+        env.pop(first_of_tuple(name), None)
       return True
     return False
+
+  def first_element(self, value: cst.BaseExpression, env: dict[str, Dim]) -> Dim:
+    """The first element's size of the tuple `value` (walked already): a display, a call, a name holding one."""
+    if isinstance(value, cst.Name):
+      return env.get(first_of_tuple(value.value))
+    return self.firsts.get(value)
+
+
+def first_of_tuple(name: str) -> str:
+  """The key under which a walk's `env` holds the first element's size of the tuple `name` holds (`outputs[0]`):
+  not an identifier, so it never meets a name."""
+  return f'{name}[0]'
+
+
+def _index_zero(expr: cst.Subscript) -> bool:
+  return len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index) \
+      and isinstance(expr.slice[0].slice.value, cst.Integer) and expr.slice[0].slice.value.value == '0'
 
 
 class SizeWalk(LastAxisWalk):
@@ -321,6 +358,7 @@ class SizeWalk(LastAxisWalk):
     self.p, self.plan, self.methods, self.call, self.calls, self.carry = p, plan, methods, call, calls, carry
     self.scanned = plan.name in p.facts.scanned_cells
     self.returned_carry: list[Dim] = []
+    self.returned_first: list[Dim] = []  # of the last `return` of __call__ itself, when it returns a tuple
     self.shared: dict[tp.Any, str] = {}
     self.visited: set[cst.Call] = set()
     self.active: list[cst.FunctionDef] = []
@@ -335,8 +373,9 @@ class SizeWalk(LastAxisWalk):
     self.active.append(self.call)
     self.derive = self.p.is_straight(self.call.body)
     self.plan.output = self.walk(self.call.body, inputs)
+    self.plan.first_output = self.returned_first[0] if self.returned_first else None
     if self.p.returns_in_branches(self.call):
-      self.plan.output = None
+      self.plan.output = self.plan.first_output = None
     self.derive = False
     for node in self.calls:  # calls in methods __call__ does not reach: still checked, sizes undetermined
       if node not in self.visited:
@@ -390,7 +429,10 @@ class SizeWalk(LastAxisWalk):
       self.returned_carry[:] = [self.value(value.elements[0].value, env)]
       self.value(value.elements[1].value, env)
       return None
-    return self.value(value, env)
+    dim = self.value(value, env)
+    if self.active == [self.call]:
+      self.returned_first[:] = [self.first_element(value, env)]
+    return dim
 
   def assign(self, part: cst.CSTNode, env: dict[str, Dim]) -> bool:
     local = size_local_of(part) if isinstance(part, cst.Assign) else None
@@ -404,6 +446,7 @@ class SizeWalk(LastAxisWalk):
       for sub in (part.targets[0].target, *descendants(part.targets[0].target)):
         if isinstance(sub, cst.Name):
           env[sub.value] = first if first is not None and sub is part.targets[0].target.elements[0].value else None
+          env.pop(first_of_tuple(sub.value), None)
       return True
     return False
 
@@ -459,6 +502,8 @@ class SizeWalk(LastAxisWalk):
     if attr or dropped:
       self.plan.calls[node] = (attr, dropped)
     arg_dims = [self.value(a.value, env) for a in node.args]
+    if self.derive:
+      self.firsts[node] = self.p.first_output_dim(child, arg_dims)
     if child.ctor in self.p.loops.sites:  # built in a for loop: sized by loops.py from every iteration
       self.p.loops.seen(self.p, child, node, arg_dims)
       return self.p.output_dim(child, arg_dims)

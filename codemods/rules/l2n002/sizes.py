@@ -205,9 +205,19 @@ class Sizes(PlannerState):
       return known(value)
     return None
 
+  def first_output_dim(self, child: Child, arg_dims: list[Dim]) -> Dim:
+    """The size of the first element of the tuple a same-file class returns (transformers' layers), in the caller's
+    terms; None for other children."""
+    if child.spec is not None or child.wrapper is not None or child.sibling is None:
+      return None
+    return self._in_caller_dim(child, arg_dims, child.sibling.first_output)
+
   def _sibling_output(self, child: Child, arg_dims: list[Dim]) -> Dim:
     """A same-file class's output size, in the caller's terms: one of its fields, or an input."""
-    output = child.sibling.output if child.sibling is not None else None
+    return self._in_caller_dim(child, arg_dims, child.sibling.output if child.sibling is not None else None)
+
+  def _in_caller_dim(self, child: Child, arg_dims: list[Dim], output: Dim) -> Dim:
+    """A size of the same-file class `child` builds, in the caller's terms."""
     if output is None:
       return None
     if isinstance(output, Input):

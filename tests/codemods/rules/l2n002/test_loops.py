@@ -130,6 +130,18 @@ def test_a_named_setup_list_pairs_linen_names_with_list_entries(name, names):
   assert loop_entry(tuple(ChildName(k, v) for k, v in entries.items()), names[-1]) == (attr, str(len(names) - 1))
 
 
+def test_only_the_first_element_of_a_returned_tuple_sizes_the_next_layer():
+  """`layer_outputs[1]` read as the next input: only a tuple's first element is tracked, so the size is not
+  derived (and never taken for the first element's)."""
+  source = (fixture_parity.FIXTURES / f'{NAMED}.in.py').read_text()
+  old = '      hidden_states = layer_outputs[0]\n      if output_attentions:\n        all_attentions'
+  assert old in source
+  wrong = source.replace(old, '      hidden_states = layer_outputs[1]\n      if output_attentions:\n        all_attentions')
+  result = transform_source(wrong, registry.select_rules(['L2N002']))
+  todos = [e.message for e in result.entries if e.kind == 'todo']
+  assert any('FlaxTinyAttentionCollection left as Linen: the input size query_in_features' in t for t in todos)
+
+
 def _record(case: str, name: str):
   source = (fixture_parity.FIXTURES / f'{case}.in.py').read_text()
   result = transform_source(source, registry.select_rules(['L2N002']))
