@@ -262,7 +262,7 @@ class StateWalk:
       raise Skip(call, f'{self.tree.code(call.func)}(params=...) is not converted yet')
     statement, arguments = train_state_arguments(self, call, fields)
     kinds = train_state_factories.field_kinds(self, call, arguments, fields)
-    others = [name for name, kind in kinds.items() if kind is None]
+    others = [name for name, kind in kinds.items() if kind in (None, collection('params'))]
     if self.run.options.train_state == 'keep' or others:
       why = None if self.run.options.train_state == 'keep' else (
           f'its field {others[0]} holds state that is neither the model\'s nor the optimizer\'s')

@@ -73,7 +73,8 @@ def subclass_fields(walk: Walk, call: cst.Call) -> dict[str, cst.AnnAssign]:
 def field_kinds(walk: Walk, call: cst.Call, arguments: dict[str, cst.BaseExpression],
                 fields: dict[str, cst.AnnAssign]) -> dict[str, str | None]:
   """The kind of model state each extra field of `TrainState.create(...)` is given (`variables['batch_stats']`, a
-  key named like one: `dropout_rng`), None for a field given anything else (clu metrics, an EMA of the params)."""
+  key named like one: `dropout_rng`; the params for an EMA of them), None for a field given anything else (clu
+  metrics)."""
   group, tree = walk.group, walk.tree
   kinds: dict[str, str | None] = {}
   for name in fields:
@@ -90,7 +91,7 @@ def field_kinds(walk: Walk, call: cst.Call, arguments: dict[str, cst.BaseExpress
       kind = group.names.get((id(tree.scope(value)), value.value))
     if kind is None and _names_a_key(name):
       kind = RNG_KEY  # the model's nnx.Rngs take its place; its uses are followed and must all go
-    kinds[name] = None if kind == collection('params') else kind
+    kinds[name] = kind
   return kinds
 
 

@@ -20,6 +20,7 @@ from codemods.rules.l2n003.facts import KEPT_PARAMS
 from codemods.rules.l2n003.facts import KEPT_STATE
 from codemods.rules.l2n003.facts import RNG_KEY
 from codemods.rules.l2n003.facts import Skip
+from codemods.rules.l2n003.facts import collection
 from codemods.rules.l2n003.facts import describe
 from codemods.rules.l2n003.syntax import args_with_commas
 from codemods.rules.l2n003.syntax import literal_keys
@@ -44,7 +45,7 @@ def keep_train_state(walk: Walk, call: cst.Call, statement: cst.Assign | cst.Ret
   taken = [n for n in names if n in run.names_in_module or n in run.introduced]
   if taken:
     raise Skip(call, f'keeping the TrainState needs the names {", ".join(taken)}, which are taken')
-  held = [name for name, kind in fields.items() if kind is not None and kind != RNG_KEY]
+  held = [name for name, kind in fields.items() if kind not in (None, RNG_KEY, collection('params'))]
   if held:
     raise Skip(arguments[held[0]], f'{why + ": " if why else ""}a kept TrainState with the field {held[0]} holding '
                                    f'{describe(fields[held[0]])} is not converted yet (nnx.split puts it in '
@@ -61,7 +62,8 @@ def keep_train_state(walk: Walk, call: cst.Call, statement: cst.Assign | cst.Ret
   if subclass is None and isinstance(statement, cst.Assign):
     _new_subclass(walk, call, statement, line, split, params)
   else:
-    _add_field(walk, call, subclass, line, split, params)
+    given_params = [name for name, kind in fields.items() if kind == collection('params')]  # `ema_params=params`
+    _add_field(walk, call, subclass, line, split, params, given_params)
   group.kept_state = True
   group.changes.append((call, f'TrainState.create(...) kept around nnx.split({group.model}, nnx.Param, ...) '
                               f'({why or "--train-state keep"})'
@@ -88,8 +90,9 @@ def _new_subclass(walk: Walk, call: cst.Call, assign: cst.Assign, line: cst.Base
 
 
 def _add_field(walk: Walk, call: cst.Call, subclass: cst.ClassDef | None, line: cst.BaseStatement,
-               split: cst.SimpleStatementLine, params: str) -> None:
-  """The split before `line`; `create(...)` given `graphdef.apply`, the split's params and `other_variables`; the
+               split: cst.SimpleStatementLine, params: str, given_params: list[str]) -> None:
+  """The split before `line`; `create(...)` given `graphdef.apply`, the split's params (also for the fields
+  `given_params`, which Linen gave the params: an EMA of them) and `other_variables`; the
   project's subclass gets the field `other_variables: nnx.State` (flax's TrainState returned by a factory gets
   `NNXTrainState`, placed before the factory)."""
   tree, group = walk.tree, walk.group
@@ -110,7 +113,8 @@ def _add_field(walk: Walk, call: cst.Call, subclass: cst.ClassDef | None, line: 
     group.statements[top] = [made.with_changes(leading_lines=top.leading_lines), top]
     group.edits[top] = lambda updated: updated.with_changes(leading_lines=[cst.EmptyLine()] * 2)
     func = cst.Name('NNXTrainState')
-  replaced = {'apply_fn': cst.parse_expression('graphdef.apply'), 'params': cst.Name(params)}
+  replaced = {'apply_fn': cst.parse_expression('graphdef.apply'), 'params': cst.Name(params),
+              **{name: cst.Name(params) for name in given_params}}
 
   def edit(updated: cst.Call) -> cst.Call:
     args = [a.with_changes(value=replaced[a.keyword.value]) if a.keyword.value in replaced else a

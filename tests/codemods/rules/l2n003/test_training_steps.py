@@ -134,6 +134,32 @@ def test_quick_start_train_state_with_clu_metrics_is_kept_and_trains_the_same(tm
   assert 'other_variables: nnx.State' in result.source.split('class TrainState')[1].split('def ')[0]
 
 
+def test_an_ema_field_given_the_params_gets_the_split_params(tmp_path):
+  # `ema_params=variables['params']` next to clu metrics: the kept TrainState's EMA starts from the nnx.split params.
+  source = (FIXTURES / 'train_state_metrics.in.py').read_text()
+  edits = [('  metrics: Metrics\n', '  metrics: Metrics\n  ema_params: Any\n'),
+           ('import jax\n', 'from typing import Any\n\nimport jax\n'),
+           ("  params = module.init(rng, jnp.ones([1, 8, 8, 1]))['params']", '  variables = module.init(rng, jnp.ones([1, 8, 8, 1]))'),
+           ('apply_fn=module.apply, params=params, tx=tx,',
+            "apply_fn=module.apply, params=variables['params'], tx=tx, ema_params=variables['params'],")]
+  for old, new in edits:
+    assert old in source
+    source = source.replace(old, new, 1)
+  linen_script, nnx_script = tmp_path / 'linen.py', tmp_path / 'nnx.py'
+  linen_script.write_text(source)
+  result = transform_source(source, registry.select_rules(['L2N003']))
+  assert not [e.message for e in result.entries if e.kind == 'todo']
+  assert 'ema_params=params,' in result.source and "variables['params']" not in result.source
+  nnx_script.write_text(result.source)
+  with parity.recording_linen('CNN') as linen:
+    linen_globals = runpy.run_path(str(linen_script))
+  with parity.transferring_into('CNN', linen) as ported:
+    nnx_globals = runpy.run_path(str(nnx_script))
+  _assert_quick_start_trains_the_same(linen_globals, ported, nnx_globals)
+  nnx.update(ported.model, nnx_globals['state'].ema_params)  # still the initial params: nothing updates the EMA
+  parity.assert_same_state({'params': linen_globals['state'].ema_params}, ported)
+
+
 def test_the_quick_start_check_rejects_a_port_that_trains_differently(tmp_path):
   source = (FIXTURES / 'train_state_metrics.out.py').read_text()
   assert 'optax.sgd(learning_rate, momentum)' in source
