@@ -11,9 +11,13 @@ build their models, and called on inputs made from its `__call__`'s parameter na
 on the Linen model) and compared with the Linen class on transferred parameters: eval-mode outputs, the gradient
 of every parameter and a train-mode call (`linen2nnx verify --migrate-report`'s check).
 
+A class left as Linen that now builds converted classes through `nnx_bridge.to_linen` is checked too: the migrated
+class must create the original's variables and, on the original's own variables, give its outputs and gradients.
+
 Prints one row per family (classes converted / kept Linen, TODOs, size arguments left, classes verified / failed /
-not built, and the largest forward and gradient differences), then a total line, the migrate speed (files/s) and,
-for each class that was not verified, why, grouped by cause. `--speed` only times migrate over the files, at -j 1
+not built, Linen classes with to_linen bridges verified / checked, and the largest forward and gradient
+differences), then a total line, the migrate speed (files/s) and, for each class that was not verified, why,
+grouped by cause. `--speed` only times migrate over the files, at -j 1
 and -j 2 (speed is compared across runs only as a ratio measured in the same run, see docs/performance.md).
 """
 
@@ -83,6 +87,7 @@ class FamilyResult:
   todos: int = 0
   size_arguments: int = 0
   classes: list[ClassResult] = dataclasses.field(default_factory=list)
+  linen_parents: list[ClassResult] = dataclasses.field(default_factory=list)  # Linen classes with to_linen bridges
   error: str = ''
 
 
@@ -183,18 +188,10 @@ def verify_class(family: str, name: str, original: tp.Any, migrated: tp.Any, rep
   from codemods.ports import model_refs
 
   linen_class, nnx_class = getattr(original, name), getattr(migrated, name)
-  try:
-    fields = {f.name: f for f in dataclasses.fields(linen_class)}
-    config_class = _config_class(original, fields['config'].type) if 'config' in fields else None
-    if config_class is None:
-      return ClassResult(family, name, 'not built', 'no config field')
-    config = tiny_config(config_class)
-    linen = linen_class(config=config)
-    args, kwargs = make_inputs(linen_class, config)
-  except LookupError as error:
-    return ClassResult(family, name, 'not built', str(error))
-  except Exception as error:  # a config the harness cannot build (`config: Union[TextConfig, VisionConfig]`)
-    return ClassResult(family, name, 'not built', f'no tiny config: {_short(error)}')
+  built = _build(family, name, original, linen_class)
+  if isinstance(built, ClassResult):
+    return built
+  linen, args, kwargs = built
   try:
     port = migrate_report.load_port(report_path, nnx_class, linen, args, kwargs)
     measured, unused = port.measured_sizes(), {}
@@ -225,6 +222,68 @@ def verify_class(family: str, name: str, original: tp.Any, migrated: tp.Any, rep
   failed = sorted({d.check for d in result.failures if hasattr(d, 'check')})
   return ClassResult(family, name, 'verified' if result.ok else 'failed',
                      '' if result.ok else f'differs: {", ".join(failed) or "partition specs"}', forward, gradient)
+
+
+def _build(family: str, name: str, original: tp.Any, linen_class: type) -> tuple[tp.Any, tuple, dict] | ClassResult:
+  """The Linen class built from a tiny config, and inputs for its call; a 'not built' result where there are none."""
+  try:
+    fields = {f.name: f for f in dataclasses.fields(linen_class)}
+    config_class = _config_class(original, fields['config'].type) if 'config' in fields else None
+    if config_class is None:
+      return ClassResult(family, name, 'not built', 'no config field')
+    config = tiny_config(config_class)
+    linen = linen_class(config=config)
+    args, kwargs = make_inputs(linen_class, config)
+  except LookupError as error:
+    return ClassResult(family, name, 'not built', str(error))
+  except Exception as error:  # a config the harness cannot build (`config: Union[TextConfig, VisionConfig]`)
+    return ClassResult(family, name, 'not built', f'no tiny config: {_short(error)}')
+  return linen, args, kwargs
+
+
+def verify_linen_parent(family: str, name: str, original: tp.Any, migrated: tp.Any) -> ClassResult:
+  """A class left as Linen that now builds converted classes through `nnx_bridge.to_linen`: the migrated class
+  must create the original's variables (same paths, shapes and dtypes) and, run on the original's own variables,
+  give the same outputs and the same gradient of every parameter."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  built = _build(family, name, original, getattr(original, name))
+  if isinstance(built, ClassResult):
+    return built
+  linen, args, kwargs = built
+  bridged = getattr(migrated, name)(**{f.name: getattr(linen, f.name) for f in dataclasses.fields(linen)
+                                       if f.init and f.name not in ('parent', 'name')})
+  key = jax.random.key(0)
+  try:
+    variables = linen.init(key, *args, **kwargs)
+  except Exception as error:  # the original does not run on the harness's config or inputs
+    return ClassResult(family, name, 'not built', f'the Linen original fails: {_short(error)}')
+  try:
+    layout = lambda tree: jax.tree.map(lambda leaf: (leaf.shape, leaf.dtype), tree)
+    if layout(jax.eval_shape(bridged.init, key, *args, **kwargs)) != layout(variables):
+      return ClassResult(family, name, 'failed', 'differs: the variables it creates')
+    outputs = [jax.tree.leaves(m.apply(variables, *args, **kwargs)) for m in (linen, bridged)]
+    total = lambda m: lambda params: sum(leaf.sum() for leaf in jax.tree.leaves(
+        m.apply({**variables, 'params': params}, *args, **kwargs)) if jnp.issubdtype(leaf.dtype, jnp.floating))
+    grads = [jax.tree.leaves(jax.grad(total(m))(variables['params'])) for m in (linen, bridged)]
+  except Exception as error:
+    return ClassResult(family, name, 'failed', _short(error))
+  largest = lambda pairs: max((float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in pairs), default=0.0)
+  forward, gradient = largest(zip(*outputs)), largest(zip(*grads))
+  ok = len(outputs[0]) == len(outputs[1]) and forward <= 1e-5 and gradient <= 1e-4
+  return ClassResult(family, name, 'verified' if ok else 'failed', '' if ok else 'differs: output or gradient',
+                     forward, gradient)
+
+
+def _linen_parents(migrated: tp.Any) -> list[str]:
+  """The classes of the migrated module left as Linen whose code builds a class through nnx_bridge.to_linen."""
+  from flax import linen as nn
+
+  return [name for name, value in vars(migrated).items()
+          if inspect.isclass(value) and issubclass(value, nn.Module) and value.__module__ == migrated.__name__
+          and 'nnx_bridge.to_linen(' in inspect.getsource(value)]
 
 
 def _config_class(module: tp.Any, annotation: tp.Any) -> type | None:
@@ -269,6 +328,7 @@ def run(families: tp.Sequence[str], jobs: int) -> tuple[list[FamilyResult], floa
         continue
       for record in entry['classes']:
         found.classes.append(verify_class(family, record['nnx_name'], original, migrated, str(root / 'report.json')))
+      found.linen_parents = [verify_linen_parent(family, name, original, migrated) for name in _linen_parents(migrated)]
       verified = sum(c.status == 'verified' for c in found.classes)
       print(f'hf_zoo: {family}: {verified} of {len(found.classes)} converted classes verified', file=sys.stderr,
             flush=True)
@@ -295,19 +355,25 @@ def main() -> None:
       print(f'migrate -j {jobs}: {migrate_speed(families, jobs):.2f} files/s over {len(families)} files')
     return
   results, seconds = run(families, args.jobs)
-  print(f'{"family":22} {"conv":>4} {"kept":>4} {"todo":>4} {"size":>4} {"ok":>3} {"fail":>4} {"n/b":>4}  max fwd / grad diff')
+  print(f'{"family":22} {"conv":>4} {"kept":>4} {"todo":>4} {"size":>4} {"ok":>3} {"fail":>4} {"n/b":>4} {"brdg":>5}'
+        '  max fwd / grad diff')
   reasons: collections.Counter[str] = collections.Counter()
   for r in results:
     counts = collections.Counter(c.status for c in r.classes)
-    fwd = max((c.forward for c in r.classes if c.status == 'verified'), default=0.0)
-    grad = max((c.gradient for c in r.classes if c.status == 'verified'), default=0.0)
+    checked = [*r.classes, *r.linen_parents]
+    fwd = max((c.forward for c in checked if c.status == 'verified'), default=0.0)
+    grad = max((c.gradient for c in checked if c.status == 'verified'), default=0.0)
+    bridges = f'{sum(c.status == "verified" for c in r.linen_parents)}/{len(r.linen_parents)}'
     print(f'{r.family:22} {r.converted:4} {r.kept_linen:4} {r.todos:4} {r.size_arguments:4} {counts["verified"]:3} '
-          f'{counts["failed"]:4} {counts["not built"]:4}  {fwd:.1e} / {grad:.1e} {r.error}')
+          f'{counts["failed"]:4} {counts["not built"]:4} {bridges:>5}  {fwd:.1e} / {grad:.1e} {r.error}')
     reasons.update(f'{c.status}: {c.reason}' for c in r.classes if c.status != 'verified')
+    reasons.update(f'to_linen parent {c.status}: {c.reason}' for c in r.linen_parents if c.status != 'verified')
   total = collections.Counter(c.status for r in results for c in r.classes)
+  parents = [c for r in results for c in r.linen_parents]
+  bridges = f'{sum(c.status == "verified" for c in parents)}/{len(parents)}'
   print(f'{"total":22} {sum(r.converted for r in results):4} {sum(r.kept_linen for r in results):4} '
         f'{sum(r.todos for r in results):4} {sum(r.size_arguments for r in results):4} {total["verified"]:3} '
-        f'{total["failed"]:4} {total["not built"]:4}')
+        f'{total["failed"]:4} {total["not built"]:4} {bridges:>5}')
   print(f'migrate: {len(families)} files in {seconds:.1f} s ({len(families) / seconds:.2f} files/s, -j {args.jobs})')
   for reason, count in reasons.most_common():
     print(f'{count:4}  {reason}')

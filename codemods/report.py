@@ -119,14 +119,15 @@ class MigrationResult:
 
   def fates(self) -> dict[str, tp.Any]:
     """What became of the Linen classes: `converted`, `kept_linen` (with `kept_because`: reason -> count),
-    `bridged` (Linen children wrapped with nnx_bridge), and `todos` (the TODO(linen2nnx) lines the files hold)."""
+    `bridged` (Linen children wrapped with nnx_bridge.from_linen, NNX classes a Linen class builds through
+    nnx_bridge.to_linen), and `todos` (the TODO(linen2nnx) lines the files hold)."""
     entries = [e for outcome in self.files for e in outcome.entries]
     reasons = [_kept_reason(m.group(2)) for e in entries if e.kind == 'todo' and (m := _KEPT.match(e.message))]
     return {
         'converted': sum(len(outcome.classes) for outcome in self.files),
         'kept_linen': len(reasons),
         'kept_because': dict(collections.Counter(reasons).most_common()),
-        'bridged': sum(1 for e in entries if e.kind == 'todo' and 'wrapped with nnx_bridge.' in e.message),
+        'bridged': sum(1 for e in entries if 'wrapped with nnx_bridge.' in e.message),
         'todos': sum(outcome.todos for outcome in self.files),
     }
 

@@ -63,6 +63,7 @@ CLASSES_KEY = 'linen2nnx.classes'
 KNOWN_CLASSES_KEY = 'linen2nnx.known_classes'  # the records of earlier rules, for the rules after them
 KEPT_CLASSES_KEY = 'linen2nnx.kept_classes'  # classes of the file decided to stay Linen -> why
 IMPORTED_CLASSES_KEY = 'linen2nnx.imported_classes'  # classes other files of the run converted, by qualified name
+UNBRIDGED_CLASSES_KEY = 'linen2nnx.unbridged_classes'  # Linen classes that wrap no converted class with to_linen
 TODO_PREFIX = '# TODO(linen2nnx): '
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.Decorator)
 
@@ -105,6 +106,12 @@ class MigrationRule(VisitorBasedCodemodCommand):
   def kept_classes(self) -> tp.Mapping[str, str]:
     """The module-level classes of this file the run decided to keep as Linen, with why (`transform_source`)."""
     return self.context.scratch.get(KEPT_CLASSES_KEY, {})
+
+  @property
+  def unbridged_classes(self) -> tp.Collection[str]:
+    """The module-level Linen classes of this file that must not build converted classes through
+    nnx_bridge.to_linen: with such bridges a second run would change them again (`transform_source`)."""
+    return self.context.scratch.get(UNBRIDGED_CLASSES_KEY, frozenset())
 
   @property
   def imported_classes(self) -> tp.Mapping[str, ConvertedClass]:

@@ -42,6 +42,7 @@ from codemods.rule import IMPORTED_CLASSES_KEY
 from codemods.rule import KEPT_CLASSES_KEY
 from codemods.rule import KNOWN_CLASSES_KEY
 from codemods.rule import REPORT_KEY
+from codemods.rule import UNBRIDGED_CLASSES_KEY
 from codemods.rule import MigrationRule
 
 libcst_speedups.install()
@@ -86,20 +87,38 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
 
   A rule that fails inside a class, or whose code for a class does not parse, costs that class,
   not the file: the class is kept as Linen (with a TODO saying so) and the rules run again.
+
+  A result where a Linen class now builds a converted one through `nnx_bridge.to_linen` is migrated
+  once more, as a second run would: the Linen classes that run would change again (a TODO of theirs
+  depended on what the bridge replaced) build their classes as before, and the rules run again, so
+  that a run on its own output changes nothing.
   """
   try:
     tree = cst.parse_module(source)
   except (cst.ParserSyntaxError, UnicodeDecodeError, SyntaxError) as error:
     raise MigrationError(f'does not parse, left untouched: {_one_line(error)}') from None
   kept = dict(kept_classes)
+  unbridged: frozenset[str] = frozenset()
   with _collections_between_rules():
     while True:
       try:
-        return _transform(source, tree, rules, options, hierarchy, filename, kept, imported_classes)
+        result = _transform(source, tree, rules, options, hierarchy, filename, kept, imported_classes, unbridged)
       except _ClassFailed as failed:
         if failed.name in kept:
           raise MigrationError(failed.message) from None
         kept[failed.name] = f'{failed.message}; please report this'
+        continue
+      if not any(_TO_LINEN_BRIDGE in e.message for e in result.entries):
+        return result
+      try:
+        again = _transform(result.source, cst.parse_module(result.source), rules, options, hierarchy, filename, kept,
+                           imported_classes, unbridged)
+      except (_ClassFailed, MigrationError):  # a converter bug the second run would report: not the bridges' doing
+        return result
+      changed = _changed_classes(result.source, again.source) - unbridged
+      if not changed:
+        return result
+      unbridged |= changed
 
 
 @contextlib.contextmanager
@@ -135,9 +154,19 @@ class _ClassFailed(Exception):
   message: str
 
 
+_TO_LINEN_BRIDGE = 'wrapped with nnx_bridge.to_linen'  # in the report entry of each to_linen bridge L2N002 makes
+
+
+def _changed_classes(first: Source, second: Source) -> frozenset[str]:
+  """The module-level classes whose code differs between two versions of a module."""
+  codes = [{s.name.value: cst.Module([s]).code for s in cst.parse_module(v).body if isinstance(s, cst.ClassDef)}
+           for v in (first, second)]
+  return frozenset(name for name in codes[0] if codes[0][name] != codes[1].get(name))
+
+
 def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[MigrationRule]], options: MigrationOptions,
                hierarchy: LinenHierarchy, filename: str | None, kept: tp.Mapping[str, str],
-               imported: tp.Mapping[str, ConvertedClass]) -> Transformed[Source]:
+               imported: tp.Mapping[str, ConvertedClass], unbridged: frozenset[str]) -> Transformed[Source]:
   # A freshly parsed tree holds each node once: no need for the copy MetadataWrapper makes.
   wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
   code = _Code()
@@ -150,7 +179,8 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
       continue
     context = CodemodContext(filename=filename, scratch={KNOWN_CLASSES_KEY: tuple(classes), OPTIONS_KEY: options,
                                                          HIERARCHY_KEY: hierarchy, KEPT_CLASSES_KEY: kept,
-                                                         IMPORTED_CLASSES_KEY: imported})
+                                                         IMPORTED_CLASSES_KEY: imported,
+                                                         UNBRIDGED_CLASSES_KEY: unbridged})
     codemod = rule(context)
     before, rule_input = wrapper, code(wrapper)
     try:

@@ -71,6 +71,9 @@ WHILE_OPTIONS = ('carry_variables', 'broadcast_variables', 'split_rngs')  # NNX 
 # --- ModuleDefs and factories --------------------------------------------------------------------
 
 PARTIAL_NAMES = frozenset({'functools.partial'})
+TO_LINEN_NAMES = frozenset({'nnx_bridge.to_linen', 'nnx_bridge.nnx_in_linen.to_linen', 'flax.nnx.bridge.to_linen',
+                            'flax.nnx.bridge.wrappers.to_linen'})
+"""An NNX class wrapped as a Linen module: what a Linen parent builds where a migrated run bridged it."""
 CALLABLE = re.compile(r'^(?:(?:typing|tp|collections\.abc)\.)?Callable\b')
 """A field annotation naming a callable (`act: Callable = nn.relu`)."""
 

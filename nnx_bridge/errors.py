@@ -14,7 +14,11 @@ class StateMismatchError(BridgeError, ValueError):
 
 
 class MissingRngError(BridgeError, KeyError):
-  """A wrapped module asked for an rng stream that the caller did not provide."""
+  """A wrapped module asked for an rng stream that the caller did not provide; `streams` names them."""
+
+  def __init__(self, message: str, streams: tuple[str, ...] = ()) -> None:
+    super().__init__(message)
+    self.streams = streams
 
   def __str__(self) -> str:  # KeyError would print the message with quotes around it
     return str(self.args[0]) if self.args else ''

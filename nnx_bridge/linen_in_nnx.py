@@ -174,15 +174,16 @@ class LinenModule(nnx.Module):
     while True:
       try:
         return run({name: self._stream(name, what)() for name in sorted(names)})
-      except linen_errors.InvalidRngError as error:
+      except (linen_errors.InvalidRngError, MissingRngError) as error:  # Linen's, or an NNX module's under to_linen
         match = _MISSING_RNG.search(str(error))
-        if match is None or match.group(1) in names:
+        asked = {match.group(1)} if match is not None else set(getattr(error, 'streams', ()))
+        if not asked or asked <= names:
           raise
-        name = match.group(1)
-        self._stream(name, what)  # raises MissingRngError when no stream can serve it
-        names.add(name)
-        if name not in base:
-          self.linen_rng_names = tuple(sorted(set(self.linen_rng_names) | {name}))
+        for name in sorted(asked - names):
+          self._stream(name, what)  # raises MissingRngError when no stream can serve it
+          names.add(name)
+          if name not in base:
+            self.linen_rng_names = tuple(sorted(set(self.linen_rng_names) | {name}))
 
   def _can_serve(self, name: str) -> bool:
     return self.rngs is not None and (name in self.rngs or 'default' in self.rngs)

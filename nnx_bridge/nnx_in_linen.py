@@ -17,6 +17,14 @@
   if its collection is mutable, otherwise `ImmutableCollectionError` is raised.
 * `nnx_method='encode'` (a keyword of the wrapper's `__call__`, so also of `apply`) calls
   that method of the NNX module instead of `__call__`.
+* `linen_names={'layer_norm': 'LayerNorm_0', 'mlp.dense': 'Dense_0', 'layers': '{}'}` stores the NNX
+  submodule at each dotted attribute path under its Linen name (a list's elements under the name
+  with `{}` replaced by their index), so a migrated class built by a Linen parent keeps the
+  variable paths (and checkpoints) of the Linen class it replaces.
+* `input_sizes={'dense_in_features': 'hidden_states'}` gives the NNX constructor sizes only the
+  call knows, as Linen layers learn them: each keyword gets the last-axis size of the named
+  argument of the called method, so a Linen parent can build a class whose NNX `__init__`
+  takes input sizes (the migration's `*_in_features` arguments) without knowing them.
 * train/eval: a mode argument of `MODE_ARGUMENTS` (`train`, `deterministic`,
   `use_running_average`, `training`, `is_training`) that the NNX method does not take, passed
   at call time as a Linen parent passes it to a Linen child, runs the module after `train()` or
@@ -36,10 +44,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import typing as tp
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen
 from flax import nnx
 from flax import traverse_util
@@ -75,13 +85,17 @@ class _Structure:
 def _build_structure(
     nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: tuple
 ) -> _Structure:
-  """Traces the NNX `__init__` twice, abstractly: to learn its rng stream names, then with them."""
+  """Traces the NNX `__init__` twice, abstractly: to learn its rng stream names (and that it keeps no plain
+  arrays), then with them."""
   names = {'default'}
+  plain: list[str] = []  # arrays kept as plain attributes: nnx.eval_shape would make them static
 
   def record_names():
     rngs = _RecordingRngs(default=0)
-    nnx_class(*args, **dict(kwargs), rngs=rngs)
+    module = nnx_class(*args, **dict(kwargs), rngs=rngs)
     names.update(name for name, _ in rngs.items())
+    plain.extend(path_str(path) for path, value in nnx.iter_graph(module)
+                 if isinstance(value, (jax.Array, np.ndarray)))
 
   jax.eval_shape(record_names)
   stream_names = tuple(sorted(names))
@@ -89,6 +103,12 @@ def _build_structure(
       lambda: nnx_class(*args, **dict(kwargs), rngs=nnx.Rngs(**dict.fromkeys(stream_names, 0)))
   )
   graphdef, abstract_state = nnx.split(module)
+  if plain:
+    name = getattr(nnx_class, '__name__', repr(nnx_class))
+    raise BridgeError(
+        f'to_linen({name}): its __init__ keeps arrays that are not nnx.Variables ({", ".join(plain)}), which a '
+        'Linen module cannot store or restore; make each an nnx.Variable (a constant: compute it in __call__).'
+    )
   return _Structure(stream_names, graphdef, abstract_state)
 
 
@@ -104,9 +124,27 @@ def _structure(nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: tup
   return _cached_structure(nnx_class, args, kwargs)
 
 
-def _linen_path(path: Path, variable: nnx.Variable) -> LinenPath:
-  """Where an NNX state leaf lives in Linen variables: its collection, then its path as strings."""
-  return (collectionlib.collection_name(type(variable)), *map(str, path))
+def _linen_path(path: Path, variable: nnx.Variable, linen_names: tp.Mapping[str, str]) -> LinenPath:
+  """Where an NNX state leaf lives in Linen variables: its collection, then its path as strings, each submodule
+  under its Linen name where `linen_names` (dotted NNX path -> Linen name) gives one.
+
+  A name holding `{}` is a list's: `'layers': '{}'` stores element `('layers', 3)` as Linen's `'3'` (a setup()
+  list named `name=str(i)`), `'blocks': 'Block_{}'` as `'Block_3'`; its elements' own names are keyed with `{}`
+  for the index (`'layers.{}.dense': 'Dense_0'`).
+  """
+  keys = [str(key) for key in path]
+  named, dotted, j = [], [], 0
+  while j < len(keys):
+    name = linen_names.get('.'.join([*dotted, keys[j]]))
+    if name is not None and '{}' in name and j + 1 < len(keys):
+      named.append(name.format(keys[j + 1]))
+      dotted += [keys[j], '{}']
+      j += 2
+      continue
+    named.append(keys[j] if name is None else name)
+    dotted.append(keys[j])
+    j += 1
+  return (collectionlib.collection_name(type(variable)), *named)
 
 
 def _unbox(leaf: tp.Any) -> tp.Any:
@@ -128,10 +166,13 @@ class ToLinen(linen.Module):
   args: tuple[tp.Any, ...] = ()
   kwargs: tuple[tuple[str, tp.Any], ...] = ()  # pairs, so values reach nnx_class unconverted
   eval_mode: bool | None = None
+  input_sizes: tuple[tuple[str, str], ...] = ()  # constructor keyword -> call argument whose last-axis size it is
+  linen_names: tuple[tuple[str, str], ...] = ()  # dotted NNX submodule path -> its Linen name
 
   def __call__(self, *args: tp.Any, nnx_method: str = '__call__', **kwargs: tp.Any) -> tp.Any:
     given = traverse_util.flatten_dict(self.variables)
-    graphdef, flat_state, values = self._initial_state(given)
+    constructor_kwargs = self.kwargs + self._sizes_of_call(nnx_method, args, kwargs)
+    graphdef, flat_state, values = self._initial_state(given, constructor_kwargs)
     call_state = [
         (path, var.replace(self._rng_value(var) if isinstance(var, nnx.RngState) else values[path]))
         for path, var in flat_state
@@ -163,16 +204,39 @@ class ToLinen(linen.Module):
       )
     return (self.eval_mode if call_mode is None else call_mode), kwargs
 
+  def _sizes_of_call(
+      self, nnx_method: str, args: tuple[tp.Any, ...], kwargs: dict[str, tp.Any]
+  ) -> tuple[tuple[str, int], ...]:
+    """The `input_sizes` constructor keywords with the last-axis sizes of this call's arguments."""
+    if not self.input_sizes:
+      return ()
+    signature = inspect.signature(getattr(self.nnx_class, nnx_method))
+    takes = {k: v for k, v in kwargs.items() if k in signature.parameters}  # less the train/eval arguments
+    try:
+      bound = signature.bind_partial(None, *args, **takes)  # None stands for self
+    except TypeError as error:
+      raise BridgeError(f'{self._label()}: the call does not fit {nnx_method}: {error}') from None
+    sizes = []
+    for keyword, argument in self.input_sizes:
+      value = bound.arguments.get(argument)
+      if value is None or not jnp.ndim(value):
+        raise BridgeError(
+            f'{self._label()}: the constructor argument {keyword} is the last-axis size of the call '
+            f'argument {argument}, but this call passes no array for it; give {keyword}= to to_linen instead of in input_sizes.'
+        )
+      sizes.append((keyword, int(jnp.shape(value)[-1])))
+    return tuple(sizes)
+
   def _initial_state(
-      self, given: dict[LinenPath, tp.Any]
+      self, given: dict[LinenPath, tp.Any], constructor_kwargs: tuple[tuple[str, tp.Any], ...]
   ) -> tuple[nnx.GraphDef, list[tuple[Path, nnx.Variable]], dict[Path, tp.Any]]:
     """The graphdef, Variables and non-rng values to call with: built at first init, else given."""
-    structure = _structure(self.nnx_class, self.args, self.kwargs)
+    structure = _structure(self.nnx_class, self.args, constructor_kwargs)
     if self.is_initializing() and not given:
-      graphdef, state = self._construct(structure.stream_names)
+      graphdef, state = self._construct(structure.stream_names, constructor_kwargs)
       flat_state = list(nnx.to_flat_state(state))
       constructed = {
-          _linen_path(path, var): linen_state.to_linen_leaf(var)
+          _linen_path(path, var, dict(self.linen_names)): linen_state.to_linen_leaf(var)
           for path, var in flat_state
           if not isinstance(var, nnx.RngState)
       }
@@ -193,17 +257,19 @@ class ToLinen(linen.Module):
     name = getattr(self.nnx_class, '__name__', repr(self.nnx_class))
     return f"to_linen({name}) at '{'/'.join(self.scope.path) or '<root>'}'"
 
-  def _construct(self, stream_names: tuple[str, ...]) -> tuple[nnx.GraphDef, nnx.State]:
+  def _construct(
+      self, stream_names: tuple[str, ...], constructor_kwargs: tuple[tuple[str, tp.Any], ...]
+  ) -> tuple[nnx.GraphDef, nnx.State]:
     """Runs the NNX `__init__` for real, keyed by Linen's rngs (a missing name uses 'params')."""
     rngs = nnx.Rngs(**{name: self.make_rng(name) for name in stream_names})
-    return nnx.split(self.nnx_class(*self.args, **dict(self.kwargs), rngs=rngs))
+    return nnx.split(self.nnx_class(*self.args, **dict(constructor_kwargs), rngs=rngs))
 
   def _checked_values(
       self, flat_state: list[tuple[Path, nnx.Variable]], given: dict[LinenPath, tp.Any]
   ) -> dict[Path, tp.Any]:
     """Maps the Linen variables onto the abstract state's paths after checking they match it."""
     expected = {
-        _linen_path(path, var): (path, var)
+        _linen_path(path, var, dict(self.linen_names)): (path, var)
         for path, var in flat_state
         if not isinstance(var, nnx.RngState)
     }
@@ -245,7 +311,8 @@ class ToLinen(linen.Module):
           f'{self._label()} drew keys from rng stream(s) {missing}, but this Linen call was '
           f"not given an rng of that name (Linen's make_rng would fall back to 'params'). "
           f'Pass it: model.apply(variables, ..., rngs={{{rngs}}}), '
-          f"or model.init({{'params': key, {rngs}}}, ...)."
+          f"or model.init({{'params': key, {rngs}}}, ...).",
+          streams=tuple(missing),
       )
 
   def _write_changes(
@@ -259,7 +326,7 @@ class ToLinen(linen.Module):
     for path, var in after:
       if isinstance(var, nnx.RngState) or var.get_raw_value() is before.get(path):
         continue
-      linen_path = _linen_path(path, var)
+      linen_path = _linen_path(path, var, dict(self.linen_names))
       if path not in before:  # created by the call, e.g. by `sow`
         changes[linen_path] = linen_state.to_linen_leaf(var)
       elif isinstance(old := given[linen_path], meta.AxisMetadata):
@@ -289,14 +356,20 @@ def to_linen(
     nnx_class: tp.Callable[..., nnx.Module],
     *args: tp.Any,
     name: str | None = None,
+    input_sizes: tp.Mapping[str, str] | None = None,
+    linen_names: tp.Mapping[str, str] | None = None,
     **kwargs: tp.Any,
 ) -> ToLinen:
   """Wraps `nnx_class(*args, **kwargs, rngs=...)` as a Linen module that fails loudly on misuse.
 
   A mode argument in `kwargs` that `nnx_class` does not take (`train=False`,
   `deterministic=True`, ...: a switch the migration moved to `train()` / `eval()`) becomes
-  `eval_mode`, so every call runs the module in that mode.
+  `eval_mode`, so every call runs the module in that mode. `input_sizes` maps constructor
+  keywords to the call argument whose last-axis size each one is, read at the first call;
+  `linen_names` maps dotted NNX submodule paths to the Linen names their variables keep.
   """
   label = f'to_linen({getattr(nnx_class, "__name__", repr(nnx_class))})'
   eval_mode, kwargs = modes.take_mode_arguments(kwargs, nnx_class, where=label)
-  return ToLinen(nnx_class, args=args, kwargs=tuple(kwargs.items()), eval_mode=eval_mode, name=name)
+  return ToLinen(nnx_class, args=args, kwargs=tuple(kwargs.items()), eval_mode=eval_mode,
+                 input_sizes=tuple((input_sizes or {}).items()), linen_names=tuple((linen_names or {}).items()),
+                 name=name)

@@ -1,6 +1,7 @@
 """to_linen: an NNX module inside Linen, checked against the same NNX module run natively."""
 
 import functools
+import typing as tp
 
 import jax
 import jax.numpy as jnp
@@ -643,3 +644,99 @@ def _key_at_root(key):
       return self.make_rng('dropout')
 
   return Probe().apply({}, rngs={'dropout': key})
+
+
+# --- what the migration's to_linen seams use: sizes from the call, Linen names for the variables -----------------
+
+
+class SizedBlock(nnx.Module):
+  """A migrated block whose NNX __init__ takes an input size its Linen original learnt at its first call."""
+
+  def __init__(self, features: int, *, linear_in_features: int, rngs: nnx.Rngs):
+    self.norm = nnx.LayerNorm(linear_in_features, rngs=rngs)
+    self.linear = nnx.Linear(linear_in_features, features, rngs=rngs)
+
+  def __call__(self, hidden_states, mask=None):
+    return self.linear(self.norm(hidden_states))
+
+
+class LinenSizedBlock(nn.Module):
+  """SizedBlock's Linen original, @nn.compact: Linen names its layers LayerNorm_0 and Dense_0."""
+
+  features: int
+
+  @nn.compact
+  def __call__(self, hidden_states, mask=None):
+    return nn.Dense(self.features)(nn.LayerNorm()(hidden_states))
+
+
+class ParentOf(nn.Module):
+  block: tp.Callable[[], nn.Module]
+
+  @nn.compact
+  def __call__(self, x):
+    return self.block()(x)
+
+
+def test_input_sizes_come_from_the_call_and_linen_names_keep_the_original_variables():
+  bridged = lambda: to_linen(SizedBlock, 2, input_sizes={'linear_in_features': 'hidden_states'},
+                             linen_names={'norm': 'LayerNorm_0', 'linear': 'Dense_0'}, name='block')
+  original = ParentOf(lambda: LinenSizedBlock(2, name='block'))
+  variables = original.init(KEY, X)
+  shapes = lambda tree: jax.tree.map(jnp.shape, tree)
+  assert shapes(ParentOf(bridged).init(KEY, X)) == shapes(variables)
+  np.testing.assert_allclose(ParentOf(bridged).apply(variables, X), original.apply(variables, X), rtol=1e-6)
+  grads = [jax.grad(lambda p, m=m: m.apply({'params': p}, X).sum())(variables['params'])
+           for m in (ParentOf(bridged), original)]
+  assert_trees_close(*grads)
+
+
+def test_input_sizes_of_an_argument_the_call_does_not_pass_is_an_error():
+  bridged = lambda: to_linen(SizedBlock, 2, input_sizes={'linear_in_features': 'mask'})
+  with pytest.raises(BridgeError, match='linear_in_features is the last-axis size of the call argument mask'):
+    ParentOf(bridged).init(KEY, X)
+
+
+def test_unknown_linen_name_paths_stay_nnx_names():
+  variables = ParentOf(lambda: to_linen(SizedBlock, 2, input_sizes={'linear_in_features': 'hidden_states'},
+                                        linen_names={'norm': 'LayerNorm_0'}, name='block')).init(KEY, X)
+  assert set(variables['params']['block']) == {'LayerNorm_0', 'linear'}
+
+
+class Stack(nnx.Module):
+  """A migrated layer collection: an nnx.List Linen held as children named 0, 1 (`name=str(i)`)."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.layers = nnx.List([SizedBlock(3, linear_in_features=3, rngs=rngs) for _ in range(2)])
+
+  def __call__(self, x):
+    for layer in self.layers:
+      x = layer(x)
+    return x
+
+
+def test_list_elements_and_their_children_are_stored_under_linen_s_names():
+  names = {'layers': '{}', 'layers.{}.norm': 'LayerNorm_0', 'layers.{}.linear': 'Dense_0'}
+  variables = to_linen(Stack, linen_names=names).init(KEY, X)
+  assert set(variables['params']) == {'0', '1'}
+  assert set(variables['params']['1']) == {'LayerNorm_0', 'Dense_0'}
+  native = Stack(rngs=nnx.Rngs(1))
+  for i, layer in enumerate(native.layers):
+    load(layer, {'params': {'norm': variables['params'][str(i)]['LayerNorm_0'],
+                            'linear': variables['params'][str(i)]['Dense_0']}})
+  np.testing.assert_allclose(to_linen(Stack, linen_names=names).apply(variables, X), native(X), rtol=1e-6)
+
+
+class PlainArray(nnx.Module):
+  """HF's rotary embedding, migrated: a table kept as a plain array attribute, not an nnx.Variable."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.table = jnp.arange(6.0).reshape(2, 3)
+
+  def __call__(self, x):
+    return x + self.table
+
+
+def test_a_plain_array_attribute_is_an_error_naming_it():
+  with pytest.raises(BridgeError, match=r'keeps arrays that are not nnx.Variables \(table\)'):
+    to_linen(PlainArray).init(KEY, X)

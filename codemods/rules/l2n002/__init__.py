@@ -8,8 +8,9 @@ Converts each module-level Linen class of a file into an NNX class: an `__init__
 from the code or become keyword-only constructor arguments, each reported with its source;
 train/eval switches go (`model.train()` / `model.eval()` set them); decode caches get an
 `init_cache`; `nn.scan` / `nn.vmap` / `nn.remat` / `nn.jit` over classes of the file, control
-flow, layers built in loops, module factories and tied weights have NNX counterparts.
-docs/migrate.md describes each case.
+flow, layers built in loops, module factories and tied weights have NNX counterparts. A class left
+as Linen builds the classes it uses that were converted through `nnx_bridge.to_linen`, on the same
+variables, where it can. docs/migrate.md describes each case.
 
 ## Why
 NNX modules are plain Python objects that own their state: variables exist from `__init__` on,
@@ -42,13 +43,16 @@ than param / variable / make_rng / sow / is_initializing and the decode-cache pa
 without an NNX counterpart, constructions NNX cannot build in `__init__` (under conditions on the
 call, in loops other than the converted ones, in nested functions), sizes or shapes the code does
 not fix where NNX needs them, and train/eval switches used other than to set train/eval arguments.
+A class left as Linen keeps the classes it uses Linen too where no to_linen bridge keeps it running
+on the same variables (`linen_parents.py` says when).
 
 ## Layout
 Analyse: `facts.py` (`FileFacts`, once per file, with `factories.scan_factories`). Decide:
 `planner.py` fills a fresh `plan.ClassRewrite` per class from the passes mixed into it (`scope.py`,
 `children.py`, `lifted.py`, `modes.py`, `sizes.py`, `decode_cache.py`) and their helpers
 (`loops.py`, `factories.py`, the size/shape interpreter `dims.py`, `nodes.py`); a class that
-fails is dropped whole. Rewrite: `rule.py` applies the converted classes' `plan.FileRewrite`,
+fails is dropped whole; `decide.py` decides the file's classes together (`linen_parents.py`: the
+to_linen bridges of classes left as Linen). Rewrite: `rule.py` applies the converted classes' `plan.FileRewrite`,
 with `emit.py` (the NNX code) and `entries.py` (the report).
 """
 

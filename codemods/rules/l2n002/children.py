@@ -23,6 +23,7 @@ from codemods.rules.l2n002.plan import Unsupported
 from codemods.rules.l2n002.state import PlannerState
 from codemods.vocabulary import LINEN_ARRAY_FUNCTIONS
 from codemods.vocabulary import PARTIAL_NAMES
+from codemods.vocabulary import TO_LINEN_NAMES
 from codemods.vocabulary import WRAPPING
 from nnx_bridge.layer_table import LayerSpec
 from nnx_bridge.layer_table import WrapperSpec
@@ -32,12 +33,14 @@ from nnx_bridge.layer_table import linen_fields
 from nnx_bridge.layer_table import nnx_arguments
 
 
+TO_LINEN = 'nnx_bridge.to_linen'  # what constructed() names a to_linen construction: a Linen module
+
 class Children(PlannerState):
   """Submodules."""
 
   def _child(self, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> Child:
     linen, spec, sibling = self.constructed(ctor)
-    if spec is None and sibling is None and linen in self.facts.linen_classes:
+    if spec is None and sibling is None and (linen in self.facts.linen_classes or linen == TO_LINEN):
       return self._bridged_child(ctor, linen, counts, attr)
     wrapper = find_wrapper(linen) if spec is None and sibling is None else None
     stacked, wrapped = self.plan.stacks.get(ctor), self.plan.remats.get(ctor)
@@ -326,6 +329,8 @@ class Children(PlannerState):
       return rematted, None, sibling
     if isinstance(func, cst.Name) and func.value in self.facts.linen_classes:
       return func.value, None, self.converted.get(func.value)  # no plan: a Linen class, bridged
+    if isinstance(func, (cst.Name, cst.Attribute)) and self.facts.has_name(func, TO_LINEN_NAMES):  # an NNX class a Linen module of an earlier run built: Linen
+      return TO_LINEN, None, None
     kept = self._kept_target(func)
     if kept is not None:
       return kept, None, None

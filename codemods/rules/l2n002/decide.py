@@ -2,10 +2,12 @@
 
 A class is planned on its own (`planner.ClassPlanner`), but its fate depends on the others: a class left
 as Linen that builds or subclasses a converted class of the file would then build an NNX module the
-Linen way, a program that no longer runs. So the classes such a class uses stay Linen with it, and
-the file is planned again, until no class left as Linen uses a converted one (the set of kept
-classes only grows, so this ends). A converted class that builds a kept one wraps it with
-`nnx_bridge.from_linen`, as it does for any class kept as Linen.
+Linen way, a program that no longer runs. So each such construction is wrapped with
+`nnx_bridge.to_linen` where the Linen class then runs as before on the same variables
+(`linen_parents.py`); otherwise the class it uses stays Linen with it, and the file is planned again,
+until no class left as Linen uses a converted one unwrapped (the set of kept classes only grows, so
+this ends). A converted class that builds a kept one wraps it with `nnx_bridge.from_linen`, as it
+does for any class kept as Linen.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import libcst as cst
 
 from codemods.nodes import descendants
 from codemods.rules.l2n002.facts import FileFacts
+from codemods.rules.l2n002.linen_parents import ToLinenBridge
+from codemods.rules.l2n002.linen_parents import linen_parent_bridges
 from codemods.rules.l2n002.plan import FileRewrite
 from codemods.rules.l2n002.plan import Unsupported
 from codemods.rules.l2n002.planner import ClassPlanner
@@ -31,23 +35,27 @@ class LeftLinen:
 
 @dataclasses.dataclass(frozen=True)
 class ClassDecisions:
-  """The file's converted classes (`file`), the classes left as Linen by name, and the facts they were planned on."""
+  """The file's converted classes (`file`), the classes left as Linen by name, the facts they were planned on, and
+  the constructions of converted classes in Linen ones that go through nnx_bridge.to_linen."""
 
   file: FileRewrite
   left: dict[str, LeftLinen]
   facts: FileFacts
+  bridges: list[ToLinenBridge]
 
 
 def decide_classes(facts: FileFacts) -> ClassDecisions:
-  """Plans the file's Linen classes until no class left as Linen uses a converted one."""
+  """Plans the file's Linen classes until no class left as Linen uses a converted one other than through
+  nnx_bridge.to_linen."""
   kept, first = dict(facts.kept_linen), dict[str, LeftLinen]()
   while True:
+    cascaded = set(kept) - set(facts.kept_linen)
     facts = dataclasses.replace(facts, kept_linen=kept)
     file, left = _plan_all(facts)
     first = {**left, **first}  # a class keeps the reason it was first left for, not a consequence of it
-    used = _used_by_linen(facts, file, left)
+    used, bridges = _used_by_linen(facts, file, left, cascaded)
     if not used:
-      return ClassDecisions(file, {name: first[name] for name in left}, facts)
+      return ClassDecisions(file, {name: first[name] for name in left}, facts, bridges)
     kept = {**kept, **used}
 
 
@@ -77,12 +85,29 @@ def _plan_all(facts: FileFacts) -> tuple[FileRewrite, dict[str, LeftLinen]]:
   return file, left
 
 
-def _used_by_linen(facts: FileFacts, file: FileRewrite, left: dict[str, LeftLinen]) -> dict[str, str]:
-  """The converted classes that a class left as Linen names (builds, subclasses, passes on), with why each must
-  stay Linen too."""
+def _used_by_linen(facts: FileFacts, file: FileRewrite, left: dict[str, LeftLinen],
+                   cascaded: set[str]) -> tuple[dict[str, str], list[ToLinenBridge]]:
+  """The converted classes that a class left as Linen names (builds, subclasses, passes on) and does not wrap with
+  nnx_bridge.to_linen, with why each must stay Linen too; and the to_linen bridges of the others.
+
+  A class kept Linen only because another one uses it (`cascaded`) wraps nothing: migrated again, it would plan
+  with its bridged children and could then be kept for another reason, so a second run would not be a no-op.
+  Nor does a class that `transform_source` found a second run would change (`facts.unbridged`).
+  """
   used: dict[str, str] = {}
+  bridges: list[ToLinenBridge] = []
   for user in left:
-    for sub in descendants(facts.class_defs[user]):
-      if isinstance(sub, cst.Name) and sub.value in file.plans and sub.value not in used:
-        used[sub.value] = f'the class {user}, left as Linen, uses it'
-  return used
+    named = dict.fromkeys(sub.value for sub in descendants(facts.class_defs[user])
+                          if isinstance(sub, cst.Name) and sub.value in file.plans)
+    for built in named:
+      if user in cascaded:
+        used.setdefault(built, f'the class {user}, left as Linen, uses it')
+        continue
+      found = (f'with it a second run would find another reason to keep {user} Linen' if user in facts.unbridged
+               else linen_parent_bridges(facts, file.plans, user, built, left[user].node))
+      if isinstance(found, list):
+        bridges.extend(found)
+      else:
+        used.setdefault(built, f'the class {user}, left as Linen, uses it, and cannot wrap it with '
+                               f'nnx_bridge.to_linen: {found}')
+  return used, bridges

@@ -50,6 +50,7 @@ class FileFacts:
   global_names: frozenset[str] = frozenset()  # names bound at module level
   scanned_cells: frozenset[str] = frozenset()  # classes of the file some nn.scan(<class>, ...) runs
   kept_linen: tp.Mapping[str, str] = dataclasses.field(default_factory=dict)  # classes that stay Linen -> why
+  unbridged: frozenset[str] = frozenset()  # Linen classes that wrap no converted class with nnx_bridge.to_linen
   factories: FactoryFields | None = None  # ModuleDef / partial factory fields and what they make
 
   # --- metadata --------------------------------------------------------------------------------
@@ -136,14 +137,16 @@ class FileFacts:
 
 
 def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, options: MigrationOptions,
-                 hierarchy: LinenHierarchy, kept: tp.Mapping[str, str] = {}) -> FileFacts:
+                 hierarchy: LinenHierarchy, kept: tp.Mapping[str, str] = {},
+                 unbridged: tp.Collection[str] = ()) -> FileFacts:
   """The facts of one file, with its factory fields (`factories.scan_factories`).
 
   `kept`: classes of the file the run has decided to keep as Linen (`MigrationRule.kept_classes`), with why.
+  `unbridged`: Linen classes that must not wrap converted classes with to_linen (`MigrationRule.unbridged_classes`).
   """
   from codemods.rules.l2n002.factories import scan_factories
 
-  facts = FileFacts(module, metadata, filename, options, hierarchy)
+  facts = FileFacts(module, metadata, filename, options, hierarchy, unbridged=frozenset(unbridged))
   linen = frozenset(s.name.value for s in module.body if isinstance(s, cst.ClassDef) and facts.is_linen_class(s))
   scanned = frozenset(
       target.value for sub in descendants(module)

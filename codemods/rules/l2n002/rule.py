@@ -18,6 +18,7 @@ from codemods.rules.l2n002.decide import decide_classes
 from codemods.rules.l2n002.factories import unconverted_suppliers
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.facts import analyse_file
+from codemods.rules.l2n002.linen_parents import ToLinenBridge
 from codemods.rules.l2n002.plan import ClassRewrite
 from codemods.rules.l2n002.plan import FileRewrite
 from codemods.vocabulary import COMPACT_NAMES
@@ -36,17 +37,25 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self.facts: FileFacts | None = None  # set by visit_Module
     self.file = FileRewrite()
     self.left: dict[str, LeftLinen] = {}  # the classes left as Linen, by name
+    self.bridges: dict[str, list[ToLinenBridge]] = {}  # Linen class -> its to_linen constructions
 
   def visit_Module(self, node: cst.Module) -> None:
     facts = analyse_file(node, self.get_metadata, self.context.filename, self.options, self.hierarchy,
-                         self.kept_classes)
+                         self.kept_classes, self.unbridged_classes)
     decisions = decide_classes(facts)
     self.facts, self.file, self.left = decisions.facts, decisions.file, decisions.left
+    for bridge in decisions.bridges:
+      self.bridges.setdefault(bridge.user, []).append(bridge)
+      self.file.exprs[bridge.call] = bridge.code
 
   def visit_ClassDef(self, node: cst.ClassDef) -> None:
     left = self.left.get(node.name.value)
     if left is not None and self.facts.class_defs.get(node.name.value) is node:
       self.report_todo(left.node, left.message)
+      for bridge in self.bridges.get(node.name.value, ()):
+        self.add_needed_import('nnx_bridge')
+        self.report_change(bridge.call, f'{bridge.built}, converted to NNX, is built by {bridge.user}, which stays '
+                                        'Linen: wrapped with nnx_bridge.to_linen, its variables keep their Linen paths')
       return
     plan = self.file.classes.get(node)
     if plan is None:

@@ -24,6 +24,9 @@ from codemods.vocabulary import CONVERTED_APIS
 from codemods.vocabulary import SCOPE_APIS
 
 
+_CALLED_IN_PARENS = (cst.Lambda, cst.IfExp, cst.BinaryOperation, cst.BooleanOperation, cst.UnaryOperation)
+
+
 class ScopeCalls(PlannerState):
   """Scope APIs."""
 
@@ -138,12 +141,13 @@ class ScopeCalls(PlannerState):
     init, rest = child.ctor.args[lead - 1].value, child.ctor.args[lead:]
     code = lambda node: self.code(node, child.size_codes)
     args = [f'{a.keyword.value}={code(a.value)}' if a.keyword else code(a.value) for a in rest]
+    # an initializer that is not a name, attribute or call (HF's `lambda _, shape: jnp.ones(shape)`) is called in
+    # parentheses
+    init_code = f'({code(init)})' if isinstance(init, _CALLED_IN_PARENS) else code(init)
     if child.api == 'param':
-      return f'nnx.Param({code(init)}({", ".join(["rngs.params()", *args])}))'
-    if isinstance(init, cst.Lambda):
-      if not args and init.params.deep_equals(cst.Parameters()):
-        return f'{child.var_type}({code(init.body)})'
-      return f'{child.var_type}(({code(init)})({", ".join(args)}))'
-    return f'{child.var_type}({code(init)}({", ".join(args)}))'
+      return f'nnx.Param({init_code}({", ".join(["rngs.params()", *args])}))'
+    if isinstance(init, cst.Lambda) and not args and init.params.deep_equals(cst.Parameters()):
+      return f'{child.var_type}({code(init.body)})'
+    return f'{child.var_type}({init_code}({", ".join(args)}))'
 
   # --- helpers ---------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The migrated Hugging Face Flax model files run: `benchmarks/hf_zoo.py` over BERT's file (transformers 4.46.3,
 installed with its dependencies by `.ci/run`). Every class the migration converted is built from a tiny config,
 as HF's own tests build their models, and compared with its Linen original on transferred parameters (outputs,
-every gradient, a train-mode call); none may differ, and the model and its heads must be among those verified."""
+every gradient, a train-mode call); none may differ, and the model and its heads must be among those verified. A
+Linen class building converted classes through nnx_bridge.to_linen runs on its original's variables."""
 
 import pytest
 
@@ -24,3 +25,12 @@ def test_every_converted_class_of_bert_matches_its_linen_original():
   verified = {c.name for c in result.classes if c.status == 'verified'}
   assert {'FlaxBertModule', 'FlaxBertEmbeddings', 'FlaxBertEncoder', 'FlaxBertForMaskedLMModule',
           'FlaxBertForSequenceClassificationModule', 'FlaxBertForMultipleChoiceModule'} <= verified, verified
+
+
+@pytest.mark.slow
+def test_linen_classes_that_build_converted_classes_through_to_linen_run_on_their_own_variables():
+  """ViT's module stays Linen and builds its converted embeddings through nnx_bridge.to_linen: the migrated module
+  creates the original's variables and, on them, gives the original's outputs and gradients."""
+  (result,), _ = hf_zoo.run(['vit'], jobs=2)
+  assert [c.name for c in result.linen_parents] == ['FlaxViTModule']
+  assert [(c.status, c.reason) for c in result.linen_parents] == [('verified', '')]

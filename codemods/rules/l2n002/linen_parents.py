@@ -1,0 +1,272 @@
+"""Converted classes that a class left as Linen builds: `nnx_bridge.to_linen` at the seam, or Linen with it.
+
+A class left as Linen that builds a class the file converts would build an NNX module the Linen way and
+fail at `init`. Rather than keep the built class Linen too (and, through it, everything it builds), each
+construction in the Linen parent becomes `nnx_bridge.to_linen(Block, <the same arguments>)` when the
+parent then runs as before on the same variables, so that its checkpoints still load:
+* the NNX state maps onto Linen's paths: each child's Linen name is known (to_linen's `linen_names=`
+  stores the NNX attribute under it; a layer list's elements under a name made of their index), down
+  the tree, and every table layer keeps its Linen param names; no lifted, conditional or decode-cache
+  children;
+* the NNX `__init__` needs only what the Linen construction gives (the fields) and input sizes the call
+  shows (to_linen's `input_sizes=`, read from a required argument at the first call);
+* every use of the class in the parent builds it where Linen names it as before (a setup() attribute, or
+  with `name=`), and every call of what it builds passes the train/eval switches NNX dropped by keyword
+  (to_linen turns them into `train()` / `eval()`).
+Otherwise the class stays Linen with its parent, and the reason says which of these failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import libcst as cst
+
+from codemods.nodes import descendants
+from codemods.report import INPUT_DIMENSION
+from codemods.rules.l2n002.facts import FileFacts
+from codemods.rules.l2n002.nodes import is_self_attr
+from codemods.rules.l2n002.nodes import self_assignment
+from codemods.rules.l2n002.plan import ClassRewrite
+
+
+_ELEMENT_NAME = re.compile(r'(\w*)\{(\w+)\}(\w*)')  # a list's Linen name pattern, by the loop's index alone
+
+
+@dataclasses.dataclass(frozen=True)
+class ToLinenBridge:
+  """A construction of converted class `built` inside Linen class `user`, and the to_linen code replacing it."""
+
+  call: cst.Call
+  code: str
+  built: str
+  user: str
+
+
+def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user: str, built: str,
+                         blocker: cst.CSTNode) -> list[ToLinenBridge] | str:
+  """The to_linen bridges for every construction of `built` in the Linen class `user`, or why there are none.
+
+  `blocker` is the node that keeps `user` Linen: a construction inside it (or holding it) stays, since the
+  TODO there speaks of it and a second run must find the same blocker.
+  """
+  plan = plans[built]
+  names = _linen_names(facts, plan, '')
+  if isinstance(names, str):
+    return names
+  sizes, reason = _input_sizes(facts, plan)
+  if reason is not None:
+    return reason
+  node = facts.class_defs[user]
+  if blocker is node:  # kept by a decision of the run (another file's Linen class uses it), not by a construct
+    return f'{user} is kept Linen whole'
+  setup = _method(node, 'setup')
+  bridges = []
+  for name in descendants(node):
+    if not (isinstance(name, cst.Name) and name.value == built):
+      continue
+    call = facts.parent(name)
+    if not (isinstance(call, cst.Call) and call.func is name):
+      return f'it uses {built} other than by building it'
+    if _inside(facts, call, blocker) or _inside(facts, blocker, call):
+      return f'a construction of {built} is what keeps {user} Linen'
+    reason = _construction_blocker(facts, plan, call, setup) or _calls_blocker(facts, node, plan, call)
+    if reason is not None:
+      return reason
+    bridges.append(ToLinenBridge(call, _bridge_code(facts, built, call, sizes, names), built, user))
+  return bridges
+
+
+def _plan_blocker(facts: FileFacts, plan: ClassRewrite) -> str | None:
+  """Why `plan`'s NNX `__init__` takes more than a Linen construction gives, or None."""
+  if plan.example_params:
+    return f'{plan.name} wraps Linen children with nnx_bridge.from_linen, which need example inputs'
+  if plan.cache_input is not None:
+    return f'{plan.name} has a decode cache (init_cache)'
+  if plan.flags or plan.tie_flags:
+    return f'{plan.name} takes tied-layer flags'
+  if plan.collections:
+    return f'{plan.name} keeps variables in a generated Variable type ({", ".join(plan.collections)})'
+  if plan.helpers_only or plan.base != 'nnx.Module':
+    return f'{plan.name} has a project base class'
+  computed = _computed_attributes(facts, plan)
+  if computed:
+    return (f'{plan.name}.__init__ computes {", ".join(computed)} by a call: an array kept as a plain attribute is '
+            'no Linen variable')
+  return None
+
+
+def _computed_attributes(facts: FileFacts, plan: ClassRewrite) -> list[str]:
+  """The plain attributes `plan`'s setup() sets from a call (HF's `self.sincos = create_sinusoidal_positions(...)`):
+  an array there is state no Linen collection holds, which to_linen could not restore."""
+  setup = _method(facts.class_defs[plan.name], 'setup')
+  children = {child.attr for child in plan.children}
+  computed = []
+  for statement in descendants(setup.body) if setup is not None else ():
+    attr = self_assignment(statement)
+    value = statement.body[0].value if attr is not None else None
+    if attr is not None and attr not in children \
+        and any(isinstance(sub, cst.Call) for sub in (value, *descendants(value))):
+      computed.append(f'self.{attr}')
+  return computed
+
+
+def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str, str] | str:
+  """The dotted NNX path -> Linen name of each child of `plan` named otherwise in Linen, down the tree; or why
+  its NNX state does not map onto Linen's variable paths."""
+  reason = _plan_blocker(facts, plan)
+  if reason is not None:
+    return reason
+  names = {}
+  for child in plan.children:
+    where = f'{plan.name}.{child.attr}'
+    linen_name, below_prefix = child.linen_name, f'{prefix}{child.attr}.'
+    if '{' in linen_name:  # an nnx.List: Linen names element i `{i}` (name=str(i)), `block_{i}`, `Dense_{i}`
+      element = _ELEMENT_NAME.fullmatch(linen_name)
+      if element is None:
+        return f'{where} is a list of layers named {linen_name} in Linen, not by their index alone'
+      linen_name, below_prefix = f'{element[1]}{{}}{element[3]}', f'{below_prefix}{{}}.'
+    if child.bridged or child.cache or child.condition is not None:
+      return f'{where} is a bridged, decode-cache or conditional child'
+    if child.stacked or child.scan or child.remat or child.wrapper:
+      return f'{where} is run by a lifted transform'
+    params = child.spec.params if child.spec is not None else None
+    if params is not None and (params.key_renames or params.fuse or params.drop):
+      return f'{where} ({child.spec.linen}) keeps its variables under other names in NNX'
+    if linen_name != child.attr:
+      names[prefix + child.attr] = linen_name
+    if child.sibling is not None:
+      below = _linen_names(facts, child.sibling, below_prefix)
+      if isinstance(below, str):
+        return below
+      names.update(below)
+  return names
+
+
+def _input_sizes(facts: FileFacts, plan: ClassRewrite) -> tuple[dict[str, str], str | None]:
+  """`plan`'s size arguments -> the required `__call__` argument whose last-axis size each one is."""
+  call = _method(facts.class_defs[plan.name], '__call__')
+  optional = {p.name.value for p in (*call.params.params, *call.params.kwonly_params) if p.default is not None}
+  sizes = {}
+  for argument in plan.size_arguments:
+    if argument.origin != INPUT_DIMENSION or argument.input is None:
+      return {}, f'its NNX __init__ needs {argument.name}, which no argument of its call shows'
+    if argument.input in optional:
+      return {}, f'its NNX __init__ needs {argument.name}, the size of the optional argument {argument.input}'
+    sizes[argument.name] = argument.input
+  return sizes, None
+
+
+def _construction_blocker(facts: FileFacts, plan: ClassRewrite, call: cst.Call,
+                          setup: cst.FunctionDef | None) -> str | None:
+  """Why `call` cannot become a to_linen construction that Linen names as before, or None."""
+  if any(arg.star for arg in call.args):
+    return f'a construction of {plan.name} with *args or **kwargs'
+  keywords = {arg.keyword.value for arg in call.args if arg.keyword is not None}
+  if 'parent' in keywords:
+    return f'a construction of {plan.name} with parent='
+  positional = sum(1 for arg in call.args if arg.keyword is None)
+  modes = [i for i, name in enumerate(plan.linen_fields) if name in plan.mode_fields]
+  if modes and positional > modes[0]:
+    return f'a construction of {plan.name} gives its train/eval field {plan.linen_fields[modes[0]]} by position'
+  if 'name' not in keywords and (setup is None or not _inside(facts, call, setup)):
+    return f'{plan.name} is built outside setup() without name=, so the wrapper would be named ToLinen_0'
+  return None
+
+
+def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, call: cst.Call) -> str | None:
+  """Why the calls of what `call` builds do not fit the NNX `__call__`, or None: each is followed from where the
+  construction is called or kept (`Block(...)(x)`, `self.block = Block(...)`, a list of them in setup())."""
+  parent = facts.parent(call)
+  if isinstance(parent, cst.Call) and parent.func is call:
+    return _call_blocker(plan, parent)
+  statement = _statement_of(facts, call)
+  attr = self_assignment(statement) if statement is not None else None
+  if attr is None:
+    return f'a construction of {plan.name} that is neither called at once nor kept as a setup() attribute'
+  for sub in descendants(node):
+    if not (isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value == attr):
+      continue
+    if _is_target(statement, sub):
+      continue
+    use = facts.parent(sub)
+    if isinstance(use, cst.Call) and use.func is sub:
+      reason = _call_blocker(plan, use)
+    elif (loop := _loop_over(facts, sub)) is not None:
+      reason = _loop_blocker(plan, loop)
+    else:
+      reason = f'self.{attr} ({plan.name}) is used other than by calling it'
+    if reason is not None:
+      return reason
+  return None
+
+
+def _call_blocker(plan: ClassRewrite, use: cst.Call) -> str | None:
+  """Why the call `use` of the built module does not fit its NNX `__call__` (a dropped switch by position)."""
+  dropped = [i for i, _, _ in plan.mode_params if i < len(plan.call_params)]
+  positional = sum(1 for arg in use.args if arg.keyword is None and not arg.star)
+  if any(arg.star == '*' for arg in use.args) or (dropped and positional > min(dropped)):
+    return f'a call of {plan.name} passes its train/eval argument by position'
+  return None
+
+
+def _loop_blocker(plan: ClassRewrite, loop: cst.For) -> str | None:
+  """Why the layers a `for layer in self.layers:` loop runs do not fit their NNX `__call__`, or None."""
+  target = loop.target
+  if isinstance(target, cst.Tuple) and target.elements:  # `for i, layer in enumerate(self.layers)`
+    target = target.elements[-1].value
+  if not isinstance(target, cst.Name):
+    return f'a loop over {plan.name} layers with an unpacked target'
+  calls = {id(c.func): c for c in descendants(loop.body) if isinstance(c, cst.Call)}
+  for sub in descendants(loop.body):
+    if isinstance(sub, cst.Name) and sub.value == target.value:
+      use = calls.get(id(sub))
+      reason = f'a layer of {plan.name} is used other than by calling it in its loop' if use is None \
+          else _call_blocker(plan, use)
+      if reason is not None:
+        return reason
+  return None
+
+
+def _loop_over(facts: FileFacts, attr: cst.Attribute) -> cst.For | None:
+  """The for loop whose iterable is `attr` (or `enumerate(attr)`), else None."""
+  parent = facts.parent(attr)
+  if isinstance(parent, cst.Arg):
+    call = facts.parent(parent)
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value == 'enumerate' \
+        and len(call.args) == 1:
+      attr, parent = call, facts.parent(call)
+  return parent if isinstance(parent, cst.For) and parent.iter is attr else None
+
+
+def _bridge_code(facts: FileFacts, built: str, call: cst.Call, sizes: dict[str, str], names: dict[str, str]) -> str:
+  """`nnx_bridge.to_linen(<built>, <the construction's arguments>, input_sizes={...}, linen_names={...})`."""
+  arguments = [built, *(facts.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for arg in call.args)]
+  for keyword, mapping in (('input_sizes', sizes), ('linen_names', names)):
+    if mapping:
+      arguments.append(keyword + '={' + ', '.join(f'{k!r}: {v!r}' for k, v in mapping.items()) + '}')
+  return f'nnx_bridge.to_linen({", ".join(arguments)})'
+
+
+def _method(node: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+  return next((s for s in node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+
+
+def _inside(facts: FileFacts, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+  while node is not None and node is not ancestor:
+    node = facts.parent(node)
+  return node is ancestor
+
+
+def _statement_of(facts: FileFacts, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
+  while node is not None and not isinstance(node, cst.SimpleStatementLine):
+    if isinstance(node, cst.BaseCompoundStatement):
+      return None
+    node = facts.parent(node)
+  return node
+
+
+def _is_target(statement: cst.SimpleStatementLine, attr: cst.Attribute) -> bool:
+  assign = statement.body[0]
+  return isinstance(assign, cst.Assign) and assign.targets[0].target is attr
