@@ -3,7 +3,9 @@
 The rules decide one file at a time; `find_seams` (`analysis/seams.py`) then reads the migrated run
 for uses of NNX classes that would break. `decide_run` turns them into decisions:
 
-- a class this run converted that a Linen class builds or subclasses (in any file) is kept as
+- a class this run converted that a Linen class builds or subclasses (in any file), or that a
+  class attribute holds for code out of sight (`module_class = Block`, which transformers'
+  PreTrainedModel builds with Linen's arguments and runs with `.init` / `.apply`), is kept as
   Linen: its file is migrated again with it in `kept_classes`, and the run is checked again, until
   no such use is left (the kept classes only grow, so this ends);
 - any other broken use (an NNX class built without the arguments its `__init__` requires, `.init`
@@ -17,12 +19,19 @@ from __future__ import annotations
 import dataclasses
 import typing as tp
 
+from codemods.analysis.seams import HELD_FOR_LINEN_CODE
 from codemods.analysis.seams import LINEN_BUILDS_NNX
 from codemods.analysis.seams import LINEN_SUBCLASSES_NNX
 from codemods.analysis.seams import Seam
 from codemods.analysis.seams import find_seams
 
 SEAMS_CODE = 'L2N000'  # the code of the report entries for run-wide findings
+_KEPT_BY = {  # the uses of a class this run converted that keep it Linen -> how its user uses it
+    LINEN_BUILDS_NNX: 'which stays Linen, builds it',
+    LINEN_SUBCLASSES_NNX: 'which stays Linen, subclasses it',
+    HELD_FOR_LINEN_CODE: 'which is no module, holds it in a class attribute for code that builds it with a Linen '
+                         "module's arguments and runs it with .init / .apply",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +50,12 @@ def decide_run(sources: tp.Mapping[str, str], converted: tp.Mapping[str, tp.Coll
   todos: dict[str, list[Seam]] = {}
   for seam in find_seams(sources, roots):
     name = seam.target.rpartition('.')[2]
-    if seam.kind in (LINEN_BUILDS_NNX, LINEN_SUBCLASSES_NNX) and name in converted.get(seam.target_path, ()):
-      verb = 'builds' if seam.kind == LINEN_BUILDS_NNX else 'subclasses'
+    ours = name in converted.get(seam.target_path, ())
+    if seam.kind in _KEPT_BY and ours:
       keep.setdefault(seam.target_path, {}).setdefault(
-          name, f'the class {seam.user} of {seam.path}, which stays Linen, {verb} it')
+          name, f'the class {seam.user} of {seam.path}, {_KEPT_BY[seam.kind]}')
+    elif seam.kind == HELD_FOR_LINEN_CODE:  # an NNX class the user wrote, held on purpose
+      continue
     else:
       todos.setdefault(seam.path, []).append(seam)
   return RunDecision(keep, {} if keep else todos)

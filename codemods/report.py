@@ -168,6 +168,8 @@ def _kept_reason(reason: str) -> str:
   """A kept class's reason, grouped: the classes kept because another class stays Linen count as one reason."""
   if re.search(r'(?:, left as Linen,|, which stays Linen,) (?:uses|builds|subclasses) it', reason):
     return 'used by a class that stays Linen'
+  if re.search(r', which is no module, holds it in a class attribute', reason):
+    return 'held in a class attribute for code that runs it as a Linen module'
   return reason.split('; ')[0]
 
 

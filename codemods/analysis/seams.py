@@ -8,12 +8,16 @@ work as written:
 - `LINEN_BUILDS_NNX`: a Linen class builds (or names) an NNX class other than through
   `nnx_bridge.to_linen`; it would build it the Linen way and fail at `init`.
 - `LINEN_SUBCLASSES_NNX`: a Linen-style class (fields, `setup`, `@nn.compact`) subclasses an NNX class.
+- `HELD_FOR_LINEN_CODE`: a class that is no module holds an NNX class in a class attribute
+  (transformers' `class FlaxBertModel(FlaxBertPreTrainedModel): module_class = FlaxBertModule`), for
+  code out of sight (a base class, a library) that builds it with Linen's arguments and runs it with
+  `.init` / `.apply`.
 - `MISSING_ARGUMENTS`: code outside Linen classes calls an NNX class without an argument its
   `__init__` requires (`rngs`, a layer size the conversion added).
 - `LINEN_API_ON_NNX`: `.init` / `.apply` / `.init_with_output` / `.bind` / `.tabulate` on an NNX
   instance (built in the same expression, or bound to a name of the same function).
 
-The engine keeps the NNX class of the first two kinds Linen (its conversion is undone), and puts a
+The engine keeps the NNX class of the first three kinds Linen (its conversion is undone), and puts a
 TODO above the statement of the other two (`codemods/decisions.py`); a use whose TODO is already there is
 reported with `flagged=True`, so that a second run changes nothing. Names resolve through each file's
 imports, as in `hierarchy.py`.
@@ -32,6 +36,7 @@ from codemods.rule import TODO_PREFIX
 
 LINEN_BUILDS_NNX = 'linen-builds-nnx'
 LINEN_SUBCLASSES_NNX = 'linen-subclasses-nnx'
+HELD_FOR_LINEN_CODE = 'held-for-linen-code'
 MISSING_ARGUMENTS = 'missing-arguments'
 LINEN_API_ON_NNX = 'linen-api-on-nnx'
 IMPORTABLE_SEAMS = frozenset({MISSING_ARGUMENTS, LINEN_API_ON_NNX})
@@ -40,6 +45,7 @@ LINEN_APIS = frozenset({'init', 'apply', 'init_with_output', 'bind', 'tabulate',
 _NNX_MODULE = frozenset({'flax.nnx.Module', 'flax.nnx.module.Module'})
 _LINEN_MODULE = frozenset({'flax.linen.Module', 'flax.linen.module.Module'})
 _BRIDGES = frozenset({'to_linen', 'ToLinen'})
+_CLASS_USES = frozenset({LINEN_BUILDS_NNX, LINEN_SUBCLASSES_NNX, HELD_FOR_LINEN_CODE})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +58,7 @@ class Seam:
   kind: str
   target: str  # the NNX class, fully qualified
   target_path: str  # the file that defines it
-  user: str | None  # the Linen class that uses it (first two kinds)
+  user: str | None  # the class that uses it (first three kinds)
   message: str
   flagged: bool = False  # its TODO is already right above the statement
 
@@ -211,7 +217,7 @@ class _Walk(ast.NodeVisitor):
 
   def _add(self, node: ast.AST, kind: str, target: _Class, message: str) -> None:
     statement = self.statement or node
-    user = self.user.node.name if self.user is not None and kind in (LINEN_BUILDS_NNX, LINEN_SUBCLASSES_NNX) else None
+    user = self.user.node.name if self.user is not None and kind in _CLASS_USES else None
     self.seams.append(Seam(self.path, statement.lineno, statement.col_offset, kind, target.names[0], target.path,
                            user, message))
 
@@ -241,8 +247,24 @@ class _Walk(ast.NodeVisitor):
         target = self._nnx(base)
         self._add(node, LINEN_SUBCLASSES_NNX, target, f'the Linen-style class {node.name} subclasses {target.node.name}, '
                                                       'an NNX module: convert it too, or keep the base Linen')
+    if self.user is not None and node is self.user.node and self.user.kind is None:
+      self._held(node)
     for child in node.body:
       self.visit(child)
+
+  def _held(self, node: ast.ClassDef) -> None:
+    """`module_class = Block` in the body of a class that is no module: code out of sight builds and runs it."""
+    for statement in node.body:
+      targets = statement.targets if isinstance(statement, ast.Assign) else \
+          [statement.target] if isinstance(statement, ast.AnnAssign) and statement.value is not None else []
+      target = self._nnx(statement.value) if targets and isinstance(targets[0], ast.Name) else None
+      if target is not None:
+        self.statement = statement
+        self._add(statement, HELD_FOR_LINEN_CODE, target,
+                  f'{node.name}.{targets[0].id} holds {target.node.name}, an NNX module, for code that builds it with '
+                  "a Linen module's arguments and runs it with .init / .apply: build it there with its rngs and call "
+                  'it directly, or keep it Linen')
+        self.statement = None
 
   def visit_AnnAssign(self, node: ast.AnnAssign) -> None:  # annotations name classes without using them
     if node.value is not None:

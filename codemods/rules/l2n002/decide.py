@@ -49,11 +49,10 @@ def decide_classes(facts: FileFacts) -> ClassDecisions:
   nnx_bridge.to_linen."""
   kept, first = dict(facts.kept_linen), dict[str, LeftLinen]()
   while True:
-    cascaded = set(kept) - set(facts.kept_linen)
     facts = dataclasses.replace(facts, kept_linen=kept)
     file, left = _plan_all(facts)
     first = {**left, **first}  # a class keeps the reason it was first left for, not a consequence of it
-    used, bridges = _used_by_linen(facts, file, left, cascaded)
+    used, bridges = _used_by_linen(facts, file, left)
     if not used:
       return ClassDecisions(file, {name: first[name] for name in left}, facts, bridges)
     kept = {**kept, **used}
@@ -85,14 +84,14 @@ def _plan_all(facts: FileFacts) -> tuple[FileRewrite, dict[str, LeftLinen]]:
   return file, left
 
 
-def _used_by_linen(facts: FileFacts, file: FileRewrite, left: dict[str, LeftLinen],
-                   cascaded: set[str]) -> tuple[dict[str, str], list[ToLinenBridge]]:
+def _used_by_linen(facts: FileFacts, file: FileRewrite,
+                   left: dict[str, LeftLinen]) -> tuple[dict[str, str], list[ToLinenBridge]]:
   """The converted classes that a class left as Linen names (builds, subclasses, passes on) and does not wrap with
   nnx_bridge.to_linen, with why each must stay Linen too; and the to_linen bridges of the others.
 
-  A class kept Linen only because another one uses it (`cascaded`) wraps nothing: migrated again, it would plan
-  with its bridged children and could then be kept for another reason, so a second run would not be a no-op.
-  Nor does a class that `transform_source` found a second run would change (`facts.unbridged`).
+  A class kept for a use outside its body (`facts.kept_linen`: a wrapper holds it, another class left as Linen
+  uses it) wraps what it builds too, unless `transform_source` found that a second run would then change it
+  (`facts.unbridged`).
   """
   used: dict[str, str] = {}
   bridges: list[ToLinenBridge] = []
@@ -100,11 +99,9 @@ def _used_by_linen(facts: FileFacts, file: FileRewrite, left: dict[str, LeftLine
     named = dict.fromkeys(sub.value for sub in descendants(facts.class_defs[user])
                           if isinstance(sub, cst.Name) and sub.value in file.plans)
     for built in named:
-      if user in cascaded:
-        used.setdefault(built, f'the class {user}, left as Linen, uses it')
-        continue
       found = (f'with it a second run would find another reason to keep {user} Linen' if user in facts.unbridged
-               else linen_parent_bridges(facts, file.plans, user, built, left[user].node))
+               else linen_parent_bridges(facts, file.plans, user, built,
+                                         None if user in facts.kept_linen else left[user].node))
       if isinstance(found, list):
         bridges.extend(found)
       else:

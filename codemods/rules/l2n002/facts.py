@@ -157,8 +157,31 @@ def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, o
   class_defs = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
   facts = dataclasses.replace(facts, linen_classes=linen, class_defs=class_defs, global_names=global_names,
                               scanned_cells=scanned)
-  facts = dataclasses.replace(facts, kept_linen={**_linen_only_uses(facts), **kept})
+  facts = dataclasses.replace(facts, kept_linen={**_held_classes(facts), **_linen_only_uses(facts), **kept})
   return dataclasses.replace(facts, factories=scan_factories(facts))
+
+
+def _held_classes(facts: FileFacts) -> dict[str, str]:
+  """Classes of the file that a class attribute of a class that is no module holds (transformers'
+  `class FlaxBertModel(FlaxBertPreTrainedModel): module_class = FlaxBertModule`): code out of sight (a base
+  class, a library) builds them with a Linen module's arguments and runs them with `.init` / `.apply`, so they
+  stay Linen; the converted classes they build go through nnx_bridge.to_linen where they can
+  (`linen_parents.py`). The run's post-condition finds holders in other files (`analysis/seams.py`)."""
+  held: dict[str, str] = {}
+  for holder in facts.class_defs.values():
+    if holder.name.value in facts.linen_classes or any(
+        q.name.startswith('flax.') for base in holder.bases for q in facts.qualified_names(base.value)):
+      continue
+    for line in holder.body.body:
+      statement = line.body[0] if isinstance(line, cst.SimpleStatementLine) else None
+      target = statement.targets[0].target if isinstance(statement, cst.Assign) and len(statement.targets) == 1 \
+          else statement.target if isinstance(statement, cst.AnnAssign) else None
+      value = statement.value if target is not None else None
+      if isinstance(target, cst.Name) and isinstance(value, cst.Name) and value.value in facts.linen_classes:
+        held.setdefault(value.value, f'the class {holder.name.value}, which is no module, holds it in a class '
+                                     f'attribute ({holder.name.value}.{target.value}) for code that builds it with a '
+                                     "Linen module's arguments and runs it with .init / .apply")
+  return held
 
 
 def _linen_only_uses(facts: FileFacts) -> dict[str, str]:

@@ -45,11 +45,12 @@ class ToLinenBridge:
 
 
 def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user: str, built: str,
-                         blocker: cst.CSTNode) -> list[ToLinenBridge] | str:
+                         blocker: cst.CSTNode | None) -> list[ToLinenBridge] | str:
   """The to_linen bridges for every construction of `built` in the Linen class `user`, or why there are none.
 
   `blocker` is the node that keeps `user` Linen: a construction inside it (or holding it) stays, since the
-  TODO there speaks of it and a second run must find the same blocker.
+  TODO there speaks of it and a second run must find the same blocker. None: `user` is kept for a use
+  outside its body (`FileFacts.kept_linen`), which its constructions do not change.
   """
   plan = plans[built]
   names = _linen_names(facts, plan, '')
@@ -59,7 +60,7 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
   if reason is not None:
     return reason
   node = facts.class_defs[user]
-  if blocker is node:  # kept by a decision of the run (another file's Linen class uses it), not by a construct
+  if blocker is node:  # a decorator, a base or a converter failure: nothing of its body is the blocker
     return f'{user} is kept Linen whole'
   setup = _method(node, 'setup')
   bridges = []
@@ -69,7 +70,7 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
     call = facts.parent(name)
     if not (isinstance(call, cst.Call) and call.func is name):
       return f'it uses {built} other than by building it'
-    if _inside(facts, call, blocker) or _inside(facts, blocker, call):
+    if blocker is not None and (_inside(facts, call, blocker) or _inside(facts, blocker, call)):
       return f'a construction of {built} is what keeps {user} Linen'
     reason = _construction_blocker(facts, plan, call, setup) or _calls_blocker(facts, node, plan, call)
     if reason is not None:

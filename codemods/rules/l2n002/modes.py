@@ -77,6 +77,8 @@ class ModeSwitches(PlannerState):
 
   def _linen_call_params(self, name: str) -> list[cst.Param]:
     """The `__call__` parameters (after self) of the Linen class `name` of this file."""
+    if name not in self.facts.class_defs:
+      return []
     body = self.facts.class_defs[name].body.body
     call = next((s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == '__call__'), None)
     return list(call.params.params[1:]) if call is not None else []
@@ -100,7 +102,7 @@ class ModeSwitches(PlannerState):
   def call_modes(self, call: cst.Call, child: Child) -> set[int]:
     """Checks a child call's train/eval arguments; returns the positions to drop."""
     if child.bridged:  # a switch given to a Linen train/eval argument: the wrapper's train()/eval() set it
-      target = self._kept_target(child.ctor.func) or child.ctor.func.value
+      target = self._kept_target(child.ctor.func) or _built_class(child.ctor)
       names = [p.name.value for p in self._linen_call_params(target)]
       dropped = set()
       for position, arg in enumerate(call.args):
@@ -143,3 +145,12 @@ class ModeSwitches(PlannerState):
     if child.sibling is not None and any(i not in seen and n not in seen for i, n, _ in child.sibling.mode_params):
       raise Unsupported(call, f'a train/eval argument of {child.sibling.name} left to its default')
     return dropped
+
+
+def _built_class(ctor: cst.Call) -> str | None:
+  """The class a bridged child's construction builds: `Block` of `Block(...)` and of `nnx_bridge.to_linen(Block, ...)`
+  (an NNX class an earlier run bridged, whose `__call__` the wrapper runs)."""
+  if isinstance(ctor.func, cst.Name):
+    return ctor.func.value
+  first = ctor.args[0].value if ctor.args and ctor.args[0].keyword is None else None
+  return first.value if isinstance(first, cst.Name) else None

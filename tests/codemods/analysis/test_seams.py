@@ -107,3 +107,25 @@ def test_a_use_whose_todo_is_already_there_is_flagged(tmp_path):
 
 def test_files_that_do_not_parse_are_left_out(tmp_path):
   assert {s.path for s in _seams(tmp_path, train='def broken(:\n', models=BROKEN_MODELS)} == {'pkg/models.py'}
+
+
+HOLDERS = '''from pkg.layers import Block
+
+
+class BlockModel:
+  module_class = Block
+  config_class: type = dict
+
+
+class Registry:
+  """A class attribute that only names a config, or a string: nothing is held."""
+  name = 'Block'
+'''
+
+
+def test_a_class_attribute_holding_an_nnx_class_is_a_seam(tmp_path):
+  found = _seams(tmp_path, wrappers=HOLDERS)
+  assert [(s.path, s.line, s.kind, s.user) for s in found] == [('pkg/wrappers.py', 5, seams.HELD_FOR_LINEN_CODE,
+                                                                 'BlockModel')]
+  assert found[0].message.startswith('BlockModel.module_class holds Block, an NNX module')
+  assert _seams(tmp_path, wrappers=HOLDERS.replace('module_class = Block', 'module_class = None')) == []

@@ -256,6 +256,43 @@ def test_a_class_another_file_builds_from_linen_stays_linen_and_the_program_runs
   assert _main('pkg', '--check', '-j', '2') == 0  # a second run changes nothing
 
 
+# transformers' layout: a model wrapper (no module) holds the module class, which its base builds and runs the Linen way.
+WRAPPERS = '''import jax.numpy as jnp
+
+from pkg.layers import Block
+
+
+class PreTrainedBlock:
+  module_class = None
+
+  def __init__(self, features):
+    self.module = self.module_class(features=features)
+
+  def init_weights(self, rng):
+    return self.module.init(rng, jnp.ones((1, 4)))
+
+
+class BlockModel(PreTrainedBlock):
+  module_class = Block
+'''
+
+
+def test_a_class_a_wrapper_in_another_file_holds_stays_linen_and_the_wrapper_runs(tmp_path, monkeypatch, capsys):
+  _package(tmp_path, monkeypatch, layers=LAYERS, wrappers=WRAPPERS)
+  code = ('import jax\nfrom pkg.wrappers import BlockModel\n'
+          'print(jax.tree.map(lambda a: a.shape, BlockModel(3).init_weights(jax.random.key(0))))')
+  before = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, capture_output=True, text=True)
+  assert before.returncode == 0, before.stderr
+  assert _main('pkg', '--write', '-j', '1') == 0
+  err = capsys.readouterr().err
+  assert ('pkg/layers.py:4:1: L2N002 todo: class Block kept as Linen: the class BlockModel of pkg/wrappers.py, which is '
+          'no module, holds it in a class attribute') in err
+  assert '1 held in a class attribute for code that runs it as a Linen module' in err
+  after = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, capture_output=True, text=True)
+  assert after.returncode == 0 and after.stdout == before.stdout, after.stderr
+  assert _main('pkg', '--check', '-j', '1') == 0  # a second run changes nothing
+
+
 def test_plain_code_using_a_converted_class_gets_a_todo_at_its_line(tmp_path, monkeypatch, capsys):
   _package(tmp_path, monkeypatch, layers=LAYERS, train=TRAIN)
   assert _main('pkg', '--write', '-j', '2', '--report-json', 'report.json') == 0

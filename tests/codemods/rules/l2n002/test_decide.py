@@ -90,7 +90,7 @@ def test_a_linen_class_keeps_the_classes_it_builds_linen_and_the_program_runs_as
 
 def test_without_the_decision_the_linen_class_builds_an_nnx_block_and_fails(monkeypatch):
   """What the decision prevents: converted alone, the block is built the Linen way by the Linen encoder."""
-  monkeypatch.setattr(decide, '_used_by_linen', lambda facts, file, left, cascaded: ({}, []))
+  monkeypatch.setattr(decide, '_used_by_linen', lambda facts, file, left: ({}, []))
   new, _ = _migrate(UNNAMED_BLOCKS)
   assert 'class Encoder1DBlock(nnx.Module):' in new
   with pytest.raises(TypeError):

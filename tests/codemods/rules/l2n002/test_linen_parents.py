@@ -193,7 +193,77 @@ def test_a_layer_list_keeps_linen_s_element_names_under_the_bridge():
   _same_model(original, bridged, HIDDEN)
 
 
-@pytest.mark.parametrize('source', [HF_ATTENTION, WMT_STYLE, HF_LAYER_COLLECTION], ids=['setup', 'compact', 'list'])
+# transformers' model wrappers: `module_class = FlaxTinyForClassificationModule`, which the PreTrainedModel builds with
+# (config, dtype) and runs with .init / .apply. The held head stays Linen; the pooler it builds is converted.
+HF_MODEL_WRAPPER = '''import flax.linen as nn
+import jax.numpy as jnp
+
+
+class TinyConfig:
+  hidden_size = 8
+  num_labels = 3
+  vocab_size = 16
+
+
+class FlaxTinyPooler(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.dense = nn.Dense(self.config.hidden_size, dtype=self.dtype)
+
+  def __call__(self, hidden_states):
+    return nn.tanh(self.dense(hidden_states)[:, 0])
+
+
+class FlaxTinyForClassificationModule(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.embeddings = nn.Embed(self.config.vocab_size, self.config.hidden_size, dtype=self.dtype)
+    self.pooler = FlaxTinyPooler(self.config, dtype=self.dtype)
+    self.classifier = nn.Dense(self.config.num_labels, dtype=self.dtype)
+
+  def __call__(self, input_ids, deterministic: bool = True):
+    return self.classifier(self.pooler(self.embeddings(input_ids)))
+
+
+class FlaxTinyPreTrainedModel:
+  module_class: nn.Module = None
+
+  def __init__(self, config: TinyConfig, dtype: jnp.dtype = jnp.float32):
+    self.module = self.module_class(config=config, dtype=dtype)
+
+  def init_weights(self, rng, input_ids):
+    return self.module.init(rng, input_ids)["params"]
+
+  def __call__(self, params, input_ids):
+    return self.module.apply({"params": params}, input_ids)
+
+
+class FlaxTinyForClassification(FlaxTinyPreTrainedModel):
+  module_class = FlaxTinyForClassificationModule
+'''
+
+
+def test_a_module_class_a_wrapper_holds_stays_linen_and_the_wrapper_runs_as_before():
+  new, entries = _migrate(HF_MODEL_WRAPPER)
+  assert 'class FlaxTinyForClassificationModule(nn.Module):' in new and 'class FlaxTinyPooler(nnx.Module):' in new
+  assert any('class FlaxTinyForClassificationModule kept as Linen: the class FlaxTinyForClassification, which is no '
+             'module, holds it in a class attribute (FlaxTinyForClassification.module_class)' in e for e in entries)
+  original, migrated = (_module(s)['FlaxTinyForClassification'](_module(s)['TinyConfig']())
+                        for s in (HF_MODEL_WRAPPER, new))
+  params = original.init_weights(jax.random.key(0), TOKENS)
+  assert _layout(migrated.init_weights(jax.random.key(0), TOKENS)) == _layout(params)
+  np.testing.assert_allclose(migrated(params, TOKENS), original(params, TOKENS), rtol=1e-6, atol=1e-6)
+  # without the holder, the head converts: the holder is what keeps it Linen
+  alone, _ = _migrate(HF_MODEL_WRAPPER.replace('  module_class = FlaxTinyForClassificationModule\n', '  pass\n'))
+  assert 'class FlaxTinyForClassificationModule(nnx.Module):' in alone
+
+
+@pytest.mark.parametrize('source', [HF_ATTENTION, WMT_STYLE, HF_LAYER_COLLECTION, HF_MODEL_WRAPPER],
+                         ids=['setup', 'compact', 'list', 'wrapper'])
 def test_a_second_run_changes_nothing(source):
   new, _ = _migrate(source)
   again, _ = _migrate(new)
