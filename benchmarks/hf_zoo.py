@@ -160,6 +160,9 @@ def make_inputs(linen_class: type, config: tp.Any) -> tuple[tuple, dict[str, tp.
       'hidden_states': lambda: jax.random.normal(key, (*tokens, hidden)),
       'features': lambda: jax.random.normal(key, (*tokens, hidden)),
       'encoder_output': lambda: jax.random.normal(key, (*tokens, hidden)),
+      'input_tensor': lambda: jax.random.normal(jax.random.key(1), (*tokens, hidden)),  # a residual branch
+      'attention_output': lambda: jax.random.normal(jax.random.key(1), (*tokens, hidden)),
+      'layer_head_mask': lambda: jnp.ones((getattr(config, 'num_attention_heads', 2),)),
       'head_mask': lambda: jnp.ones((getattr(config, 'num_hidden_layers', 2), getattr(config, 'num_attention_heads', 2))),
       'pooled_output': lambda: jax.random.normal(key, (BATCH, hidden)),
       'pixel_values': lambda: jax.random.normal(
