@@ -20,7 +20,9 @@ work as written:
 The engine keeps the NNX class of the first three kinds Linen (its conversion is undone), and puts a
 TODO above the statement of the other two (`codemods/decisions.py`); a use whose TODO is already there is
 reported with `flagged=True`, so that a second run changes nothing. Names resolve through each file's
-imports, as in `hierarchy.py`.
+imports, as in `hierarchy.py`, and through module-level aliases of a class (`ResNet18 = partial(ResNet,
+stage_sizes=[2, 2, 2, 2])`, flax's imagenet models; `Model = CNN`): a call of the alias gives what the
+partial gives.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from codemods.analysis.hierarchy import absolute_import
 from codemods.analysis.hierarchy import module_names
 from codemods.analysis.hierarchy import package_of
 from codemods.rule import TODO_PREFIX
+from codemods.vocabulary import PARTIAL_NAMES
 
 LINEN_BUILDS_NNX = 'linen-builds-nnx'
 LINEN_SUBCLASSES_NNX = 'linen-subclasses-nnx'
@@ -78,6 +81,15 @@ class _Class:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Alias:
+  """A module-level name bound to a class or to `partial(<class>, ...)`, with the arguments the partial gives."""
+
+  target: str  # the class, fully qualified
+  positional: int = 0
+  keywords: frozenset[str] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True)
 class _Signature:
   positional: tuple[str, ...]  # required, in order
   keyword_only: tuple[str, ...]  # required
@@ -95,10 +107,12 @@ def find_seams(sources: tp.Mapping[str, str], roots: tp.Sequence[str] = ()) -> l
   aliases = {path: _aliases(tree, path, roots) for path, tree in trees.items()}
   classes = _classify([c for path, tree in trees.items() for c in _classes(tree, path, roots, aliases[path])])
   by_name = {name: c for c in classes for name in c.names}
+  partials = {name: alias for path, tree in trees.items()
+              for name, alias in _class_aliases(tree, path, roots, aliases[path]).items() if alias.target in by_name}
   seams = []
   for path, tree in trees.items():
     lines = sources[path].splitlines()
-    for seam in _Walk(path, aliases[path], by_name, module_names(path, roots)).run(tree):
+    for seam in _Walk(path, aliases[path], by_name, partials).run(tree):
       seams.append(dataclasses.replace(seam, flagged=_flagged(lines, seam.line, seam.todo)))
   return sorted(seams, key=lambda s: (s.path, s.line, s.column, s.kind))
 
@@ -138,6 +152,26 @@ def _classes(tree: ast.Module, path: str, roots: tp.Sequence[str], aliases: tp.M
   return [_Class(tuple(f'{name}.{node.name}' for name in names),
                  tuple(d for base in node.bases if (d := _dotted(base, aliases)) is not None), node, path)
           for node in tree.body if isinstance(node, ast.ClassDef)]
+
+
+def _class_aliases(tree: ast.Module, path: str, roots: tp.Sequence[str],
+                   aliases: tp.Mapping[str, str]) -> dict[str, _Alias]:
+  """The file's module-level `Name = <class>` and `Name = partial(<class>, ...)`, under each module name of the
+  file (the names are checked against the run's classes by the caller)."""
+  found = {}
+  for node in tree.body:
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+      continue
+    value, alias = node.value, None
+    if isinstance(value, ast.Call) and _dotted(value.func, aliases) in PARTIAL_NAMES and value.args \
+        and not any(isinstance(a, ast.Starred) for a in value.args) and all(k.arg for k in value.keywords):
+      target = _dotted(value.args[0], aliases)
+      alias = _Alias(target, len(value.args) - 1, frozenset(k.arg for k in value.keywords)) if target else None
+    elif isinstance(value, (ast.Name, ast.Attribute)) and (target := _dotted(value, aliases)) is not None:
+      alias = _Alias(target)
+    if alias is not None:
+      found.update({f'{module}.{node.targets[0].id}': alias for module in module_names(path, roots)})
+  return found
 
 
 def _classify(classes: list[_Class]) -> list[_Class]:
@@ -195,8 +229,8 @@ class _Walk(ast.NodeVisitor):
   """One file's uses of NNX classes, with the module-level class and the statement each is in."""
 
   def __init__(self, path: str, aliases: tp.Mapping[str, str], classes: tp.Mapping[str, _Class],
-               own: tp.Sequence[str]) -> None:
-    self.path, self.aliases, self.classes, self.own = path, aliases, classes, own
+               partials: tp.Mapping[str, _Alias]) -> None:
+    self.path, self.aliases, self.classes, self.partials = path, aliases, classes, partials
     self.seams: list[Seam] = []
     self.user: _Class | None = None  # the module-level class being walked
     self.statement: ast.stmt | None = None
@@ -211,7 +245,10 @@ class _Walk(ast.NodeVisitor):
     return self.seams
 
   def _nnx(self, node: ast.AST) -> _Class | None:
+    """The NNX class `node` names, directly or through a module-level alias or partial of it."""
     dotted = _dotted(node, self.aliases)
+    if dotted in self.partials:
+      dotted = self.partials[dotted].target
     found = self.classes.get(dotted) if dotted is not None else None
     return found if found is not None and found.kind == 'nnx' else None
 
@@ -319,9 +356,12 @@ class _Walk(ast.NodeVisitor):
     if signature is None or signature.open or any(isinstance(a, ast.Starred) for a in call.args) \
         or any(k.arg is None for k in call.keywords):
       return
-    given = {k.arg for k in call.keywords}
-    missing = [name for name in signature.positional[len(call.args):] if name not in given]
+    partial = self.partials.get(_dotted(call.func, self.aliases) or '', _Alias(''))
+    given = {k.arg for k in call.keywords} | partial.keywords
+    missing = [name for name in signature.positional[len(call.args) + partial.positional:] if name not in given]
     missing += [name for name in signature.keyword_only if name not in given]
     if missing:
-      self._add(call, MISSING_ARGUMENTS, target, f'{target.node.name} is now an NNX module and needs '
-                f'{", ".join(missing)} here ({target.node.name}(..., {", ".join(f"{m}=..." for m in missing)}))')
+      called = (_dotted(call.func, self.aliases) or '').rpartition('.')[2]
+      name = target.node.name if called in ('', target.node.name) else f'{called} ({target.node.name})'
+      self._add(call, MISSING_ARGUMENTS, target, f'{name} is now an NNX module and needs {", ".join(missing)} here '
+                f'({called or target.node.name}(..., {", ".join(f"{m}=..." for m in missing)}))')

@@ -129,3 +129,40 @@ def test_a_class_attribute_holding_an_nnx_class_is_a_seam(tmp_path):
                                                                  'BlockModel')]
   assert found[0].message.startswith('BlockModel.module_class holds Block, an NNX module')
   assert _seams(tmp_path, wrappers=HOLDERS.replace('module_class = Block', 'module_class = None')) == []
+
+
+# flax's imagenet layout: models.py names its variants with partial, train.py builds one by that name.
+VARIANTS = '''from functools import partial
+
+from pkg.layers import Block
+
+Block3 = partial(Block, 3)
+SameBlock = Block
+'''
+
+VARIANT_TRAIN = '''import jax.numpy as jnp
+from flax import nnx
+
+from pkg import variants
+
+
+def init(rng):
+  model = variants.Block3()
+  return model.init(rng, jnp.ones((1, 4)))
+
+
+def built(rng):
+  return variants.Block3(linear_in_features=4, rngs=nnx.Rngs(rng)), variants.SameBlock(3)
+'''
+
+
+def test_a_partial_or_alias_of_an_nnx_class_is_followed_with_what_it_gives(tmp_path):
+  found = _seams(tmp_path, variants=VARIANTS, train=VARIANT_TRAIN)
+  assert [(s.path, s.line, s.kind) for s in found] == [
+      ('pkg/train.py', 8, seams.MISSING_ARGUMENTS),
+      ('pkg/train.py', 9, seams.LINEN_API_ON_NNX),
+      ('pkg/train.py', 13, seams.MISSING_ARGUMENTS),
+  ]
+  assert found[0].message.startswith(  # not features: the partial gives it
+      'Block3 (Block) is now an NNX module and needs linear_in_features, rngs here (Block3(..., linear_in_features=')
+  assert found[2].message.startswith('SameBlock (Block) is now an NNX module and needs linear_in_features, rngs')

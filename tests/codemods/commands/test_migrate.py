@@ -293,6 +293,50 @@ def test_a_class_a_wrapper_in_another_file_holds_stays_linen_and_the_wrapper_run
   assert _main('pkg', '--check', '-j', '1') == 0  # a second run changes nothing
 
 
+# flax's imagenet layout: models.py names a variant with partial, train.py builds it by that name.
+VARIANT_MODELS = '''from functools import partial
+
+import flax.linen as nn
+
+
+class CNN(nn.Module):
+  features: int
+  num_classes: int = 10
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Dense(self.features)(x))
+    return nn.Dense(self.num_classes)(x)
+
+
+SmallCNN = partial(CNN, features=8)
+'''
+VARIANT_TRAIN = '''import jax.numpy as jnp
+
+from pkg import models
+
+
+def create_model(rng):
+  model = models.SmallCNN(num_classes=4)
+  variables = model.init(rng, jnp.ones((1, 6)))
+  return model, variables
+'''
+
+
+def test_a_converted_class_built_through_a_partial_in_another_file_gets_todos_at_its_lines(tmp_path, monkeypatch,
+                                                                                          capsys):
+  _package(tmp_path, monkeypatch, models=VARIANT_MODELS, train=VARIANT_TRAIN)
+  assert _main('pkg', '--write', '-j', '1') == 0
+  err = capsys.readouterr().err
+  assert ('pkg/train.py:7:3: L2N000 todo: SmallCNN (CNN) is now an NNX module and needs linear1_in_features, rngs '
+          'here') in err
+  assert 'pkg/train.py:8:3: L2N000 todo: .init() of a Linen module, on CNN, now an NNX module' in err
+  lines = pathlib.Path('pkg/train.py').read_text().splitlines()
+  assert lines[6].startswith('  # TODO(linen2nnx): SmallCNN (CNN) is now an NNX module')
+  assert lines[7] == '  model = models.SmallCNN(num_classes=4)'
+  assert _main('pkg', '--check', '-j', '1') == 0  # a second run changes nothing
+
+
 def test_plain_code_using_a_converted_class_gets_a_todo_at_its_line(tmp_path, monkeypatch, capsys):
   _package(tmp_path, monkeypatch, layers=LAYERS, train=TRAIN)
   assert _main('pkg', '--write', '-j', '2', '--report-json', 'report.json') == 0
