@@ -9,7 +9,8 @@ for uses of NNX classes that would break. `decide_run` turns them into decisions
   Linen: its file is migrated again with it in `kept_classes`, and the run is checked again, until
   no such use is left (the kept classes only grow, so this ends);
 - any other broken use (an NNX class built without the arguments its `__init__` requires, `.init`
-  / `.apply` on one, or a Linen class building an NNX class the run did not convert) gets a TODO
+  / `.apply` on one, a Linen class building an NNX class the run did not convert, or
+  `getattr(models, name)` on a module where this run converted classes) gets a TODO
   right above its statement (`with_todos`), reported as an `L2N000` entry. A TODO already there is
   not added again, so that a second run changes nothing.
 """
@@ -22,6 +23,7 @@ import typing as tp
 from codemods.analysis.seams import HELD_FOR_LINEN_CODE
 from codemods.analysis.seams import LINEN_BUILDS_NNX
 from codemods.analysis.seams import LINEN_SUBCLASSES_NNX
+from codemods.analysis.seams import LOOKUP_BY_NAME
 from codemods.analysis.seams import Seam
 from codemods.analysis.seams import find_seams
 
@@ -55,6 +57,8 @@ def decide_run(sources: tp.Mapping[str, str], converted: tp.Mapping[str, tp.Coll
       keep.setdefault(seam.target_path, {}).setdefault(
           name, f'the class {seam.user} of {seam.path}, {_KEPT_BY[seam.kind]}')
     elif seam.kind == HELD_FOR_LINEN_CODE:  # an NNX class the user wrote, held on purpose
+      continue
+    elif seam.kind == LOOKUP_BY_NAME and not converted.get(seam.target_path):  # a module of NNX classes the user wrote
       continue
     else:
       todos.setdefault(seam.path, []).append(seam)

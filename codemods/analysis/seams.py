@@ -16,6 +16,9 @@ work as written:
   `__init__` requires (`rngs`, a layer size the conversion added).
 - `LINEN_API_ON_NNX`: `.init` / `.apply` / `.init_with_output` / `.bind` / `.tabulate` on an NNX
   instance (built in the same expression, or bound to a name of the same function).
+- `LOOKUP_BY_NAME`: `getattr(models, config.model)` on a module of the run that defines NNX classes
+  (flax's imagenet `train.py`): which class it gives, and how it is then built and run, is out of
+  sight.
 
 The engine keeps the NNX class of the first three kinds Linen (its conversion is undone), and puts a
 TODO above the statement of the other two (`codemods/decisions.py`); a use whose TODO is already there is
@@ -42,6 +45,7 @@ LINEN_SUBCLASSES_NNX = 'linen-subclasses-nnx'
 HELD_FOR_LINEN_CODE = 'held-for-linen-code'
 MISSING_ARGUMENTS = 'missing-arguments'
 LINEN_API_ON_NNX = 'linen-api-on-nnx'
+LOOKUP_BY_NAME = 'lookup-by-name'
 IMPORTABLE_SEAMS = frozenset({MISSING_ARGUMENTS, LINEN_API_ON_NNX})
 """The seams L2N003 may convert once it knows the record of a class another file converted (`engine._settle`)."""
 LINEN_APIS = frozenset({'init', 'apply', 'init_with_output', 'bind', 'tabulate', 'lazy_init'})
@@ -314,6 +318,9 @@ class _Walk(ast.NodeVisitor):
     target = self._nnx(node.func)
     if target is not None and not self._in_linen():
       self._check_arguments(node, target)
+    if isinstance(node.func, ast.Name) and node.func.id == 'getattr' and node.func.id not in self.aliases \
+        and len(node.args) >= 2:
+      self._lookup(node)
     if isinstance(node.func, ast.Attribute) and node.func.attr in LINEN_APIS:
       built = self._nnx(node.func.value.func) if isinstance(node.func.value, ast.Call) else None
       if built is None and isinstance(node.func.value, ast.Name) and node.func.value.id in self.instances:
@@ -322,6 +329,18 @@ class _Walk(ast.NodeVisitor):
         self._add(node, LINEN_API_ON_NNX, built, f'.{node.func.attr}() of a Linen module, on {built.node.name}, '
                   'now an NNX module: build it with its rngs and call it directly (nnx.split / nnx.state for its state)')
     self.generic_visit(node)
+
+  def _lookup(self, call: ast.Call) -> None:
+    """`getattr(models, name)` on a module of the run that defines NNX classes."""
+    module = _dotted(call.args[0], self.aliases)
+    found = [c for name, c in self.classes.items() if c.kind == 'nnx' and name.rpartition('.')[0] == module]
+    if module is None or not found or (isinstance(call.args[1], ast.Constant) and call.args[1].value not in
+                                       {c.node.name for c in found}):
+      return
+    names = ', '.join(sorted({c.node.name for c in found}))
+    self._add(call, LOOKUP_BY_NAME, found[0], f'getattr({ast.unparse(call.args[0])}, ...) looks up a class of '
+              f'{found[0].path} by name, and {names} there are NNX modules now: where the class it gives is built, '
+              'pass its rngs and sizes, and call it directly instead of .init / .apply')
 
   def _statement(self, node: ast.stmt) -> None:
     if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):

@@ -166,3 +166,20 @@ def test_a_partial_or_alias_of_an_nnx_class_is_followed_with_what_it_gives(tmp_p
   assert found[0].message.startswith(  # not features: the partial gives it
       'Block3 (Block) is now an NNX module and needs linear_in_features, rngs here (Block3(..., linear_in_features=')
   assert found[2].message.startswith('SameBlock (Block) is now an NNX module and needs linear_in_features, rngs')
+
+
+LOOKUP_TRAIN = '''from pkg import layers
+
+
+def create_model(name: str):
+  model_cls = getattr(layers, name)
+  version = getattr(layers, '__version__', None)
+  return model_cls(3), version
+'''
+
+
+def test_a_class_looked_up_by_name_in_a_module_of_nnx_classes_is_a_seam(tmp_path):
+  found = _seams(tmp_path, train=LOOKUP_TRAIN)
+  assert [(s.path, s.line, s.kind, s.target) for s in found] == [
+      ('pkg/train.py', 5, seams.LOOKUP_BY_NAME, 'pkg.layers.Block')]
+  assert found[0].message.startswith('getattr(layers, ...) looks up a class of ')

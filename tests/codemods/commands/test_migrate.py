@@ -293,7 +293,7 @@ def test_a_class_a_wrapper_in_another_file_holds_stays_linen_and_the_wrapper_run
   assert _main('pkg', '--check', '-j', '1') == 0  # a second run changes nothing
 
 
-# flax's imagenet layout: models.py names a variant with partial, train.py builds it by that name.
+# flax's imagenet layout: models.py names a variant with partial, train.py builds it by that name (or looks it up).
 VARIANT_MODELS = '''from functools import partial
 
 import flax.linen as nn
@@ -320,10 +320,14 @@ def create_model(rng):
   model = models.SmallCNN(num_classes=4)
   variables = model.init(rng, jnp.ones((1, 6)))
   return model, variables
+
+
+def model_by_name(name):
+  return getattr(models, name)(num_classes=4)
 '''
 
 
-def test_a_converted_class_built_through_a_partial_in_another_file_gets_todos_at_its_lines(tmp_path, monkeypatch,
+def test_a_converted_class_built_through_a_partial_or_by_name_in_another_file_gets_todos_at_its_lines(tmp_path, monkeypatch,
                                                                                           capsys):
   _package(tmp_path, monkeypatch, models=VARIANT_MODELS, train=VARIANT_TRAIN)
   assert _main('pkg', '--write', '-j', '1') == 0
@@ -334,6 +338,7 @@ def test_a_converted_class_built_through_a_partial_in_another_file_gets_todos_at
   lines = pathlib.Path('pkg/train.py').read_text().splitlines()
   assert lines[6].startswith('  # TODO(linen2nnx): SmallCNN (CNN) is now an NNX module')
   assert lines[7] == '  model = models.SmallCNN(num_classes=4)'
+  assert 'pkg/train.py:13:3: L2N000 todo: getattr(models, ...) looks up a class of pkg/models.py by name, and CNN' in err
   assert _main('pkg', '--check', '-j', '1') == 0  # a second run changes nothing
 
 
