@@ -21,7 +21,7 @@ work as written:
   sight.
 
 The engine keeps the NNX class of the first three kinds Linen (its conversion is undone), and puts a
-TODO above the statement of the other two (`codemods/decisions.py`); a use whose TODO is already there is
+TODO above the statement of the other three (`codemods/decisions.py`); a use whose TODO is already there is
 reported with `flagged=True`, so that a second run changes nothing. Names resolve through each file's
 imports, as in `hierarchy.py`, and through module-level aliases of a class (`ResNet18 = partial(ResNet,
 stage_sizes=[2, 2, 2, 2])`, flax's imagenet models; `Model = CNN`): a call of the alias gives what the

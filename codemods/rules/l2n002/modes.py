@@ -75,7 +75,7 @@ class ModeSwitches(PlannerState):
       if isinstance(sub, cst.Name) and sub.value in self.plan.switches and is_written(sub, self.facts.parent):
         raise Unsupported(sub, f'the train/eval switch {sub.value} is assigned to')
 
-  def _linen_call_params(self, name: str) -> list[cst.Param]:
+  def _linen_call_params(self, name: str | None) -> list[cst.Param]:
     """The `__call__` parameters (after self) of the Linen class `name` of this file."""
     if name not in self.facts.class_defs:
       return []

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from codemods import rules as registry
 from codemods import transform
@@ -363,3 +364,34 @@ def test_without_the_second_run_check_the_bridged_file_changes_again(monkeypatch
   new, _ = _migrate(WAV2VEC2_STYLE)
   assert 'nnx_bridge.to_linen(FlaxLayerNormConvLayer' in new
   assert _migrate(new)[0] != new
+
+
+def test_a_linen_class_converted_later_keeps_its_to_linen_child_wrapped_and_drops_its_switch():
+  """A Linen parent an earlier run bridged, converted on a later run (its holder was removed): the to_linen child's
+  call parameters are its NNX class's, and the switch it was given goes to model.train() / model.eval()."""
+  source = '''import flax.linen as nn
+import nnx_bridge
+from flax import nnx
+
+
+class Block(nnx.Module):
+  def __init__(self, *, linear_in_features: int, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(linear_in_features, 4, rngs=rngs)
+    self.dropout = nnx.Dropout(0.1, rngs=rngs)
+
+  def __call__(self, x):
+    return self.dropout(self.linear(x))
+
+
+class Tower(nn.Module):
+  def setup(self):
+    self.block = nnx_bridge.to_linen(Block, input_sizes={'linear_in_features': 'x'})
+
+  def __call__(self, x, deterministic: bool = True):
+    return self.block(x, deterministic=deterministic)
+'''
+  new, entries = _migrate(source)
+  assert 'class Tower(nnx.Module):' in new and not any('converter failed' in e for e in entries)
+  assert 'return self.block(x)\n' in new
+  tower = _module(new)['Tower'](block_example_inputs=(jnp.ones((1, 3)),), rngs=nnx.Rngs(0))
+  assert tower(jnp.ones((2, 3))).shape == (2, 4)
