@@ -162,6 +162,7 @@ def make_inputs(linen_class: type, config: tp.Any) -> tuple[tuple, dict[str, tp.
       'encoder_output': lambda: jax.random.normal(key, (*tokens, hidden)),
       'input_tensor': lambda: jax.random.normal(jax.random.key(1), (*tokens, hidden)),  # a residual branch
       'attention_output': lambda: jax.random.normal(jax.random.key(1), (*tokens, hidden)),
+      'key_value_states': lambda: jax.random.normal(jax.random.key(2), (*tokens, hidden)),  # an encoder's output
       'layer_head_mask': lambda: jnp.ones((getattr(config, 'num_attention_heads', 2),)),
       'head_mask': lambda: jnp.ones((getattr(config, 'num_hidden_layers', 2), getattr(config, 'num_attention_heads', 2))),
       'pooled_output': lambda: jax.random.normal(key, (BATCH, hidden)),
