@@ -11,6 +11,7 @@ import typing as tp
 SCHEMA_VERSION = 1
 CHANGED, UNCHANGED, SKIPPED, FAILED = 'changed', 'unchanged', 'skipped', 'failed'
 FIELD, INPUT_DIMENSION, UNDETERMINED, RNGS = 'field', 'input_dimension', 'undetermined', 'rngs'
+TO_LINEN_BRIDGED = 'wrapped with nnx_bridge.to_linen'  # in the entry of each construction L2N002 bridges so
 INPUT_SIZE_SOURCES = ('code', 'examples', 'arguments')
 """Where a layer's NNX input size came from: derived from the code, from example traces, or left as a constructor
 argument."""

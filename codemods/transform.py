@@ -37,6 +37,7 @@ from codemods.options import MigrationOptions
 from codemods.positions import PositionMap
 from codemods.report import ConvertedClass
 from codemods.report import Entry
+from codemods.report import TO_LINEN_BRIDGED
 from codemods.rule import CLASSES_KEY
 from codemods.rule import IMPORTED_CLASSES_KEY
 from codemods.rule import KEPT_CLASSES_KEY
@@ -108,14 +109,15 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
           raise MigrationError(failed.message) from None
         kept[failed.name] = f'{failed.message}; please report this'
         continue
-      if not any(_TO_LINEN_BRIDGE in e.message for e in result.entries):
+      if not any(TO_LINEN_BRIDGED in e.message for e in result.entries):
         return result
+      first = cst.parse_module(result.source)
       try:
-        again = _transform(result.source, cst.parse_module(result.source), rules, options, hierarchy, filename, kept,
-                           imported_classes, unbridged)
+        again = _transform(result.source, first, rules, options, hierarchy, filename, kept, imported_classes,
+                           unbridged)
       except (_ClassFailed, MigrationError):  # a converter bug the second run would report: not the bridges' doing
         return result
-      changed = _changed_classes(result.source, again.source) - unbridged
+      changed = _changed_classes(first, cst.parse_module(again.source)) - unbridged
       if not changed:
         return result
       unbridged |= changed
@@ -154,13 +156,10 @@ class _ClassFailed(Exception):
   message: str
 
 
-_TO_LINEN_BRIDGE = 'wrapped with nnx_bridge.to_linen'  # in the report entry of each to_linen bridge L2N002 makes
-
-
-def _changed_classes(first: Source, second: Source) -> frozenset[str]:
+def _changed_classes(first: cst.Module, second: cst.Module) -> frozenset[str]:
   """The module-level classes whose code differs between two versions of a module."""
-  codes = [{s.name.value: cst.Module([s]).code for s in cst.parse_module(v).body if isinstance(s, cst.ClassDef)}
-           for v in (first, second)]
+  codes = [{s.name.value: cst.Module([s]).code for s in module.body if isinstance(s, cst.ClassDef)}
+           for module in (first, second)]
   return frozenset(name for name in codes[0] if codes[0][name] != codes[1].get(name))
 
 

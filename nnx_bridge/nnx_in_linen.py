@@ -222,7 +222,8 @@ class ToLinen(linen.Module):
       if value is None or not jnp.ndim(value):
         raise BridgeError(
             f'{self._label()}: the constructor argument {keyword} is the last-axis size of the call '
-            f'argument {argument}, but this call passes no array for it; give {keyword}= to to_linen instead of in input_sizes.'
+            f'argument {argument}, but this call passes no array for it; give {keyword}= to to_linen instead of '
+            'in input_sizes.'
         )
       sizes.append((keyword, int(jnp.shape(value)[-1])))
     return tuple(sizes)
@@ -235,8 +236,9 @@ class ToLinen(linen.Module):
     if self.is_initializing() and not given:
       graphdef, state = self._construct(structure.stream_names, constructor_kwargs)
       flat_state = list(nnx.to_flat_state(state))
+      names = dict(self.linen_names)
       constructed = {
-          _linen_path(path, var, dict(self.linen_names)): linen_state.to_linen_leaf(var)
+          _linen_path(path, var, names): linen_state.to_linen_leaf(var)
           for path, var in flat_state
           if not isinstance(var, nnx.RngState)
       }
@@ -268,8 +270,9 @@ class ToLinen(linen.Module):
       self, flat_state: list[tuple[Path, nnx.Variable]], given: dict[LinenPath, tp.Any]
   ) -> dict[Path, tp.Any]:
     """Maps the Linen variables onto the abstract state's paths after checking they match it."""
+    names = dict(self.linen_names)
     expected = {
-        _linen_path(path, var, dict(self.linen_names)): (path, var)
+        _linen_path(path, var, names): (path, var)
         for path, var in flat_state
         if not isinstance(var, nnx.RngState)
     }
@@ -323,10 +326,11 @@ class ToLinen(linen.Module):
   ) -> None:
     """Writes every non-rng leaf the call changed or created back to its Linen collection."""
     changes = {}
+    names = dict(self.linen_names)
     for path, var in after:
       if isinstance(var, nnx.RngState) or var.get_raw_value() is before.get(path):
         continue
-      linen_path = _linen_path(path, var, dict(self.linen_names))
+      linen_path = _linen_path(path, var, names)
       if path not in before:  # created by the call, e.g. by `sow`
         changes[linen_path] = linen_state.to_linen_leaf(var)
       elif isinstance(old := given[linen_path], meta.AxisMetadata):

@@ -35,6 +35,7 @@ from nnx_bridge.layer_table import nnx_arguments
 
 TO_LINEN = 'nnx_bridge.to_linen'  # what constructed() names a to_linen construction: a Linen module
 
+
 class Children(PlannerState):
   """Submodules."""
 
@@ -329,8 +330,8 @@ class Children(PlannerState):
       return rematted, None, sibling
     if isinstance(func, cst.Name) and func.value in self.facts.linen_classes:
       return func.value, None, self.converted.get(func.value)  # no plan: a Linen class, bridged
-    if isinstance(func, (cst.Name, cst.Attribute)) and self.facts.has_name(func, TO_LINEN_NAMES):  # an NNX class a Linen module of an earlier run built: Linen
-      return TO_LINEN, None, None
+    if isinstance(func, (cst.Name, cst.Attribute)) and self.facts.has_name(func, TO_LINEN_NAMES):
+      return TO_LINEN, None, None  # an NNX class an earlier run's Linen parent built: a Linen module
     kept = self._kept_target(func)
     if kept is not None:
       return kept, None, None

@@ -9,6 +9,7 @@ import libcst as cst
 from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import ScopeProvider
 
+from codemods.report import TO_LINEN_BRIDGED
 from codemods.rule import CLASSES_KEY
 from codemods.rule import MigrationRule
 from codemods.rules.l2n002 import emit
@@ -55,7 +56,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       for bridge in self.bridges.get(node.name.value, ()):
         self.add_needed_import('nnx_bridge')
         self.report_change(bridge.call, f'{bridge.built}, converted to NNX, is built by {bridge.user}, which stays '
-                                        'Linen: wrapped with nnx_bridge.to_linen, its variables keep their Linen paths')
+                                        f'Linen: {TO_LINEN_BRIDGED}, its variables keep their Linen paths')
       return
     plan = self.file.classes.get(node)
     if plan is None:

@@ -17,7 +17,6 @@ from codemods.rules.l2n003.facts import ModelSite
 from codemods.rules.l2n003.facts import Skip
 from codemods.rules.l2n003.syntax import assigned_value
 from codemods.rules.l2n003.syntax import rngs_code
-from codemods.rules.l2n003.tree import Tree
 from codemods.rules.l2n003.syntax import args_with_commas
 from codemods.vocabulary import FREEZERS
 
