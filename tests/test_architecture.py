@@ -1,4 +1,4 @@
-"""The shape docs/architecture.md promises, checked on the source: small modules and functions, no reaching into
+"""The shape docs/architecture.md promises, checked on the source: small modules, functions and classes, no reaching into
 another object's private members, no rule passed around untyped, library code never importing a subcommand.
 
 Each checker is a plain function over source text, so that the tests below also show it rejects a bad input.
@@ -13,8 +13,15 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOURCES = sorted(p for package in ('codemods', 'nnx_bridge') for p in (ROOT / package).rglob('*.py'))
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 100
+MAX_CLASS_METHODS = 30  # a class is one concept: not a namespace that passes share through `self`
 # Private names of other libraries this project uses on purpose (stdlib typing of argparse's subparsers).
 ALLOWED_PRIVATE = frozenset({'argparse._SubParsersAction'})
+L2N002 = ROOT / 'codemods' / 'rules' / 'l2n002'
+# What L2N002's planning passes share: facts, the plan, and reads over the class (queries, the size interpreter,
+# what a construction builds, a child's __init__ code). These modules import no pass.
+L2N002_SHARED = frozenset({'context', 'plan', 'nodes', 'facts', 'factory_fields', 'queries', 'dims', 'sizes',
+                           'constructions', 'init_code'})
+L2N002_ORCHESTRATION = frozenset({'__init__', 'planner', 'decide', 'rule', 'emit', 'entries'})
 
 
 def long_module(source: str) -> int | None:
@@ -28,6 +35,17 @@ def long_functions(source: str) -> list[str]:
   return [f'{node.name} ({node.end_lineno - node.lineno + 1} lines)' for node in ast.walk(ast.parse(source))
           if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
           and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def large_classes(source: str) -> list[str]:
+  """`name (N methods)` for each class with more methods than the limit."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.ClassDef):
+      methods = [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+      if len(methods) > MAX_CLASS_METHODS:
+        found.append(f'{node.name} ({len(methods)} methods)')
+  return found
 
 
 def private_accesses(source: str) -> list[str]:
@@ -70,6 +88,29 @@ def command_imports(source: str) -> list[str]:
   return found
 
 
+def pass_imports(module: str, source: str) -> list[str]:
+  """`module -> other` for each import of another L2N002 module by `module` that is neither a shared module nor
+  a type-only import: passes share through the shared modules and the plan, never through each other. Imports under
+  `if tp.TYPE_CHECKING:` are annotations, not dependencies, and are skipped."""
+  tree = ast.parse(source)
+  typing_only = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If) and 'TYPE_CHECKING' in ast.unparse(node.test)
+                 for sub in ast.walk(node)}
+  found = []
+  for node in ast.walk(tree):
+    if id(node) in typing_only:
+      continue
+    if isinstance(node, ast.ImportFrom) and node.module == 'codemods.rules.l2n002':
+      others = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith('codemods.rules.l2n002.'):
+      others = [node.module.rpartition('.')[2]]
+    else:
+      continue
+    for other in others:
+      if other not in L2N002_SHARED:
+        found.append(f'{module} -> {other}')
+  return found
+
+
 def _relative(path: pathlib.Path) -> str:
   return str(path.relative_to(ROOT))
 
@@ -79,6 +120,7 @@ def test_module_and_functions_are_small(path):
   source = path.read_text()
   assert long_module(source) is None, f'{_relative(path)}: {long_module(source)} lines (at most {MAX_MODULE_LINES})'
   assert not long_functions(source), f'{_relative(path)}: {long_functions(source)} (at most {MAX_FUNCTION_LINES})'
+  assert not large_classes(source), f'{_relative(path)}: {large_classes(source)} (at most {MAX_CLASS_METHODS})'
 
 
 @pytest.mark.parametrize('path', SOURCES, ids=_relative)
@@ -94,12 +136,23 @@ def test_library_modules_do_not_import_commands(path):
   assert not command_imports(path.read_text()), f'{_relative(path)}: {command_imports(path.read_text())}'
 
 
+@pytest.mark.parametrize('path', sorted(L2N002.glob('*.py')), ids=_relative)
+def test_l2n002_passes_share_through_queries_not_each_other(path):
+  module = path.stem
+  if module in L2N002_ORCHESTRATION:
+    return
+  assert not pass_imports(module, path.read_text()), f'{_relative(path)}: {pass_imports(module, path.read_text())}'
+
+
 def test_the_checkers_reject_what_they_look_for():
   assert long_module('x = 1\n' * (MAX_MODULE_LINES + 1)) == MAX_MODULE_LINES + 1
   assert long_module('x = 1\n' * MAX_MODULE_LINES) is None
   body = ''.join(f'  x{i} = {i}\n' for i in range(MAX_FUNCTION_LINES))
   assert long_functions(f'def f():\n{body}') == [f'f ({MAX_FUNCTION_LINES + 1} lines)']
   assert long_functions('def f():\n  return 1\n') == []
+  methods = ''.join(f'  def m{i}(self): pass\n' for i in range(MAX_CLASS_METHODS + 1))
+  assert large_classes(f'class Planner:\n{methods}') == [f'Planner ({MAX_CLASS_METHODS + 1} methods)']
+  assert large_classes('class Small:\n  def m(self): pass\n') == []
   assert private_accesses('def f(rule):\n  return rule._parent(node)\n') == ['2: rule._parent']
   assert private_accesses('def f(self):\n  return self._parent, argparse._SubParsersAction, x.__class__\n') == []
   assert untyped_rules('def f(rule: tp.Any, other_rule, ok_rule: Rule): pass\n') == [
@@ -109,3 +162,8 @@ def test_the_checkers_reject_what_they_look_for():
   assert command_imports('from codemods import commands\nimport codemods.commands.verify\n') == [
       '1: codemods.commands', '2: codemods.commands.verify']
   assert command_imports('from codemods import report\n') == []
+  assert pass_imports('sizes', 'from codemods.rules.l2n002 import modes, queries\n') == ['sizes -> modes']
+  assert pass_imports('queries', 'from codemods.rules.l2n002.children import build_child\n') == ['queries -> children']
+  assert pass_imports('loops', 'from codemods.rules.l2n002 import children, sizes\n') == ['loops -> children']
+  assert pass_imports('children', 'from codemods.rules.l2n002 import lifted, queries\n') == ['children -> lifted']
+  assert pass_imports('context', 'if tp.TYPE_CHECKING:\n  from codemods.rules.l2n002.loops import Loops\n') == []

@@ -47,13 +47,14 @@ A class left as Linen keeps the classes it uses Linen too where no to_linen brid
 on the same variables (`linen_parents.py` says when).
 
 ## Layout
-Analyse: `facts.py` (`FileFacts`, once per file, with `factories.scan_factories`). Decide:
-`planner.py` fills a fresh `plan.ClassRewrite` per class from the passes mixed into it (`scope.py`,
-`children.py`, `lifted.py`, `modes.py`, `sizes.py`, `decode_cache.py`) and their helpers
-(`loops.py`, `factories.py`, the size/shape interpreter `dims.py`, `nodes.py`); a class that
-fails is dropped whole; `decide.py` decides the file's classes together (`linen_parents.py`: the
-to_linen bridges of classes left as Linen). Rewrite: `rule.py` applies the converted classes' `plan.FileRewrite`,
-with `emit.py` (the NNX code) and `entries.py` (the report).
+Analyse: `facts.py` (`FileFacts`, once per file, with `factory_fields.scan_factories`). Decide:
+`planner.py` fills a fresh `plan.ClassRewrite` per class with the planning passes, functions of a
+`context.ClassContext` (`scope.py`, `children.py`, `lifted.py`, `modes.py`, `decode_cache.py`, `loops.py`,
+`factories.py`, `tied.py`, `example_shapes.py`), which share through modules that import no pass: `queries.py`,
+`constructions.py` (what a construction builds), `init_code.py` (a child's `__init__` code), `sizes.py` over the
+size/shape interpreter `dims.py`, and `nodes.py`; a class that fails is dropped whole; `decide.py` decides the
+file's classes together (`linen_parents.py`: the to_linen bridges of classes left as Linen). Rewrite: `rule.py`
+applies the converted classes' `plan.FileRewrite`, with `emit.py` (the NNX code) and `entries.py` (the report).
 """
 
 from codemods.rules.l2n002.rule import (

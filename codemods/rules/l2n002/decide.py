@@ -1,6 +1,6 @@
 """Decides the fate of every Linen class of a file at once: converted (with its plan) or left as Linen (with why).
 
-A class is planned on its own (`planner.ClassPlanner`), but its fate depends on the others: a class left
+A class is planned on its own (`planner.plan_class`), but its fate depends on the others: a class left
 as Linen that builds or subclasses a converted class of the file would then build an NNX module the
 Linen way, a program that no longer runs. So each such construction is wrapped with
 `nnx_bridge.to_linen` where the Linen class then runs as before on the same variables
@@ -18,11 +18,9 @@ import libcst as cst
 
 from codemods.nodes import descendants
 from codemods.rules.l2n002.facts import FileFacts
-from codemods.rules.l2n002.linen_parents import ToLinenBridge
-from codemods.rules.l2n002.linen_parents import linen_parent_bridges
-from codemods.rules.l2n002.plan import FileRewrite
-from codemods.rules.l2n002.plan import Unsupported
-from codemods.rules.l2n002.planner import ClassPlanner
+from codemods.rules.l2n002.linen_parents import ToLinenBridge, linen_parent_bridges
+from codemods.rules.l2n002.plan import FileRewrite, Unsupported
+from codemods.rules.l2n002.planner import plan_class
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +68,7 @@ def _plan_all(facts: FileFacts) -> tuple[FileRewrite, dict[str, LeftLinen]]:
                                    'building it wraps it with nnx_bridge.from_linen')
       continue
     try:
-      plan = ClassPlanner(facts, file.plans, name, file.variable_classes).run(node)
+      plan = plan_class(facts, file.plans, node, file.variable_classes)
     except Unsupported as error:
       left[name] = LeftLinen(error.node, f'class {name} left as Linen: {error.message}')
       continue

@@ -8,13 +8,13 @@ import typing as tp
 
 import libcst as cst
 
-from codemods.rules.l2n002.nodes import field_name
-from codemods.rules.l2n002.nodes import init_params
-from codemods.rules.l2n002.nodes import is_docstring
-from codemods.rules.l2n002.nodes import stream_access
-from codemods.rules.l2n002.plan import Call
-from codemods.rules.l2n002.plan import Child
-from codemods.rules.l2n002.plan import ClassRewrite
+from codemods.rules.l2n002.nodes import (
+  field_name,
+  init_params,
+  is_docstring,
+  stream_access,
+)
+from codemods.rules.l2n002.plan import Call, Child, ClassRewrite
 
 
 def class_body(plan: ClassRewrite, updated: cst.ClassDef) -> cst.ClassDef:

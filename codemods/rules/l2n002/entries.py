@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import libcst as cst
 
-from codemods.report import EXAMPLE_INPUTS
-from codemods.report import FLAG
-from codemods.report import FIELD
-from codemods.report import INPUT_SIZE_SOURCES
-from codemods.report import RNGS
-from codemods.report import ChildName
-from codemods.report import ConstructorArgument
-from codemods.rules.l2n002.nodes import init_params
-from codemods.rules.l2n002.nodes import linen_class
+from codemods.report import (
+  EXAMPLE_INPUTS,
+  FIELD,
+  FLAG,
+  INPUT_SIZE_SOURCES,
+  RNGS,
+  ChildName,
+  ConstructorArgument,
+)
+from codemods.rules.l2n002.nodes import init_params, linen_class
 from codemods.rules.l2n002.plan import ClassRewrite
 
 INIT_CACHE = 'init_cache(input_shape, dtype=jnp.float32)'

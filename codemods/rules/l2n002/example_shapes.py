@@ -22,28 +22,17 @@ import typing as tp
 import libcst as cst
 
 from codemods.nodes import descendants
-from codemods.report import INPUT_DIMENSION
-from codemods.report import UNDETERMINED
-from codemods.rules.l2n002.dims import BodyWalk
-from codemods.rules.l2n002.dims import literal_int
-from codemods.rules.l2n002.dims import reduced_axes
-from codemods.rules.l2n002.nodes import ARITHMETIC
-from codemods.rules.l2n002.nodes import assigned_name
-from codemods.rules.l2n002.nodes import forget
-from codemods.rules.l2n002.nodes import is_number
+from codemods.report import INPUT_DIMENSION, UNDETERMINED
+from codemods.rules.l2n002 import sizes
+from codemods.rules.l2n002.dims import BodyWalk, literal_int, reduced_axes
+from codemods.rules.l2n002.nodes import ARITHMETIC, assigned_name, forget, is_number
 from codemods.shape_formulas import SHAPE
-from codemods.vocabulary import ELEMENTWISE
-from codemods.vocabulary import POOLING_WINDOW
-from codemods.vocabulary import REDUCTIONS
-from codemods.vocabulary import WINDOW_POOLING
-from nnx_bridge.layer_spec import SAME_AS_INPUT
-from nnx_bridge.layer_spec import InputDim
-from nnx_bridge.layer_spec import Window
+from codemods.vocabulary import ELEMENTWISE, POOLING_WINDOW, REDUCTIONS, WINDOW_POOLING
+from nnx_bridge.layer_spec import SAME_AS_INPUT, InputDim, Window
 
 if tp.TYPE_CHECKING:
-  from codemods.rules.l2n002.plan import Child
-  from codemods.rules.l2n002.plan import ClassRewrite
-  from codemods.rules.l2n002.planner import ClassPlanner
+  from codemods.rules.l2n002.context import ClassContext
+  from codemods.rules.l2n002.plan import Child, ClassRewrite
 
 Axes = tuple[str | None, ...]
 """A whole shape of known rank: each axis's size as a formula over `input_shape`, None where unknown."""
@@ -52,7 +41,7 @@ _RESHAPE = frozenset({'jax.numpy.reshape'})
 _POOL_ARGS = ('inputs', 'window_shape', 'strides', 'padding')  # avg_pool / max_pool / min_pool, by position
 
 
-def add_shape_formulas(p: ClassPlanner, plan: ClassRewrite, call: cst.FunctionDef,
+def add_shape_formulas(ctx: ClassContext, plan: ClassRewrite, call: cst.FunctionDef,
                        calls: dict[cst.Call, Child]) -> None:
   """Gives each size argument the code leaves undetermined its formulas over the first input's shape."""
   children = {child.attr: child for child in plan.children}
@@ -63,7 +52,7 @@ def add_shape_formulas(p: ClassPlanner, plan: ClassRewrite, call: cst.FunctionDe
     return
   found: dict[int, list[tuple[int, str]]] = {i: [] for i, _ in open_sizes}
   for rank in RANKS:
-    walker = ExampleShapes(p, plan, calls)
+    walker = ExampleShapes(ctx, plan, calls)
     walker.walk(call.body, {plan.call_params[0]: tuple(f'{SHAPE}[{axis}]' for axis in range(rank))})
     for index, argument in open_sizes:
       source = dict(children[argument.child].spec.derived).get(argument.child_argument)
@@ -80,13 +69,13 @@ def add_shape_formulas(p: ClassPlanner, plan: ClassRewrite, call: cst.FunctionDe
 class ExampleShapes(BodyWalk[Axes]):
   """Whole shapes through `__call__`, and the shape each child is first called with (`inputs`)."""
 
-  def __init__(self, p: ClassPlanner, plan: ClassRewrite, calls: dict[cst.Call, Child]) -> None:
+  def __init__(self, ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.Call, Child]) -> None:
     super().__init__(plan.ifs, plan.branches)
-    self.p, self.calls = p, calls
+    self.ctx, self.calls = ctx, calls
     self.inputs: dict[str, Axes | None] = {}  # child attribute -> its input's shape (None: several differ)
 
   def value(self, expr: cst.CSTNode, env: dict[str, Axes | None]) -> Axes | None:
-    has_name = self.p.facts.has_name
+    has_name = self.ctx.facts.has_name
     if isinstance(expr, cst.Name):
       return env.get(expr.value)
     if isinstance(expr, cst.Call) and expr in self.calls:
@@ -111,7 +100,7 @@ class ExampleShapes(BodyWalk[Axes]):
   def layer(self, node: cst.Call, env: dict[str, Axes | None]) -> Axes | None:
     child = self.calls[node]
     args = [self.value(a.value, env) for a in node.args]
-    first = self.p.call_arg(node, child, 0) if not child.bridged else None
+    first = sizes.call_arg(self.ctx, node, child, 0) if not child.bridged else None
     source = args[first] if first is not None else None
     self.inputs[child.attr] = source if self.inputs.get(child.attr, source) == source else None
     spec = child.spec

@@ -11,26 +11,30 @@ import dataclasses
 import typing as tp
 
 import libcst as cst
-from libcst.metadata import CodePosition
-from libcst.metadata import ParentNodeProvider
-from libcst.metadata import PositionProvider
-from libcst.metadata import QualifiedName
-from libcst.metadata import QualifiedNameProvider
-from libcst.metadata import Scope
-from libcst.metadata import ScopeProvider
+from libcst.metadata import (
+  CodePosition,
+  ParentNodeProvider,
+  PositionProvider,
+  QualifiedName,
+  QualifiedNameProvider,
+  Scope,
+  ScopeProvider,
+)
 
 from codemods.analysis.hierarchy import LinenHierarchy
 from codemods.nodes import descendants
 from codemods.options import MigrationOptions
-from codemods.vocabulary import CONTROL_FLOW
-from codemods.vocabulary import JIT_NAMES
-from codemods.vocabulary import MODULE_NAMES
-from codemods.vocabulary import REMAT_NAMES
-from codemods.vocabulary import SCAN_NAMES
-from codemods.vocabulary import VMAP_NAMES
+from codemods.vocabulary import (
+  CONTROL_FLOW,
+  JIT_NAMES,
+  MODULE_NAMES,
+  REMAT_NAMES,
+  SCAN_NAMES,
+  VMAP_NAMES,
+)
 
 if tp.TYPE_CHECKING:
-  from codemods.rules.l2n002.factories import FactoryFields
+  from codemods.rules.l2n002.factory_fields import FactoryFields
 
 Metadata = tp.Callable[..., tp.Any]
 """`MetadataDependent.get_metadata`: (provider, node, default) -> the node's metadata."""
@@ -139,12 +143,12 @@ class FileFacts:
 def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, options: MigrationOptions,
                  hierarchy: LinenHierarchy, kept: tp.Mapping[str, str] = {},
                  unbridged: tp.Collection[str] = ()) -> FileFacts:
-  """The facts of one file, with its factory fields (`factories.scan_factories`).
+  """The facts of one file, with its factory fields (`factory_fields.scan_factories`).
 
   `kept`: classes of the file the run has decided to keep as Linen (`MigrationRule.kept_classes`), with why.
   `unbridged`: Linen classes that must not wrap converted classes with to_linen (`MigrationRule.unbridged_classes`).
   """
-  from codemods.rules.l2n002.factories import scan_factories
+  from codemods.rules.l2n002.factory_fields import scan_factories
 
   facts = FileFacts(module, metadata, filename, options, hierarchy, unbridged=frozenset(unbridged))
   linen = frozenset(s.name.value for s in module.body if isinstance(s, cst.ClassDef) and facts.is_linen_class(s))

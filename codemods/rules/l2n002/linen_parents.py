@@ -26,10 +26,8 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.report import INPUT_DIMENSION
 from codemods.rules.l2n002.facts import FileFacts
-from codemods.rules.l2n002.nodes import is_self_attr
-from codemods.rules.l2n002.nodes import self_assignment
+from codemods.rules.l2n002.nodes import is_self_attr, self_assignment
 from codemods.rules.l2n002.plan import ClassRewrite
-
 
 _ELEMENT_NAME = re.compile(r'(\w*)\{(\w+)\}(\w*)')  # a list's Linen name pattern, by the loop's index alone
 

@@ -37,15 +37,13 @@ import libcst as cst
 
 from codemods.nodes import descendants
 from codemods.report import ChildName
-from codemods.rules.l2n002.dims import Dim
-from codemods.rules.l2n002.dims import Known
+from codemods.rules.l2n002 import constructions, queries, sizes
+from codemods.rules.l2n002.dims import Dim, Known
 from codemods.rules.l2n002.nodes import assigned_name
-from codemods.rules.l2n002.plan import Child
-from codemods.rules.l2n002.plan import ClassRewrite
-from codemods.rules.l2n002.plan import Unsupported
+from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
 if tp.TYPE_CHECKING:
-  from codemods.rules.l2n002.planner import ClassPlanner
+  from codemods.rules.l2n002.context import ClassContext
 LOOP_STOPS = (cst.Break, cst.Continue, cst.Return, cst.Yield, cst.Await)
 
 
@@ -129,7 +127,7 @@ class Loops:
 
   # --- planning --------------------------------------------------------------------------------
 
-  def plan(self, planner: ClassPlanner, statement: cst.For, built: set[cst.Call]) -> None:
+  def plan(self, ctx: ClassContext, statement: cst.For, built: set[cst.Call]) -> None:
     """Checks a for loop of the @nn.compact body and registers it; raises Unsupported with why not."""
     fail = lambda node, why: Unsupported(node, f'a for loop {why}')
     ctors = [c for c in descendants(statement.body) if c in built]
@@ -149,19 +147,19 @@ class Loops:
                                                                          'has_variable', 'is_initializing'):
         raise fail(sub, f'calling self.{sub.func.attr.value}: NNX creates variables and rng streams in __init__; '
                         'move it out of the loop or write the NNX code by hand')
-    methods = _class_methods(planner, statement)
+    methods = _class_methods(ctx, statement)
     for sub in descendants(statement.body):
       if isinstance(sub, cst.Call) and isinstance(sub.func, cst.Attribute) and isinstance(sub.func.value, cst.Name) \
           and sub.func.value.value == 'self' and sub.func.attr.value in methods:
         raise fail(sub, f'calling self.{sub.func.attr.value}(), which may build layers in every iteration')
-    loop = self._target(planner, statement, bool(ctors))
+    loop = self._target(ctx, statement, bool(ctors))
     assigned = {n.value for sub in descendants(statement.body) if isinstance(sub, (cst.AssignTarget, cst.AugAssign,
                                                                                    cst.AnnAssign))
                 for n in (sub.target, *descendants(sub.target)) if isinstance(n, cst.Name)}
     if assigned & loop.names:
       raise fail(statement, f'assigning its loop variable {sorted(assigned & loop.names)[0]}')
     for ctor in ctors:
-      parent = planner.facts.parent(ctor)
+      parent = ctx.facts.parent(ctor)
       if not (isinstance(parent, cst.Call) and parent.func is ctor):
         raise fail(ctor, 'building a submodule not called where it is built (bind it outside the loop, or call it '
                          'at once)')
@@ -169,18 +167,18 @@ class Loops:
       self.sites[ctor] = loop.sites[-1]
     if ctors:
       self.refs |= {n for n in descendants(statement.body) if isinstance(n, cst.Name) and n.value in loop.names}
-      self._body_locals(planner, statement, ctors)
+      self._body_locals(ctx, statement, ctors)
       try:
-        planner.check_hoistable(loop.sequence if loop.sequence is not None else loop.count)
+        queries.check_hoistable(ctx, loop.sequence if loop.sequence is not None else loop.count)
       except Unsupported:
-        raise fail(statement.iter, f'over {planner.facts.code(statement.iter)}, which __init__ cannot '
+        raise fail(statement.iter, f'over {ctx.facts.code(statement.iter)}, which __init__ cannot '
                                    'evaluate (it uses an input or a local): NNX builds the layers in __init__') from None
     self.loops[statement] = loop
 
-  def _body_locals(self, planner: ClassPlanner, statement: cst.For, ctors: list[cst.Call]) -> None:
+  def _body_locals(self, ctx: ClassContext, statement: cst.For, ctors: list[cst.Call]) -> None:
     """`strides = (2, 2) if i > 0 else (1, 1)` in the loop body, read by a construction: its value is written into
     the comprehension in __init__ (the statement goes when only constructions read it)."""
-    method = _enclosing(planner, statement, cst.FunctionDef)
+    method = _enclosing(ctx, statement, cst.FunctionDef)
     bound: dict[str, list[cst.CSTNode]] = {}
     for sub in descendants(method):
       for target in (getattr(sub, 'target', None),) if isinstance(sub, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign,
@@ -196,55 +194,55 @@ class Loops:
         continue
       reads = [n for n in descendants(statement.body) if isinstance(n, cst.Name) and n.value == name
                and n is not line.body[0].targets[0].target
-               and not (isinstance(planner.facts.parent(n), cst.Attribute) and planner.facts.parent(n).attr is n)]
+               and not (isinstance(ctx.facts.parent(n), cst.Attribute) and ctx.facts.parent(n).attr is n)]
       used = [n for n in reads if n in inside]
       later = {n for l in lines[lines.index(line) + 1:] for n in descendants(l)}
       if not used or any(n not in later for n in used):
         continue
       value = line.body[0].value
       try:
-        planner.check_hoistable(value)
+        queries.check_hoistable(ctx, value)
       except Unsupported:
         continue  # it reads an input or another local: the construction's own check refuses it
-      code = planner.code(value)
+      code = queries.code(ctx, value)
       for node in used:
         self.refs.add(node)
-        planner.plan.aliases[node] = code if re.fullmatch(r'[\w.]+', code) else f'({code})'
+        ctx.plan.aliases[node] = code if re.fullmatch(r'[\w.]+', code) else f'({code})'
       if len(used) == len(reads) and all(n in later for n in reads):
-        planner.plan.removed.add(line)
+        ctx.plan.removed.add(line)
 
-  def _target(self, planner: ClassPlanner, statement: cst.For | cst.CompFor, rewrite: bool) -> Loop:
+  def _target(self, ctx: ClassContext, statement: cst.For | cst.CompFor, rewrite: bool) -> Loop:
     """The loop's index, element and iterator: `for i in range(n)`, `for i, f in enumerate(S)`, `for f in S`."""
-    code = planner.facts.code
+    code = ctx.facts.code
     target, it = statement.target, statement.iter
     what = 'a for loop' if isinstance(statement, cst.For) else 'a list comprehension'
     fail = lambda why: Unsupported(statement, f'{what} {why}')
-    fresh = lambda: _fresh(planner, statement)
-    if isinstance(it, cst.Call) and _is_builtin(planner, it.func, 'range') and len(it.args) == 1 \
+    fresh = lambda: _fresh(ctx, statement)
+    if isinstance(it, cst.Call) and _is_builtin(ctx, it.func, 'range') and len(it.args) == 1 \
         and it.args[0].keyword is None and not it.args[0].star and isinstance(target, cst.Name):
       index = target.value if target.value != '_' else fresh()
       loop = Loop(statement, index, None, None, it.args[0].value, frozenset({target.value}))
       if rewrite and target.value == '_':
-        planner.plan.exprs[target] = index
-    elif isinstance(it, cst.Call) and _is_builtin(planner, it.func, 'enumerate'):
+        ctx.plan.exprs[target] = index
+    elif isinstance(it, cst.Call) and _is_builtin(ctx, it.func, 'enumerate'):
       names = _pair(target)
       if names is None or len(it.args) != 1 or it.args[0].keyword is not None or it.args[0].star:
         raise fail('over enumerate(...) with other than `for i, x in enumerate(<sequence>)`')
       index = names[0] if names[0] != '_' else fresh()
       loop = Loop(statement, index, names[1], it.args[0].value, None, frozenset(names))
       if rewrite and names[0] == '_':
-        planner.plan.exprs[target.elements[0].value] = index
+        ctx.plan.exprs[target.elements[0].value] = index
     elif isinstance(target, cst.Name):
       index = fresh()
       loop = Loop(statement, index, target.value, it, None, frozenset({target.value}))
       if rewrite:
-        planner.plan.exprs[target] = f'{index}, {target.value}'
-        planner.plan.exprs[it] = f'enumerate({code(it)})'
+        ctx.plan.exprs[target] = f'{index}, {target.value}'
+        ctx.plan.exprs[it] = f'enumerate({code(it)})'
     else:
       raise fail(f'with the target {code(target)} (converted: a name, or `i, x` over enumerate(...))')
     return loop
 
-  def setup_append(self, planner: ClassPlanner, statement: cst.BaseStatement, setup: cst.FunctionDef) -> bool:
+  def setup_append(self, ctx: ClassContext, statement: cst.BaseStatement, setup: cst.FunctionDef) -> bool:
     """`layers = []`, `for f in <iterator>: layers.append(<layer>)`, `self.layers = layers` in setup(): the first two
     statements go (their list becomes the nnx.List of the third); True for them, False for any other statement."""
     if statement in self._appends.values() or statement in self._empty:
@@ -256,64 +254,64 @@ class Loops:
     loop = body[body.index(statement) + 1] if body.index(statement) + 1 < len(body) else None
     ctor = _appended(loop, name)
     uses = [n for n in descendants(setup.body) if isinstance(n, cst.Name) and n.value == name
-            and not (isinstance(planner.facts.parent(n), cst.Attribute) and planner.facts.parent(n).attr is n)]
+            and not (isinstance(ctx.facts.parent(n), cst.Attribute) and ctx.facts.parent(n).attr is n)]
     stores = [s for s in body if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
               and isinstance(s.body[0], cst.Assign) and isinstance(s.body[0].value, cst.Name)
               and s.body[0].value.value == name]
-    if ctor is None or len(uses) != 3 or len(stores) != 1 or planner.constructed(ctor) is None:
+    if ctor is None or len(uses) != 3 or len(stores) != 1 or constructions.constructed(ctx, ctor) is None:
       raise Unsupported(statement, f'a setup() list {name} other than `{name} = []`, then `for x in <iterator>: '
                                         f'{name}.append(<layer>(...))`, then `self.<attr> = {name}`')
     self._empty.add(statement)
     self._appends[stores[0].body[0].value] = loop
-    planner.plan.removed.update((statement, loop))
+    ctx.plan.removed.update((statement, loop))
     return True
 
-  def appended(self, planner: ClassPlanner, value: cst.BaseExpression, attr: str) -> cst.Call | None:
+  def appended(self, ctx: ClassContext, value: cst.BaseExpression, attr: str) -> cst.Call | None:
     """The layer a `self.<attr> = <list>` of `setup_append`'s pattern builds, registered as a setup() list."""
     loop_node = self._appends.get(value) if isinstance(value, cst.Name) else None
     if loop_node is None:
       return None
     ctor = _appended(loop_node, value.value)
-    return self._setup_site(planner, ctor, loop_node, value, attr, 'a loop')
+    return self._setup_site(ctx, ctor, loop_node, value, attr, 'a loop')
 
-  def setup_list(self, planner: ClassPlanner, value: cst.ListComp, attr: str) -> cst.Call:
+  def setup_list(self, ctx: ClassContext, value: cst.ListComp, attr: str) -> cst.Call:
     """`self.layers = [nn.Dense(f) for f in self.features]` in setup(): registers the construction; returns it."""
     comp = value.for_in
     if comp.inner_for_in is not None or comp.ifs or comp.asynchronous is not None:
       raise Unsupported(value, f'self.{attr}: a list comprehension with several for clauses or an if '
                                     '(converted: `[<layer>(...) for x in <iterator>]`)')
     ctor = value.elt
-    if not isinstance(ctor, cst.Call) or planner.constructed(ctor) is None:
+    if not isinstance(ctor, cst.Call) or constructions.constructed(ctx, ctor) is None:
       raise Unsupported(value, f'self.{attr}: a list of other than table layers or classes of this file')
-    return self._setup_site(planner, ctor, comp, value, attr, 'a list comprehension')
+    return self._setup_site(ctx, ctor, comp, value, attr, 'a list comprehension')
 
-  def _setup_site(self, planner: ClassPlanner, ctor: cst.Call, loop_node: cst.For | cst.CompFor, value: cst.BaseExpression, attr: str,
+  def _setup_site(self, ctx: ClassContext, ctor: cst.Call, loop_node: cst.For | cst.CompFor, value: cst.BaseExpression, attr: str,
                   what: str) -> cst.Call:
     """Registers the construction of a setup() list built by `loop_node` (a for loop or a comprehension)."""
     name = next((a.value for a in ctor.args if a.keyword is not None and a.keyword.value == 'name'), None)
-    loop = self._target(planner, loop_node, False)
+    loop = self._target(ctx, loop_node, False)
     loop.comprehension = value
-    loop.sites.append(Site(loop, ctor, _setup_name(planner, ctor, name, loop, attr) if name is not None else None,
+    loop.sites.append(Site(loop, ctor, _setup_name(ctx, ctor, name, loop, attr) if name is not None else None,
                            setup_attr=attr))
     self.sites[ctor] = loop.sites[-1]
     self.refs |= {n for n in descendants(ctor) if isinstance(n, cst.Name) and n.value in loop.names}
     try:
-      planner.check_hoistable(loop.sequence if loop.sequence is not None else loop.count)
+      queries.check_hoistable(ctx, loop.sequence if loop.sequence is not None else loop.count)
     except Unsupported:
-      raise Unsupported(loop_node.iter, f'self.{attr}: {what} over {planner.facts.code(loop_node.iter)}, '
+      raise Unsupported(loop_node.iter, f'self.{attr}: {what} over {ctx.facts.code(loop_node.iter)}, '
                                              'which __init__ cannot evaluate') from None
     return ctor
 
-  def list_use(self, planner: ClassPlanner, sub: cst.Attribute, child: Child, calls: dict[cst.Call, Child]) -> bool:
+  def list_use(self, ctx: ClassContext, sub: cst.Attribute, child: Child, calls: dict[cst.Call, Child]) -> bool:
     """`self.layers` of a setup() list in a method: only `for layer in self.layers:` (or `enumerate(...)`) calling
     `layer(...)`; the calls join `calls` and the loop is walked as a loop of the list. False for other children."""
     site = self.sites.get(child.ctor)
     if site is None or child.hoisted:
       return False
-    parent, element = planner.facts.parent(sub), None
-    if isinstance(parent, cst.Arg) and isinstance(planner.facts.parent(parent), cst.Call) \
-        and _is_builtin(planner, planner.facts.parent(parent).func, 'enumerate') and len(planner.facts.parent(parent).args) == 1:
-      parent = planner.facts.parent(planner.facts.parent(parent))
+    parent, element = ctx.facts.parent(sub), None
+    if isinstance(parent, cst.Arg) and isinstance(ctx.facts.parent(parent), cst.Call) \
+        and _is_builtin(ctx, ctx.facts.parent(parent).func, 'enumerate') and len(ctx.facts.parent(parent).args) == 1:
+      parent = ctx.facts.parent(ctx.facts.parent(parent))
       names = _pair(parent.target) if isinstance(parent, cst.For) else None
       element = names[1] if names is not None else None
     elif isinstance(parent, cst.For) and parent.iter is sub and isinstance(parent.target, cst.Name):
@@ -326,17 +324,17 @@ class Loops:
       raise Unsupported(parent, f'a for loop over {used} with nested blocks other than ifs of simple statements '
                                 f'that do not use {element}, or with break, continue or return')
     for block in blocks:  # `if output_attentions: all_attentions += (out[1],)` (transformers): walked arm by arm
-      planner.plan.branches.update([block, *(s for s in descendants(block) if isinstance(s, cst.If))])
+      ctx.plan.branches.update([block, *(s for s in descendants(block) if isinstance(s, cst.If))])
     for name in descendants(parent.body):
       if isinstance(name, cst.Name) and name.value == element:
-        call = planner.facts.parent(name)
+        call = ctx.facts.parent(name)
         if not (isinstance(call, cst.Call) and call.func is name):
           raise Unsupported(name, f'the layer {element} of {used} used other than by calling it')
         calls[call] = child
     self.loops[parent] = site.loop
     return True
 
-  def list_name(self, planner: ClassPlanner, ctor: cst.Call, name: cst.BaseExpression | None) -> str | None:
+  def list_name(self, ctx: ClassContext, ctor: cst.Call, name: cst.BaseExpression | None) -> str | None:
     """The attribute of a loop construction's `name=f'layer_{i}'` (`layers`); None outside loops or without name=."""
     site = self.sites.get(ctor)
     if site is None or name is None:
@@ -349,11 +347,11 @@ class Loops:
                                    "start (f'layer_{i}'): each iteration needs its own name")
     prefix = name.parts[0].value.rstrip('_')
     if not prefix.isidentifier() or len(name.parts) == 1:
-      raise Unsupported(ctor, f"a submodule built in a loop named {planner.facts.code(name)}: the "
+      raise Unsupported(ctor, f"a submodule built in a loop named {ctx.facts.code(name)}: the "
                                    'converted name is its literal start, which is not an identifier')
-    site.pattern = planner.facts.code(name)[len(name.start):-len(name.end)]
+    site.pattern = ctx.facts.code(name)[len(name.start):-len(name.end)]
     attr = plural(prefix)
-    taken = set(_class_methods(planner, ctor)) | _class_fields(planner, ctor) | {'rngs'}
+    taken = set(_class_methods(ctx, ctor)) | _class_fields(ctx, ctor) | {'rngs'}
     while attr in taken:
       attr += '_'
     return attr
@@ -362,7 +360,7 @@ class Loops:
     """The attribute base name of an auto-named child: a list's is plural (`linears`)."""
     return plural(base) if child.ctor in self.sites else base
 
-  def after_calls(self, planner: ClassPlanner, plan: ClassRewrite, calls: dict[cst.Call, Child]) -> None:
+  def after_calls(self, ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.Call, Child]) -> None:
     """Once children are named: refuses kinds not converted in loops, indexes the calls, fixes Linen names."""
     listed = [c for c in plan.children if c.ctor in self.sites]
     for child in listed:
@@ -380,17 +378,17 @@ class Loops:
     for call, child in calls.items():
       site = self.sites.get(child.ctor)
       if site is not None and child.hoisted:
-        planner.plan.calls[call] = (f'{child.attr}[{site.loop.index}]', planner.plan.calls.get(call, (None, set()))[1])
+        ctx.plan.calls[call] = (f'{child.attr}[{site.loop.index}]', ctx.plan.calls.get(call, (None, set()))[1])
     loops = list(dict.fromkeys(self.sites[c.ctor].loop for c in listed))
     for loop in loops:  # the iterator in __init__, without the rewrite of the loop's own header
-      rewritten = planner.plan.exprs.pop(loop.node.iter, None)
-      loop.sequence_code = planner.code(loop.sequence if loop.sequence is not None else loop.count)
+      rewritten = ctx.plan.exprs.pop(loop.node.iter, None)
+      loop.sequence_code = queries.code(ctx, loop.sequence if loop.sequence is not None else loop.count)
       sequence = loop.sequence
-      if isinstance(sequence, cst.Call) and _is_builtin(planner, sequence.func, 'range') and len(sequence.args) == 2 \
+      if isinstance(sequence, cst.Call) and _is_builtin(ctx, sequence.func, 'range') and len(sequence.args) == 2 \
           and all(a.keyword is None and not a.star for a in sequence.args):
-        loop.stop = planner.code(sequence.args[1].value)
+        loop.stop = queries.code(ctx, sequence.args[1].value)
       if rewritten is not None:
-        planner.plan.exprs[loop.node.iter] = rewritten
+        ctx.plan.exprs[loop.node.iter] = rewritten
     if listed:
       self._linen_names(plan)
     for child in listed:
@@ -398,13 +396,13 @@ class Loops:
         site = self.sites[child.ctor]
         child.linen_name = site.pattern or f'{child.attr}_{{{site.loop.index}}}'
         first, second = (child.linen_name.replace(f'{{{site.loop.index}}}', str(k)) for k in (0, 1))
-        planner.plan.pending.append((child.ctor, f'self.{child.attr}: a list of layers -> nnx.List (Linen names them '
+        ctx.plan.pending.append((child.ctor, f'self.{child.attr}: a list of layers -> nnx.List (Linen names them '
                                           f'{first}, {second}, ...)'))
     for loop in loops:
       if loop.comprehension is not None:  # a setup() list: reported above
         continue
       attrs = ', '.join(f'self.{c.attr}' for c in listed if self.sites[c.ctor].loop is loop)
-      planner.plan.pending.append((loop.node, f'the layers built in this loop -> nnx.List attributes {attrs}, built in '
+      ctx.plan.pending.append((loop.node, f'the layers built in this loop -> nnx.List attributes {attrs}, built in '
                                        f'__init__ over the same iterator; the loop indexes them with {loop.index}'))
 
   def _linen_names(self, plan: ClassRewrite) -> None:
@@ -442,7 +440,7 @@ class Loops:
         size = loop.length() if len(members) == 1 else f'{len(members)} * {_paren(loop.length())}'
         extra.setdefault(name, []).append(size)
 
-  def wrap(self, planner: ClassPlanner, child: Child) -> str:
+  def wrap(self, ctx: ClassContext, child: Child) -> str:
     """A loop child's constructor -> `nnx.List([<constructor> for <target> in <iterator>])`; others unchanged."""
     site = self.sites.get(child.ctor)
     if site is None:
@@ -458,7 +456,7 @@ class Loops:
     else:
       header = f'{loop.element if element else "_"} in {loop.sequence_code}'
     if not child.hoisted:  # a setup() list: the comprehension becomes the nnx.List
-      planner.plan.exprs[loop.comprehension] = f'nnx.List([{text} for {header}])'
+      ctx.plan.exprs[loop.comprehension] = f'nnx.List([{text} for {header}])'
       return text
     return f'nnx.List([{text} for {header}])'
 
@@ -496,18 +494,18 @@ class Loops:
 
   # --- sizes -----------------------------------------------------------------------------------
 
-  def seen(self, planner: ClassPlanner, child: Child, node: cst.Call, arg_dims: list[Dim]) -> None:
+  def seen(self, ctx: ClassContext, child: Child, node: cst.Call, arg_dims: list[Dim]) -> None:
     """A call of a loop child reached by _derive's walk: recorded for `derive`, which sizes it."""
     site = self.sites[child.ctor]
     if site.loop.active:
       site.seen.append((node, arg_dims))
     elif not child.done:
       child.done = True
-      if any(not optional for _, _, optional in planner.size_sources(child)):
-        raise Unsupported(node, f'the sizes of the {_class_name(planner, child)} built in a loop __call__ does not reach '
+      if any(not optional for _, _, optional in sizes.size_sources(ctx, child)):
+        raise Unsupported(node, f'the sizes of the {_class_name(ctx, child)} built in a loop __call__ does not reach '
                                      'cannot be derived')
 
-  def derive(self, planner: ClassPlanner, plan: ClassRewrite, statement: cst.For, env: dict[str, Dim], derive: bool,
+  def derive(self, ctx: ClassContext, plan: ClassRewrite, statement: cst.For, env: dict[str, Dim], derive: bool,
              walk: tp.Callable[[cst.BaseSuite, dict[str, Dim]], Dim], shared: dict[tp.Any, str]) -> None:
     """The loop in _derive's walk: two passes (the first iteration, the later ones), then each site's sizes."""
     loop = self.loops[statement]
@@ -527,54 +525,54 @@ class Loops:
       loop.active = False
     unstable = {n for n in changed if not _same(second.get(n), first[n])}
     for site in loop.sites:
-      self._size_site(planner, plan, site, changed, unstable, derive, shared)
+      self._size_site(ctx, plan, site, changed, unstable, derive, shared)
     for name in changed:
       env[name] = None if name in unstable or not derive else _known_after(loop, first[name])
     for name in names:
       env[name] = None
 
-  def _size_site(self, planner: ClassPlanner, plan: ClassRewrite, site: Site, changed: set[str], unstable: set[str], derive: bool,
+  def _size_site(self, ctx: ClassContext, plan: ClassRewrite, site: Site, changed: set[str], unstable: set[str], derive: bool,
                  shared: dict[tp.Any, str]) -> None:
     child = next(c for c in plan.children if c.ctor is site.ctor)
     if child.done:
       return
     if len(site.seen) != 2:
-      raise Unsupported(site.ctor, f'the sizes of the {_class_name(planner, child)} built in this for loop cannot be '
+      raise Unsupported(site.ctor, f'the sizes of the {_class_name(ctx, child)} built in this for loop cannot be '
                                         'derived')
     child.done = True
     (node, first_dims), (_, later_dims) = site.seen
-    for nnx_arg, index, optional in planner.size_sources(child):
-      position = planner.call_arg(node, child, index)
+    for nnx_arg, index, optional in sizes.size_sources(ctx, child):
+      position = sizes.call_arg(ctx, node, child, index)
       if position is None and optional:
         continue
       first = first_dims[position] if position is not None else None
       later = later_dims[position] if position is not None else None
       reads = position is not None and any(isinstance(n, cst.Name) and n.value in changed
                                            for n in (node.args[position].value, *descendants(node.args[position].value)))
-      why = (f'the input size {nnx_arg} of the {_class_name(planner, child)} built in this for loop changes from one '
+      why = (f'the input size {nnx_arg} of the {_class_name(ctx, child)} built in this for loop changes from one '
              'iteration to the next in a way the code does not express (write the NNX sizes by hand)')
       if _same(first, later) and (first is not None or not reads):
-        child.sizes[nnx_arg] = self._first(planner, plan, child, nnx_arg, first, node, position, shared, '')
+        child.sizes[nnx_arg] = self._first(ctx, plan, child, nnx_arg, first, node, position, shared, '')
       elif not isinstance(later, Known) or (unstable and reads) or not derive:
         raise Unsupported(node, why)
       else:
-        first_code = self._first(planner, plan, child, nnx_arg, first, node, position, shared, ' in the first iteration')
+        first_code = self._first(ctx, plan, child, nnx_arg, first, node, position, shared, ' in the first iteration')
         child.sizes[nnx_arg] = f'{first_code} if {site.loop.index} == 0 else {later.code}'
 
-  def _first(self, planner: ClassPlanner, plan: ClassRewrite, child: Child, nnx_arg: str, source: Dim, node: cst.Call,
+  def _first(self, ctx: ClassContext, plan: ClassRewrite, child: Child, nnx_arg: str, source: Dim, node: cst.Call,
              position: int | None, shared: dict[tp.Any, str], when: str) -> str:
     if isinstance(source, Known):
       return source.code
     key = source if source is not None else (child.attr, nnx_arg)
     if key not in shared:
-      argument = planner.facts.code(node.args[position].value) if position is not None else None
+      argument = ctx.facts.code(node.args[position].value) if position is not None else None
       where = None if argument is None else \
           f"the input dimension of self.{child.attr}'s call argument {argument}{when}"
-      shared[key] = planner.size_param(plan, child, nnx_arg, where, source, node)
+      shared[key] = sizes.size_param(ctx, plan, child, nnx_arg, where, source, node)
     return shared[key]
 
 
-def _class_name(planner: ClassPlanner, child: Child) -> str:
+def _class_name(ctx: ClassContext, child: Child) -> str:
   """`nn.Dense` / `Block`: what a loop child constructs, as the code spells it."""
   func = child.ctor.func
   return cst.Module([]).code_for_node(func) if isinstance(func, (cst.Name, cst.Attribute)) else 'submodule'
@@ -670,32 +668,32 @@ def _pair(target: cst.BaseExpression) -> tuple[str, str] | None:
   return None
 
 
-def _is_builtin(planner: ClassPlanner, func: cst.BaseExpression, name: str) -> bool:
-  return isinstance(func, cst.Name) and func.value == name and name not in planner.facts.global_names
+def _is_builtin(ctx: ClassContext, func: cst.BaseExpression, name: str) -> bool:
+  return isinstance(func, cst.Name) and func.value == name and name not in ctx.facts.global_names
 
 
-def _enclosing(planner: ClassPlanner, node: cst.CSTNode, kind: type[cst.CSTNode]) -> tp.Any:
+def _enclosing(ctx: ClassContext, node: cst.CSTNode, kind: type[cst.CSTNode]) -> tp.Any:
   while node is not None and not isinstance(node, kind):
-    node = planner.facts.parent(node)
+    node = ctx.facts.parent(node)
   return node
 
 
-def _class_methods(planner: ClassPlanner, node: cst.CSTNode) -> set[str]:
-  cls = _enclosing(planner, node, cst.ClassDef)
+def _class_methods(ctx: ClassContext, node: cst.CSTNode) -> set[str]:
+  cls = _enclosing(ctx, node, cst.ClassDef)
   return {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)} if cls is not None else set()
 
 
-def _class_fields(planner: ClassPlanner, node: cst.CSTNode) -> set[str]:
-  cls = _enclosing(planner, node, cst.ClassDef)
+def _class_fields(ctx: ClassContext, node: cst.CSTNode) -> set[str]:
+  cls = _enclosing(ctx, node, cst.ClassDef)
   return {s.body[0].target.value for s in (cls.body.body if cls is not None else ())
           if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.AnnAssign)
           and isinstance(s.body[0].target, cst.Name)}
 
 
-def _fresh(planner: ClassPlanner, statement: cst.For) -> str:
+def _fresh(ctx: ClassContext, statement: cst.For) -> str:
   """An index name the method does not use: `i`, else `j`, `k`, `index`, `index_`..."""
-  method = _enclosing(planner, statement, cst.FunctionDef)
-  used = {n.value for n in descendants(method) if isinstance(n, cst.Name)} | planner.facts.global_names
+  method = _enclosing(ctx, statement, cst.FunctionDef)
+  used = {n.value for n in descendants(method) if isinstance(n, cst.Name)} | ctx.facts.global_names
   for name in ('i', 'j', 'k', 'index'):
     if name not in used:
       return name
@@ -712,11 +710,11 @@ def _plain_if(statement: cst.BaseStatement, element: str) -> bool:
       and not any(isinstance(n, cst.Name) and n.value == element for n in descendants(statement))
 
 
-def _setup_name(planner: ClassPlanner, ctor: cst.Call, name: cst.BaseExpression, loop: Loop, attr: str) -> str:
+def _setup_name(ctx: ClassContext, ctor: cst.Call, name: cst.BaseExpression, loop: Loop, attr: str) -> str:
   """The Linen name pattern of a setup() list's `name=str(i)` (`{i}`, transformers' layer lists) or
   `name=f'layer_{i}'` (`layer_{i}`), `i` the index of the comprehension; NNX names the elements by position."""
-  code = planner.facts.code
-  if isinstance(name, cst.Call) and _is_builtin(planner, name.func, 'str') and len(name.args) == 1 \
+  code = ctx.facts.code
+  if isinstance(name, cst.Call) and _is_builtin(ctx, name.func, 'str') and len(name.args) == 1 \
       and isinstance(name.args[0].value, cst.Name) and name.args[0].value.value == loop.index:
     return f'{{{loop.index}}}'
   if isinstance(name, cst.FormattedString) and len(name.parts) in (1, 2) \

@@ -1,7 +1,8 @@
 """Train/eval switches: `__call__` arguments and fields that only feed train/eval arguments go, as
 NNX's `model.train()` / `model.eval()` set those.
 
-A pass of `planner.ClassPlanner`, mixed into it: it reads the file's facts and fills the class's plan.
+Planning functions over a `context.ClassContext`, run by `planner.plan_class`: they read the file's facts and
+fill the class's plan.
 """
 
 from __future__ import annotations
@@ -9,142 +10,133 @@ from __future__ import annotations
 import libcst as cst
 
 from codemods.nodes import descendants
-from codemods.rules.l2n002.nodes import is_self_attr
+from codemods.rules.l2n002 import queries
+from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.nodes import is_written
-from codemods.rules.l2n002.plan import Child
-from codemods.rules.l2n002.plan import Unsupported
-from codemods.rules.l2n002.state import PlannerState
-from codemods.vocabulary import LAYER_MODE_KWARGS
-from codemods.vocabulary import MODE_PARAMS
+from codemods.rules.l2n002.plan import Child, Unsupported
+from codemods.vocabulary import LAYER_MODE_KWARGS, MODE_PARAMS
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 
 MODE_ARGUMENTS_BY_NAME = {m.name: m for m in MODE_ARGUMENTS}
 
 
-class ModeSwitches(PlannerState):
-  """Train/eval switches."""
-
-  def switch(self, value: cst.BaseExpression, inverted: bool) -> bool | None:
-    """Checks that `value` is a __call__ train/eval switch (or its negation) meaning the same as the target.
-
-    Returns the target's value when the switch keeps its default (a literal bool), else None.
-    """
-    negated = isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Not)
-    name = value.expression if negated else value
-    if isinstance(name, cst.Attribute) and is_self_attr(name) and name.attr.value in self.plan.mode_fields \
-        and negated ^ inverted == self.plan.mode_fields[name.attr.value]:
-      self.plan.mode_uses.add(name)  # `deterministic=not self.training`, a train/eval field
-      return None
-    if not (isinstance(name, cst.Name) and name.value in self.plan.switches and negated ^ inverted == self.plan.switches[name.value]):
-      raise Unsupported(value, 'a train/eval argument that is not a matching __call__ switch or train/eval field')
-    self.plan.mode_uses.add(name)
-    default = self.plan.switch_defaults.get(name.value)
-    return None if default is None else default ^ negated
-
-  def read_switches(self, call: cst.FunctionDef) -> None:
-    """A train/eval switch read other than to set a train/eval argument (`if not deterministic: rng = ...`, an
-    attention function's `deterministic=`) becomes the attribute `model.train()` / `model.eval()` set, as flax's
-    own nnx.Dropout and nnx.MultiHeadAttention keep it: `self.deterministic` (`not self.deterministic` for an
-    inverted switch like `train`). The module starts in the mode of the switch's default (train mode without one,
-    as NNX modules do)."""
-    keywords = {sub.keyword for sub in descendants(call.body) if isinstance(sub, cst.Arg)}
-    reads = [sub for sub in descendants(call.body) if isinstance(sub, cst.Name) and sub.value in self.plan.switches
-             and sub not in self.plan.mode_uses | keywords and not is_written(sub, self.facts.parent)]
-    taken = {*self.plan.field_names, *(c.attr for c in self.plan.children)}
-    started: set[str] = set()
-    for sub in reads:
-      argument = MODE_ARGUMENTS_BY_NAME[sub.value]
-      attribute = argument.nnx_attribute
-      if attribute in taken:
-        raise Unsupported(sub, f'the train/eval switch {sub.value} is read, and self.{attribute}, which would hold '
-                               'it, is taken')
-      parent = self.facts.parent(sub)
-      if argument.inverted and isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
-        self.plan.exprs[parent] = f'self.{attribute}'  # `not train`
-      else:
-        self.plan.exprs[sub] = f'(not self.{attribute})' if argument.inverted else f'self.{attribute}'
-      if attribute not in started:
-        started.add(attribute)
-        default = self.plan.switch_defaults.get(sub.value)
-        start = (default ^ argument.inverted) if default is not None else False
-        self.plan.init_lines.append(f'self.{attribute} = {start}')
-        negation = 'not ' if argument.inverted else ''
-        self.plan.pending.append((sub, f'the train/eval switch {sub.value} read here is {negation}self.{attribute}, '
-                                       f'which model.train() / model.eval() set (it starts {start})'))
-    for sub in descendants(call.body):
-      if isinstance(sub, cst.Name) and sub.value in self.plan.switches and is_written(sub, self.facts.parent):
-        raise Unsupported(sub, f'the train/eval switch {sub.value} is assigned to')
-
-  def _linen_call_params(self, name: str | None) -> list[cst.Param]:
-    """The `__call__` parameters (after self) of the Linen class `name` of this file."""
-    if name not in self.facts.class_defs:
-      return []
-    body = self.facts.class_defs[name].body.body
-    call = next((s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == '__call__'), None)
-    return list(call.params.params[1:]) if call is not None else []
-
-  def _ctor_modes(self, child: Child) -> None:
-    """Drops the constructor's train/eval kwargs (a layer's, a train/eval field of a class of the file), which
-    NNX's train()/eval() set."""
-    for key in [k for k in child.kwargs if child.spec is not None and k in LAYER_MODE_KWARGS]:
-      self._mode_default(child, key, self.switch(child.kwargs.pop(key), False))
-    if child.sibling is not None:
-      for name, inverted in child.sibling.mode_fields.items():
-        if name not in child.kwargs:
-          raise Unsupported(child.ctor, f'the train/eval field {name} of {child.sibling.name} is not given')
-        self.switch(child.kwargs.pop(name), inverted)
-
-  def _mode_default(self, child: Child, attribute: str, value: bool | None) -> None:
-    """A layer fed by a switch with a default starts in that mode, as the Linen call without it did."""
-    if value is not None and child.spec is not None:
-      child.mode_defaults[attribute] = value
-
-  def call_modes(self, call: cst.Call, child: Child) -> set[int]:
-    """Checks a child call's train/eval arguments; returns the positions to drop."""
-    if child.bridged:  # a switch given to a Linen train/eval argument: the wrapper's train()/eval() set it
-      target = self._kept_target(child.ctor.func) or _built_class(child.ctor)
-      names = [p.name.value for p in self._linen_call_params(target)]
-      dropped = set()
-      for position, arg in enumerate(call.args):
-        name = arg.keyword.value if arg.keyword is not None else names[position] if position < len(names) else None
-        if name not in MODE_PARAMS:
-          continue
-        try:
-          default = self.switch(arg.value, MODE_PARAMS[name])
-        except Unsupported:  # a literal or other value: passed on to the Linen call as written
-          continue
-        dropped.add(position)
-        if default is not None:  # the wrapper starts in the mode the switch's default gave
-          child.mode_defaults['eval_mode'] = default ^ MODE_PARAMS[name]
-      return dropped
-    if child.wrapper is not None:
-      wrapper = child.wrapper
-      if len([a for a in call.args if a.keyword is None]) > len(wrapper.call_args):
-        raise Unsupported(call, 'positional arguments beyond the layer inputs')
-      for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value in wrapper.linen_only_call:
-          raise Unsupported(arg, f'{arg.keyword.value}= of a {wrapper.linen} call has no NNX counterpart')
-      return set()
-    if child.spec is not None:
-      if len([a for a in call.args if a.keyword is None]) > len(child.spec.call_args):
-        raise Unsupported(call, 'positional arguments beyond the layer inputs')
-      targets = {name: False for name in LAYER_MODE_KWARGS}
+def read_switches(ctx: ClassContext, call: cst.FunctionDef) -> None:
+  """A train/eval switch read other than to set a train/eval argument (`if not deterministic: rng = ...`, an
+  attention function's `deterministic=`) becomes the attribute `model.train()` / `model.eval()` set, as flax's
+  own nnx.Dropout and nnx.MultiHeadAttention keep it: `self.deterministic` (`not self.deterministic` for an
+  inverted switch like `train`). The module starts in the mode of the switch's default (train mode without one,
+  as NNX modules do)."""
+  keywords = {sub.keyword for sub in descendants(call.body) if isinstance(sub, cst.Arg)}
+  reads = [sub for sub in descendants(call.body) if isinstance(sub, cst.Name) and sub.value in ctx.plan.switches
+           and sub not in ctx.plan.mode_uses | keywords and not is_written(sub, ctx.facts.parent)]
+  taken = {*ctx.plan.field_names, *(c.attr for c in ctx.plan.children)}
+  started: set[str] = set()
+  for sub in reads:
+    argument = MODE_ARGUMENTS_BY_NAME[sub.value]
+    attribute = argument.nnx_attribute
+    if attribute in taken:
+      raise Unsupported(sub, f'the train/eval switch {sub.value} is read, and self.{attribute}, which would hold '
+                             'it, is taken')
+    parent = ctx.facts.parent(sub)
+    if argument.inverted and isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
+      ctx.plan.exprs[parent] = f'self.{attribute}'  # `not train`
     else:
-      targets = {}
-      for index, name, inverted in child.sibling.mode_params:
-        targets[index] = targets[name] = inverted
-    dropped, seen = set(), set()
+      ctx.plan.exprs[sub] = f'(not self.{attribute})' if argument.inverted else f'self.{attribute}'
+    if attribute not in started:
+      started.add(attribute)
+      default = ctx.plan.switch_defaults.get(sub.value)
+      start = (default ^ argument.inverted) if default is not None else False
+      ctx.plan.init_lines.append(f'self.{attribute} = {start}')
+      negation = 'not ' if argument.inverted else ''
+      ctx.plan.pending.append((sub, f'the train/eval switch {sub.value} read here is {negation}self.{attribute}, '
+                                     f'which model.train() / model.eval() set (it starts {start})'))
+  for sub in descendants(call.body):
+    if isinstance(sub, cst.Name) and sub.value in ctx.plan.switches and is_written(sub, ctx.facts.parent):
+      raise Unsupported(sub, f'the train/eval switch {sub.value} is assigned to')
+
+
+def _linen_call_params(ctx: ClassContext, name: str | None) -> list[cst.Param]:
+  """The `__call__` parameters (after self) of the Linen class `name` of this file."""
+  if name not in ctx.facts.class_defs:
+    return []
+  body = ctx.facts.class_defs[name].body.body
+  call = next((s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == '__call__'), None)
+  return list(call.params.params[1:]) if call is not None else []
+
+
+def ctor_modes(ctx: ClassContext, child: Child) -> None:
+  """Drops the constructor's train/eval kwargs (a layer's, a train/eval field of a class of the file), which
+  NNX's train()/eval() set."""
+  for key in [k for k in child.kwargs if child.spec is not None and k in LAYER_MODE_KWARGS]:
+    _mode_default(ctx, child, key, queries.switch(ctx, child.kwargs.pop(key), False))
+  if child.sibling is not None:
+    for name, inverted in child.sibling.mode_fields.items():
+      if name not in child.kwargs:
+        raise Unsupported(child.ctor, f'the train/eval field {name} of {child.sibling.name} is not given')
+      queries.switch(ctx, child.kwargs.pop(name), inverted)
+
+
+def _mode_default(ctx: ClassContext, child: Child, attribute: str, value: bool | None) -> None:
+  """A layer fed by a switch with a default starts in that mode, as the Linen call without it did."""
+  if value is not None and child.spec is not None:
+    child.mode_defaults[attribute] = value
+
+
+def check_calls(ctx: ClassContext, calls: dict[cst.Call, Child]) -> None:
+  """Checks the train/eval arguments of each child call; records in the plan the positions its NNX call drops."""
+  for call, child in calls.items():
+    dropped = call_modes(ctx, call, child)
+    attr = ctx.plan.calls[call][0] if call in ctx.plan.calls else None
+    if attr or dropped:
+      ctx.plan.calls[call] = (attr, dropped)
+
+
+def call_modes(ctx: ClassContext, call: cst.Call, child: Child) -> set[int]:
+  """Checks a child call's train/eval arguments; returns the positions to drop."""
+  if child.bridged:  # a switch given to a Linen train/eval argument: the wrapper's train()/eval() set it
+    target = queries.kept_target(ctx, child.ctor.func) or _built_class(child.ctor)
+    names = [p.name.value for p in _linen_call_params(ctx, target)]
+    dropped = set()
     for position, arg in enumerate(call.args):
-      key = arg.keyword.value if arg.keyword is not None else position
-      if key in targets:
-        default = self.switch(arg.value, targets[key])
-        if child.spec is not None:
-          self._mode_default(child, key, default)
-        dropped.add(position)
-        seen.add(key)
-    if child.sibling is not None and any(i not in seen and n not in seen for i, n, _ in child.sibling.mode_params):
-      raise Unsupported(call, f'a train/eval argument of {child.sibling.name} left to its default')
+      name = arg.keyword.value if arg.keyword is not None else names[position] if position < len(names) else None
+      if name not in MODE_PARAMS:
+        continue
+      try:
+        default = queries.switch(ctx, arg.value, MODE_PARAMS[name])
+      except Unsupported:  # a literal or other value: passed on to the Linen call as written
+        continue
+      dropped.add(position)
+      if default is not None:  # the wrapper starts in the mode the switch's default gave
+        child.mode_defaults['eval_mode'] = default ^ MODE_PARAMS[name]
     return dropped
+  if child.wrapper is not None:
+    wrapper = child.wrapper
+    if len([a for a in call.args if a.keyword is None]) > len(wrapper.call_args):
+      raise Unsupported(call, 'positional arguments beyond the layer inputs')
+    for arg in call.args:
+      if arg.keyword is not None and arg.keyword.value in wrapper.linen_only_call:
+        raise Unsupported(arg, f'{arg.keyword.value}= of a {wrapper.linen} call has no NNX counterpart')
+    return set()
+  if child.spec is not None:
+    if len([a for a in call.args if a.keyword is None]) > len(child.spec.call_args):
+      raise Unsupported(call, 'positional arguments beyond the layer inputs')
+    targets = {name: False for name in LAYER_MODE_KWARGS}
+  else:
+    targets = {}
+    for index, name, inverted in child.sibling.mode_params:
+      targets[index] = targets[name] = inverted
+  dropped, seen = set(), set()
+  for position, arg in enumerate(call.args):
+    key = arg.keyword.value if arg.keyword is not None else position
+    if key in targets:
+      default = queries.switch(ctx, arg.value, targets[key])
+      if child.spec is not None:
+        _mode_default(ctx, child, key, default)
+      dropped.add(position)
+      seen.add(key)
+  if child.sibling is not None and any(i not in seen and n not in seen for i, n, _ in child.sibling.mode_params):
+    raise Unsupported(call, f'a train/eval argument of {child.sibling.name} left to its default')
+  return dropped
 
 
 def _built_class(ctor: cst.Call) -> str | None:

@@ -9,16 +9,17 @@ import typing as tp
 import libcst as cst
 
 from codemods.nodes import descendants
-from codemods.vocabulary import NNX_INITIALIZERS
-from codemods.vocabulary import NNX_SAME_SIGNATURE
-from codemods.vocabulary import NNX_TWINS
-from codemods.vocabulary import RNGS_ATTRIBUTES
-from codemods.vocabulary import SCOPE_APIS
-from codemods.vocabulary import nnx_initializer_target
+from codemods.vocabulary import (
+  NNX_INITIALIZERS,
+  NNX_SAME_SIGNATURE,
+  NNX_TWINS,
+  RNGS_ATTRIBUTES,
+  SCOPE_APIS,
+  nnx_initializer_target,
+)
 
 if tp.TYPE_CHECKING:
-  from codemods.rules.l2n002.plan import Child
-  from codemods.rules.l2n002.plan import ClassRewrite
+  from codemods.rules.l2n002.plan import Child, ClassRewrite
 
 HAS_VARIABLE_HINT = (' (a decode cache or a lazily created variable: in NNX, create it in an explicit '
                      'cache-initialisation method)')
@@ -238,3 +239,20 @@ def self_assignment(statement: cst.CSTNode) -> str | None:
 
 def has_call(node: cst.CSTNode) -> bool:
   return any(isinstance(sub, cst.Call) for sub in (node, *descendants(node)))
+
+
+def literal_dict(node: cst.BaseExpression) -> dict[str, cst.BaseExpression] | None:
+  """`{'params': 0}` as a dict of its string keys; None for anything else."""
+  if not isinstance(node, cst.Dict) or not all(
+      isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString) for e in node.elements):
+    return None
+  return {e.key.evaluated_value: e.value for e in node.elements}
+
+
+def literal_ints(node: cst.BaseExpression) -> list[int] | None:
+  """`2` or `(1, 2)` as a list of ints; None for anything else."""
+  if isinstance(node, cst.Integer):
+    return [int(node.value)]
+  if isinstance(node, cst.Tuple) and all(isinstance(e.value, cst.Integer) for e in node.elements):
+    return [int(e.value.value) for e in node.elements]
+  return None

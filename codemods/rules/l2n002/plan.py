@@ -15,13 +15,10 @@ import libcst as cst
 
 from codemods.example_sizes import ClassSizes
 from codemods.report import ConstructorArgument
-from nnx_bridge.layer_table import LayerSpec
-from nnx_bridge.layer_table import WrapperSpec
+from nnx_bridge.layer_table import LayerSpec, WrapperSpec
 
 if tp.TYPE_CHECKING:
-  from codemods.rules.l2n002.dims import Dim
-  from codemods.rules.l2n002.dims import Shape
-
+  from codemods.rules.l2n002.dims import Dim, Shape
 
 
 class Unsupported(Exception):

@@ -1,4 +1,4 @@
-"""Plans one Linen class's conversion: `ClassPlanner.run` fills a fresh `ClassRewrite`, or raises `Unsupported`.
+"""Plans one Linen class's conversion: `plan_class` fills a fresh `ClassRewrite`, or raises `Unsupported`.
 
 The planner reads the file's facts (`facts.FileFacts`) and the plans of the classes converted before
 this one (`converted`); everything it decides goes into its own ClassRewrite, dropped whole when the
@@ -12,413 +12,439 @@ import typing as tp
 import libcst as cst
 
 from codemods.nodes import descendants
-from codemods.rules.l2n002.children import Children
-from codemods.rules.l2n002.decode_cache import DecodeCaches
+from codemods.rules.l2n002 import (
+  children,
+  constructions,
+  decode_cache,
+  factories,
+  init_code,
+  lifted,
+  modes,
+  queries,
+  scope,
+  sizes,
+)
+from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.example_shapes import add_shape_formulas
-from codemods.rules.l2n002.factories import ClassFactories
-from codemods.rules.l2n002.factories import tied_uses
 from codemods.rules.l2n002.facts import FileFacts
-from codemods.rules.l2n002.lifted import LiftedTransforms
 from codemods.rules.l2n002.loops import Loops
-from codemods.rules.l2n002.modes import ModeSwitches
-from codemods.rules.l2n002.nodes import DEFERRING
-from codemods.rules.l2n002.nodes import field_name
-from codemods.rules.l2n002.nodes import has_call
-from codemods.rules.l2n002.nodes import has_scope_call
-from codemods.rules.l2n002.nodes import if_arms
-from codemods.rules.l2n002.nodes import if_tests
-from codemods.rules.l2n002.nodes import is_docstring
-from codemods.rules.l2n002.nodes import is_initializing_if
-from codemods.rules.l2n002.nodes import is_self_attr
-from codemods.rules.l2n002.nodes import is_straight_statement
-from codemods.rules.l2n002.nodes import scope_api
-from codemods.rules.l2n002.nodes import self_assignment
-from codemods.rules.l2n002.nodes import snake
-from codemods.rules.l2n002.plan import Child
-from codemods.rules.l2n002.plan import ClassRewrite
-from codemods.rules.l2n002.plan import Unsupported
-from codemods.rules.l2n002.scope import ScopeCalls
-from codemods.rules.l2n002.setup_code import plain_attributes
-from codemods.rules.l2n002.setup_code import setup_code_blocker
-from codemods.rules.l2n002.sizes import Sizes
-from codemods.vocabulary import COMPACT_NAMES
-from codemods.vocabulary import CONVERTED_APIS
-from codemods.vocabulary import MODE_PARAMS
-from codemods.vocabulary import MODULE_NAMES
-from codemods.vocabulary import SCOPE_APIS
-from nnx_bridge.layer_table import WRAPPERS
-from nnx_bridge.layer_table import find_layer
-
+from codemods.rules.l2n002.nodes import (
+  DEFERRING,
+  field_name,
+  has_call,
+  has_scope_call,
+  if_arms,
+  if_tests,
+  is_docstring,
+  is_initializing_if,
+  is_self_attr,
+  is_straight_statement,
+  scope_api,
+  self_assignment,
+  snake,
+)
+from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
+from codemods.rules.l2n002.setup_code import plain_attributes, setup_code_blocker
+from codemods.rules.l2n002.tied import tied_uses
+from codemods.vocabulary import (
+  COMPACT_NAMES,
+  CONVERTED_APIS,
+  MODE_PARAMS,
+  MODULE_NAMES,
+  SCOPE_APIS,
+)
+from nnx_bridge.layer_table import WRAPPERS, find_layer
 
 _DEFERRED = {**DEFERRING, cst.SetComp: 'a set comprehension', cst.FunctionDef: 'a function'}
 
 
-class ClassPlanner(ScopeCalls, Children, LiftedTransforms, ModeSwitches, Sizes, DecodeCaches):
-  """Plans the conversion of one class of a file."""
+def plan_class(facts: FileFacts, converted: tp.Mapping[str, ClassRewrite], node: cst.ClassDef,
+               variable_classes: tp.Mapping[str, str]) -> ClassRewrite:
+  """The plan of the class `node`; raises Unsupported (the class stays Linen) with the first thing that keeps it
+  so. `converted`: the plans of the classes of the file converted before this one, by name."""
+  ctx = ClassContext(facts, converted, ClassRewrite(node.name.value, variable_classes=dict(variable_classes)), Loops())
+  return _run(ctx, node)
 
-  def __init__(self, facts: FileFacts, converted: tp.Mapping[str, ClassRewrite], name: str,
-               variable_classes: tp.Mapping[str, str]) -> None:
-    self.facts = facts
-    self.converted = converted  # the classes of the file converted before this one, by name
-    self.plan = ClassRewrite(name, variable_classes=dict(variable_classes))
-    self.loops = Loops()  # layers built in for loops -> nnx.List attributes
-    self.factories = ClassFactories(self)  # ModuleDef / partial factory fields
-    self.plain_attributes: set[str] = set()  # assigned by plain setup() code: not for children
 
-  def run(self, node: cst.ClassDef) -> ClassRewrite:
-    """The class's plan; raises Unsupported (the class stays Linen) with the first thing that keeps it so."""
-    if node.decorators or node.keywords or len(node.bases) != 1:
-      raise Unsupported(node, 'class decorators, keywords or several bases')
-    base = self.facts.project_base(node)
-    if base is not None and base not in self.facts.hierarchy.plain_bases:
-      where = 'this file' if base.rpartition('.')[0] == self.facts.hierarchy.module else 'another file'
-      raise Unsupported(node, f'it inherits fields or submodules from {base} ({where}), which is not converted with it')
-    if not self.facts.nnx_is_free(node):
-      raise Unsupported(node, 'the name nnx is bound to something else here')
-    if f'{self.facts.hierarchy.module}.{node.name.value}' in self.facts.hierarchy.plain_bases:
-      return self._plain_base_plan(node)
-    fields, methods = [], {}
-    for statement in node.body.body:
-      if field_name(statement) is not None:
-        fields.append(statement)
-      elif isinstance(statement, cst.FunctionDef):
-        methods[statement.name.value] = statement
-      elif not is_docstring(statement):
-        raise Unsupported(statement, 'only annotated fields and methods are converted')
-    field_names = [field_name(f) for f in fields]
-    for field, name in zip(fields, field_names):
-      value = field.body[0].value
-      if name in ('name', 'parent', 'rngs') or (value is not None and has_call(value)):
-        raise Unsupported(field, f'field {name} (a reserved name or a computed default)')
-    mode_fields = {name: MODE_PARAMS[name] for field, name in zip(fields, field_names)
-                   if name in MODE_PARAMS and field.body[0].value is None
-                   and self.facts.code(field.body[0].annotation.annotation) == 'bool'}
-    linen_field_names = field_names
-    fields = [f for f, name in zip(fields, field_names) if name not in mode_fields]
-    field_names = [name for name in field_names if name not in mode_fields]
-    for sub in descendants(node):  # self.has_variable: a decode-cache pattern of the @nn.compact method, or a TODO
-      if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS - CONVERTED_APIS - {'has_variable'}:
-        raise Unsupported(sub, f'self.{sub.attr.value} has no automatic NNX conversion')
-    setup, call = methods.get('setup'), methods.get('__call__')
-    compact = [m for m in methods.values() if any(self.facts.has_name(d.decorator, COMPACT_NAMES) for d in m.decorators)]
-    if len(compact) > 1:
-      raise Unsupported(compact[1], 'several @nn.compact methods')
-    method = compact[0] if compact else None
-    if call is None:
-      raise Unsupported(node, 'no __call__ to convert')
-    if setup is not None and (len(setup.params.params) != 1 or setup.decorators):
-      raise Unsupported(setup, 'setup() with arguments or decorators')
-    mode = self._mode_params(call)
-    if method is not None and method is not call and any(p.name.value in MODE_PARAMS for p in method.params.params):
-      raise Unsupported(method, 'train/eval arguments of an @nn.compact method other than __call__')
-    params = [self.facts.code(f.body[0]).strip() for f in fields]
-    call_params = [p.name.value for p in (*call.params.params[1:], *call.params.kwonly_params)]
-    plan = self.plan
-    plan.params, plan.field_names, plan.call_params, plan.compact = params, field_names, call_params, method is not None
-    plan.linen_fields, plan.mode_fields = linen_field_names, mode_fields
-    if base is not None:  # a subclass of a project base class keeps it (converted in its own file)
-      plan.base = self.facts.code(node.bases[0].value)
-    self.plan.switches = {name: MODE_PARAMS[name] for name in mode.values()}
-    self.plan.traced = self.facts.options.example_sizes.of_class(self.facts.filename, node.name.value)
-    self.plan.traced_codes = set()
-    self.plan.mode_uses = set()
-    taken = set(field_names) | set(methods) | {'rngs'}
-    self._plan_members(node, methods, setup, method, call, taken)
-    self._finish(node, fields, method, call, mode)
-    return plan
+def _run(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
+  """The class's plan; raises Unsupported (the class stays Linen) with the first thing that keeps it so."""
+  if node.decorators or node.keywords or len(node.bases) != 1:
+    raise Unsupported(node, 'class decorators, keywords or several bases')
+  base = ctx.facts.project_base(node)
+  if base is not None and base not in ctx.facts.hierarchy.plain_bases:
+    where = 'this file' if base.rpartition('.')[0] == ctx.facts.hierarchy.module else 'another file'
+    raise Unsupported(node, f'it inherits fields or submodules from {base} ({where}), which is not converted with it')
+  if not ctx.facts.nnx_is_free(node):
+    raise Unsupported(node, 'the name nnx is bound to something else here')
+  if f'{ctx.facts.hierarchy.module}.{node.name.value}' in ctx.facts.hierarchy.plain_bases:
+    return _plain_base_plan(ctx, node)
+  fields, methods = [], {}
+  for statement in node.body.body:
+    if field_name(statement) is not None:
+      fields.append(statement)
+    elif isinstance(statement, cst.FunctionDef):
+      methods[statement.name.value] = statement
+    elif not is_docstring(statement):
+      raise Unsupported(statement, 'only annotated fields and methods are converted')
+  field_names = [field_name(f) for f in fields]
+  for field, name in zip(fields, field_names):
+    value = field.body[0].value
+    if name in ('name', 'parent', 'rngs') or (value is not None and has_call(value)):
+      raise Unsupported(field, f'field {name} (a reserved name or a computed default)')
+  mode_fields = {name: MODE_PARAMS[name] for field, name in zip(fields, field_names)
+                 if name in MODE_PARAMS and field.body[0].value is None
+                 and ctx.facts.code(field.body[0].annotation.annotation) == 'bool'}
+  linen_field_names = field_names
+  fields = [f for f, name in zip(fields, field_names) if name not in mode_fields]
+  field_names = [name for name in field_names if name not in mode_fields]
+  for sub in descendants(node):  # self.has_variable: a decode-cache pattern of the @nn.compact method, or a TODO
+    if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS - CONVERTED_APIS - {'has_variable'}:
+      raise Unsupported(sub, f'self.{sub.attr.value} has no automatic NNX conversion')
+  setup, call = methods.get('setup'), methods.get('__call__')
+  compact = [m for m in methods.values() if any(ctx.facts.has_name(d.decorator, COMPACT_NAMES) for d in m.decorators)]
+  if len(compact) > 1:
+    raise Unsupported(compact[1], 'several @nn.compact methods')
+  method = compact[0] if compact else None
+  if call is None:
+    raise Unsupported(node, 'no __call__ to convert')
+  if setup is not None and (len(setup.params.params) != 1 or setup.decorators):
+    raise Unsupported(setup, 'setup() with arguments or decorators')
+  mode = _mode_params(ctx, call)
+  if method is not None and method is not call and any(p.name.value in MODE_PARAMS for p in method.params.params):
+    raise Unsupported(method, 'train/eval arguments of an @nn.compact method other than __call__')
+  params = [ctx.facts.code(f.body[0]).strip() for f in fields]
+  call_params = [p.name.value for p in (*call.params.params[1:], *call.params.kwonly_params)]
+  plan = ctx.plan
+  plan.params, plan.field_names, plan.call_params, plan.compact = params, field_names, call_params, method is not None
+  plan.linen_fields, plan.mode_fields = linen_field_names, mode_fields
+  if base is not None:  # a subclass of a project base class keeps it (converted in its own file)
+    plan.base = ctx.facts.code(node.bases[0].value)
+  ctx.plan.switches = {name: MODE_PARAMS[name] for name in mode.values()}
+  ctx.plan.traced = ctx.facts.options.example_sizes.of_class(ctx.facts.filename, node.name.value)
+  ctx.plan.traced_codes = set()
+  ctx.plan.mode_uses = set()
+  taken = set(field_names) | set(methods) | {'rngs'}
+  _plan_members(ctx, node, methods, setup, method, call, taken)
+  _finish(ctx, node, fields, method, call, mode)
+  return plan
 
-  def _plan_members(self, node: cst.ClassDef, methods: dict[str, cst.FunctionDef], setup: cst.FunctionDef | None,
-                    method: cst.FunctionDef | None, call: cst.FunctionDef, taken: set[str]) -> None:
-    """The children, scope calls and submodule calls of the class, then its sizes and decode caches."""
-    plan = self.plan
-    counts: dict[str, int] = {}
-    self.factories.prepare(method)
-    if setup is not None:
-      self._plan_setup(plan, setup, counts)
-    inline = self._plan_compact(plan, method, counts) if method is not None else {}
-    taken |= self.plain_attributes
-    self._name_children(plan.children, taken)
+
+def _plan_members(ctx: ClassContext, node: cst.ClassDef, methods: dict[str, cst.FunctionDef], setup: cst.FunctionDef | None,
+                  method: cst.FunctionDef | None, call: cst.FunctionDef, taken: set[str]) -> None:
+  """The children, scope calls and submodule calls of the class, then its sizes and decode caches."""
+  plan = ctx.plan
+  counts: dict[str, int] = {}
+  factories.prepare_factories(ctx, method)
+  if setup is not None:
+    _plan_setup(ctx, plan, setup, counts)
+  inline = _plan_compact(ctx, plan, method, counts) if method is not None else {}
+  taken |= ctx.plain_attributes
+  _name_children(ctx, plan.children, taken)
+  for child in plan.children:
+    if child.condition is not None:
+      named = any(a.keyword is not None and a.keyword.value == 'name' for a in child.ctor.args)
+      shift = '' if named else (f'; when it is not, the auto-named layers created after it shift down (the next '
+                                f'of its class is then {child.linen_name}): name= fixes the names')
+      ctx.plan.pending.append((child.ctor, f'self.{child.attr} is created only when {child.condition} (else None), '
+                                        f'as Linen creates it only then{shift}'))
+  plan.collections = [c.collection for c in plan.children if c.var_type == ctx.plan.variable_classes.get(c.collection)]
+  scope.plan_scope_calls(ctx, node, plan, setup, taken | {c.attr for c in plan.children})
+  calls = children.inline_calls(ctx, plan, inline)
+  tied = tied_uses(ctx, plan, methods, setup)  # `.apply` with a shared kernel, `.variables[...]`
+  children.setup_child_calls(ctx, plan, methods, setup, calls, tied)
+  lifted.check_calls(ctx)
+  if method is None:
+    _plain_branches(ctx, plan, methods, setup)
+  children.called_when(ctx, plan, calls)
+  ctx.loops.after_calls(ctx, plan, calls)
+  modes.check_calls(ctx, calls)
+  marks = (len(plan.size_params), len(plan.size_arguments), len(ctx.plan.pending))
+  scanned = plan.name in ctx.facts.scanned_cells  # first what the code says, then with the carry's size and traces
+  traced, ctx.plan.traced = ctx.plan.traced, ({} if scanned else ctx.plan.traced)
+  carry = sizes.derive(ctx, plan, methods, call, calls)
+  ctx.plan.traced = traced
+  if scanned and plan.size_params[marks[0]:]:  # a scanned cell: again, its carry's size known
+    del plan.size_params[marks[0]:], plan.size_arguments[marks[1]:], ctx.plan.pending[marks[2]:]
     for child in plan.children:
-      if child.condition is not None:
-        named = any(a.keyword is not None and a.keyword.value == 'name' for a in child.ctor.args)
-        shift = '' if named else (f'; when it is not, the auto-named layers created after it shift down (the next '
-                                  f'of its class is then {child.linen_name}): name= fixes the names')
-        self.plan.pending.append((child.ctor, f'self.{child.attr} is created only when {child.condition} (else None), '
-                                          f'as Linen creates it only then{shift}'))
-    plan.collections = [c.collection for c in plan.children if c.var_type == self.plan.variable_classes.get(c.collection)]
-    self._plan_scope_calls(node, plan, setup, taken | {c.attr for c in plan.children})
-    calls = self._inline_calls(plan, inline)
-    tied = tied_uses(self, plan, methods, setup)  # `.apply` with a shared kernel, `.variables[...]`
-    self._setup_child_calls(plan, methods, setup, calls, tied)
-    if method is None:
-      self._plain_branches(plan, methods, setup)
-    self.called_when(plan, calls)
-    self.loops.after_calls(self, plan, calls)
-    marks = (len(plan.size_params), len(plan.size_arguments), len(self.plan.pending))
-    scanned = plan.name in self.facts.scanned_cells  # first what the code says, then with the carry's size and traces
-    traced, self.plan.traced = self.plan.traced, ({} if scanned else self.plan.traced)
-    carry = self._derive(plan, methods, call, calls)
-    self.plan.traced = traced
-    if scanned and plan.size_params[marks[0]:]:  # a scanned cell: again, its carry's size known
-      del plan.size_params[marks[0]:], plan.size_arguments[marks[1]:], self.plan.pending[marks[2]:]
-      for child in plan.children:
-        child.done, child.sizes, child.size_codes, child.ref_dims = False, {}, {}, {}
-      self._derive(plan, methods, call, calls, carry)
-    add_shape_formulas(self, plan, call, calls)
-    self._plan_init_cache(node, plan, call, calls, taken)
+      child.done, child.sizes, child.size_codes, child.ref_dims = False, {}, {}, {}
+    sizes.derive(ctx, plan, methods, call, calls, carry)
+  add_shape_formulas(ctx, plan, call, calls)
+  decode_cache.plan_init_cache(ctx, node, plan, call, calls, taken)
 
-  def _finish(self, node: cst.ClassDef, fields: list[cst.SimpleStatementLine], method: cst.FunctionDef | None,
-              call: cst.FunctionDef, mode: dict[int, str]) -> None:
-    """Checks the train/eval switches' uses, schedules the Linen names' conversion, writes the children's code."""
-    plan = self.plan
-    self.read_switches(call)
-    for sub in descendants(node):
-      if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in plan.mode_fields \
-          and sub not in self.plan.mode_uses:
-        raise Unsupported(sub, f'the train/eval field {sub.attr.value} is used other than to set train/eval arguments')
-    allowed = {node.bases[0].value} | {d.decorator for d in (method.decorators if method else ())}
-    allowed |= {child.ctor.func for child in plan.children if child.api is None and not child.bridged} | self.plan.lifted
-    allowed |= {child.cell.ctor.func for child in plan.children if child.cell is not None}
-    allowed |= self._plan_control_flow(node)
-    for field in fields:  # `encoder: nn.Module`, `embed_tokens: nn.Embed` hold a submodule the caller builds: NNX now
-      annotation = field.body[0].annotation.annotation
-      layer = next((spec for q in self.facts.qualified_names(annotation)
-                    if (spec := find_layer(q.name)) is not None and spec.nnx is not None), None)
-      if self.facts.has_name(annotation, MODULE_NAMES) or layer is not None:
-        self.plan.exprs[annotation] = f'nnx.{layer.nnx.rpartition(".")[2]}' if layer else 'nnx.Module'
-        allowed.add(annotation)
-    bridged = {child.ctor for child in plan.children if child.bridged}  # stays Linen code
-    plan.linen_nodes = [*allowed, *self._convert_linen_refs(node, allowed | bridged)]
-    plan.example_params = [f'{child.attr}_example_inputs' for child in plan.children if child.bridged]
-    plan.example_params += [f'{child.attr}_{name}' for child in plan.children if child.sibling is not None
-                            for name in child.sibling.example_params]  # a converted child's bridged children
-    plan.params = [self.code(f.body[0]).strip() for f in fields]
-    for child in plan.children:
-      child.text = 'nnx.data(None)' if child.cache else self._variable_text(child) if child.api else self._ctor_text(child)
-      if child.condition is not None:
-        child.text = f'{child.text} if {child.condition} else None'
-      child.text = self.loops.wrap(self, child)  # built in a loop: nnx.List([<it> for <target> in <iterator>])
-      if not child.hoisted:
-        self.plan.exprs[child.ctor] = child.text
-    plan.mode_params = [(i, name, MODE_PARAMS[name]) for i, name in mode.items()]
-    if mode or method is call:
-      self.plan.methods[call] = set(mode.values())
-    if method is not None and method is not call:
-      self.plan.methods[method] = set()
 
-  def _mode_params(self, call: cst.FunctionDef) -> dict[int, str]:
-    """The train/eval switches among the call's parameters (positional, then keyword-only), by index."""
-    params = call.params
-    if isinstance(params.star_arg, cst.Param) or params.posonly_params:
-      raise Unsupported(call, f'{call.name.value} takes *args or positional-only arguments')
-    taken = [*params.params[1:], *params.kwonly_params]  # `**kwargs` stays as it is
-    names = [p.name.value for p in taken]
-    defaults = {p.name.value: p.default for p in taken if p.default is not None}
-    self.plan.switch_defaults = {
-        name: default.value == 'True' for name, default in defaults.items()
-        if name in MODE_PARAMS and isinstance(default, cst.Name) and default.value in ('True', 'False')
-    }
-    return {i: name for i, name in enumerate(names) if name in MODE_PARAMS}
+def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatementLine], method: cst.FunctionDef | None,
+            call: cst.FunctionDef, mode: dict[int, str]) -> None:
+  """Checks the train/eval switches' uses, schedules the Linen names' conversion, writes the children's code."""
+  plan = ctx.plan
+  modes.read_switches(ctx, call)
+  for sub in descendants(node):
+    if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in plan.mode_fields \
+        and sub not in ctx.plan.mode_uses:
+      raise Unsupported(sub, f'the train/eval field {sub.attr.value} is used other than to set train/eval arguments')
+  allowed = {node.bases[0].value} | {d.decorator for d in (method.decorators if method else ())}
+  allowed |= {child.ctor.func for child in plan.children if child.api is None and not child.bridged} | ctx.plan.lifted
+  allowed |= {child.cell.ctor.func for child in plan.children if child.cell is not None}
+  allowed |= lifted.plan_control_flow(ctx, node)
+  for field in fields:  # `encoder: nn.Module`, `embed_tokens: nn.Embed` hold a submodule the caller builds: NNX now
+    annotation = field.body[0].annotation.annotation
+    layer = next((spec for q in ctx.facts.qualified_names(annotation)
+                  if (spec := find_layer(q.name)) is not None and spec.nnx is not None), None)
+    if ctx.facts.has_name(annotation, MODULE_NAMES) or layer is not None:
+      ctx.plan.exprs[annotation] = f'nnx.{layer.nnx.rpartition(".")[2]}' if layer else 'nnx.Module'
+      allowed.add(annotation)
+  bridged = {child.ctor for child in plan.children if child.bridged}  # stays Linen code
+  plan.linen_nodes = [*allowed, *children.convert_linen_refs(ctx, node, allowed | bridged)]
+  plan.example_params = [f'{child.attr}_example_inputs' for child in plan.children if child.bridged]
+  plan.example_params += [f'{child.attr}_{name}' for child in plan.children if child.sibling is not None
+                          for name in child.sibling.example_params]  # a converted child's bridged children
+  plan.params = [queries.code(ctx, f.body[0]).strip() for f in fields]
+  for child in plan.children:
+    child.text = 'nnx.data(None)' if child.cache else init_code.variable_text(ctx, child) if child.api else init_code.ctor_text(ctx, child)
+    if child.condition is not None:
+      child.text = f'{child.text} if {child.condition} else None'
+    child.text = ctx.loops.wrap(ctx, child)  # built in a loop: nnx.List([<it> for <target> in <iterator>])
+    if not child.hoisted:
+      ctx.plan.exprs[child.ctor] = child.text
+  plan.mode_params = [(i, name, MODE_PARAMS[name]) for i, name in mode.items()]
+  if mode or method is call:
+    ctx.plan.methods[call] = set(mode.values())
+  if method is not None and method is not call:
+    ctx.plan.methods[method] = set()
 
-  def _plan_setup(self, plan: ClassRewrite, setup: cst.FunctionDef, counts: dict[str, int]) -> None:
-    """setup() statements: `self.<attr> = <table layer or same-file class>(...)`, self.param or self.variable, and
-    plain code that stays as it is (`setup_code.py`)."""
-    for statement in setup.body.body:
-      if not self.loops.setup_append(self, statement, setup):  # `layers = []` + `for ...: layers.append(...)`: go
-        self._setup_statement(plan, statement, counts)
 
-  def _setup_statement(self, plan: ClassRewrite, statement: cst.BaseStatement, counts: dict[str, int]) -> None:
-    """One statement of setup(), or of an `if` block of it: a child, or plain code that stays as it is."""
-    target = self_assignment(statement)
-    value = statement.body[0].value if target is not None else None
-    if isinstance(value, cst.Call) and scope_api(value) in ('param', 'variable'):
-      child = self._variable(value, target, hoisted=False)
-    elif isinstance(value, cst.Call) and self.constructed(value) is not None:
-      child = self._child(value, counts, target)
-    elif isinstance(value, cst.ListComp):  # `self.layers = [nn.Dense(f) for f in ...]`: an nnx.List (loops.py)
-      child = self._child(self.loops.setup_list(self, value, target), counts, target)
-    elif (appended := self.loops.appended(self, value, target)) is not None:  # `self.layers = layers` (appended)
-      child = self._child(appended, counts, target)
-    elif isinstance(statement, cst.If) and all(isinstance(arm, (cst.IndentedBlock, type(None))) for arm in if_arms(statement)):
-      for test in if_tests(statement):  # `if self.config.add_pooling_layer: self.pooler = ...`: the same `if` in __init__
-        self._plain_setup_code(plan, test)
-      for arm in if_arms(statement):
-        for inner in (arm.body if arm is not None else ()):
-          self._setup_statement(plan, inner, counts)
-      return
-    else:  # plain code (`head_dim = ...`, `if ...: raise`): it stays, in its place in __init__
-      self._plain_setup_code(plan, statement)
-      return
-    if target in {c.attr for c in plan.children}:
-      raise Unsupported(statement, f'self.{target} assigned twice')
-    plan.children.append(child)
+def _mode_params(ctx: ClassContext, call: cst.FunctionDef) -> dict[int, str]:
+  """The train/eval switches among the call's parameters (positional, then keyword-only), by index."""
+  params = call.params
+  if isinstance(params.star_arg, cst.Param) or params.posonly_params:
+    raise Unsupported(call, f'{call.name.value} takes *args or positional-only arguments')
+  taken = [*params.params[1:], *params.kwonly_params]  # `**kwargs` stays as it is
+  names = [p.name.value for p in taken]
+  defaults = {p.name.value: p.default for p in taken if p.default is not None}
+  ctx.plan.switch_defaults = {
+      name: default.value == 'True' for name, default in defaults.items()
+      if name in MODE_PARAMS and isinstance(default, cst.Name) and default.value in ('True', 'False')
+  }
+  return {i: name for i, name in enumerate(names) if name in MODE_PARAMS}
 
-  def _plain_setup_code(self, plan: ClassRewrite, node: cst.CSTNode) -> None:
-    """Plain setup() code that stays as it is in __init__; raises Unsupported if it may build a module."""
-    blocker = setup_code_blocker(self.facts, self.facts.class_defs[plan.name], node)
-    if blocker is not None:
-      raise Unsupported(*blocker)
-    self.plain_attributes |= plain_attributes(node)
 
-  def _plan_compact(self, plan: ClassRewrite, method: cst.FunctionDef, counts: dict[str, int]) -> dict[cst.Call, cst.Call]:
-    """Layers and variables built inline in the @nn.compact method; returns each layer's call."""
-    ctors = [c for c in descendants(method) if isinstance(c, cst.Call) and self.constructed(c) is not None]
-    cells = {self._cell_arg(c) for c in ctors}  # built in a wrapper's constructor call: part of that child
-    ctors = [c for c in ctors if c not in cells]
-    for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
-      if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors \
-          and call not in ctors:
-        raise Unsupported(call, self._unknown_builder(call.func.func))
-    variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and scope_api(c) in ('param', 'variable')]
-    if not ctors and not variables and not plan.children:
-      raise Unsupported(method, 'no submodule or variable created in the @nn.compact method')
-    caches = self._decode_caches(plan, method)
-    self._straight_line(method.body, {*ctors, *variables} - caches)
-    outer = {}
-    for sub in descendants(method):
-      if isinstance(sub, tuple(_DEFERRED)):
-        created = next((c for c in descendants(sub) if c in ctors or c in variables), None)
-        if created is not None:
-          where = f'the nested function {sub.name.value}' if isinstance(sub, cst.FunctionDef) else _DEFERRED[type(sub)]
-          raise Unsupported(created, f'{self.facts.code(created)} is created inside {where}, which NNX cannot build '
-                                     'in __init__')
-      if isinstance(sub, cst.Call) and sub.func in ctors:
-        outer[sub.func] = sub
-    scan_names: dict[cst.Call, list[cst.Name]] = {}
-    for ctor in ctors:  # `rnn = nn.scan(Cell, ...)(...)`, then `rnn(carry, x)` once and `rnn.<method>(...)`
-      if (ctor in self.plan.scans or ctor in self.plan.remats or ctor in self.plan.stacks) and ctor not in outer:
-        outer[ctor], scan_names[ctor] = self._scan_local(method, ctor)
-      elif ctor not in outer and self._bound_local(method, ctor) is not None \
-          and not any(self.constructed(ctor)[0] in w.cells for w in WRAPPERS):  # `embed = nn.Embed(...)`, shared
-        calls, scan_names[ctor] = self._shared_local(method, ctor)
-        outer[ctor] = calls[0]
-        self.plan.extra_calls.update((call, ctor) for call in calls[1:])
-    holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
-    for node in descendants(method.body):
-      if node in variables:
-        child = self._variable(node, None, hoisted=True, cache=node in caches)
-        self.plan.exprs[node] = f'self.{child.attr}[...]' if child.api == 'param' else f'self.{child.attr}'
-        plan.children.append(child)
-        assign = self.facts.parent(node)
-        if child.api == 'variable' and isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
-            and isinstance(assign.targets[0].target, cst.Name):
-          holders.add(assign.targets[0].target.value)
-      elif node in ctors:
-        if node not in outer:
-          wrappers = [w.linen.rpartition('.')[2] for w in WRAPPERS if self.constructed(node)[0] in w.cells]
-          hint = f' (a cell: build it in the {wrappers[0]}(...) call to convert both)' if wrappers else ''
-          raise Unsupported(node, f'a submodule that is not called where it is constructed{hint}')
-        child = self._child(node, counts, None)
-        child.hoisted = True
-        child.condition = self.plan.conditions.get(node)
-        plan.children.append(child)
-        self.plan.scan_names.update((name, child) for name in scan_names.get(node, ()))
-    for sub in descendants(method.body):
-      if isinstance(sub, cst.Attribute) and isinstance(sub.value, cst.Name) and sub.value.value in holders \
-          and sub.attr.value == 'value':
-        self.plan.exprs[sub] = f'{sub.value.value}[...]'
-    for partial in dict.fromkeys(self.plan.partials[c] for c in ctors if c in self.plan.partials):
-      self.plan.pending.append((partial, f'{self.facts.code(partial)}: each call of it becomes a construction '
-                                     'in __init__ with its arguments (the statement goes)'))
-    return {c.ctor: outer[c.ctor] for c in plan.children if c.hoisted and c.api is None}
+def _plan_setup(ctx: ClassContext, plan: ClassRewrite, setup: cst.FunctionDef, counts: dict[str, int]) -> None:
+  """setup() statements: `self.<attr> = <table layer or same-file class>(...)`, self.param or self.variable, and
+  plain code that stays as it is (`setup_code.py`)."""
+  for statement in setup.body.body:
+    if not ctx.loops.setup_append(ctx, statement, setup):  # `layers = []` + `for ...: layers.append(...)`: go
+      _setup_statement(ctx, plan, statement, counts)
 
-  def _plain_branches(self, plan: ClassRewrite, methods: dict[str, cst.FunctionDef], setup: cst.FunctionDef | None
-                      ) -> None:
-    """The conditionals of plain code at the top of a setup() class's methods (`if output_hidden_states:
-    all_hidden_states += (hidden_states,)`, as in transformers): walked arm by arm for sizes, as in @nn.compact
-    bodies; a conditional holding another block, or testing a scope API, is not."""
-    for method in methods.values():
-      if method is setup:
-        continue
-      for statement in method.body.body:
-        if isinstance(statement, cst.If) and _plain_if(statement):
-          plan.branches.update([statement, *(s for s in descendants(statement) if isinstance(s, cst.If))])
 
-  def _straight_line(self, body: cst.BaseSuite, built: set[cst.Call]) -> None:
-    """Simple statements, and conditionals of plain code: no loops, and a construction (`built`) only in an
-    `if <test>: ... else: ...` of simple statements whose test __init__ can evaluate (see _conditions)."""
-    for statement in body.body:
-      if is_straight_statement(statement):
-        continue
-      if isinstance(statement, cst.For):  # layers built in a loop: nnx.List attributes (loops.py)
-        self.loops.plan(self, statement, built)
-        continue
-      branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
-      if not isinstance(statement, cst.If) or not _plain_if(statement):
-        raise Unsupported(statement, 'the @nn.compact body has loops, conditionals or nested blocks')
-      if any(s in built for s in descendants(statement)):
-        self.plan.conditions.update(self._construction_conditions(statement, built))
-      self.plan.branches.update(branches)
+def _build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> Child:
+  """The child `ctor` builds, its constructor's train/eval kwargs (and its cell's) dropped: NNX's train() / eval()
+  set them (`modes.ctor_modes`)."""
+  child = children.build_child(ctx, ctor, counts, attr)
+  if child.cell is not None:
+    modes.ctor_modes(ctx, child.cell)
+  modes.ctor_modes(ctx, child)
+  return child
 
-  def _construction_conditions(self, statement: cst.If, built: set[cst.Call]) -> dict[cst.Call, str]:
-    """`if self.config.use_norm: x = nn.LayerNorm()(x)`: each construction in it, with the condition (code for
-    __init__) under which it exists; a test that depends on the call (an input, a train/eval switch) is refused."""
-    arms = if_arms(statement)
-    if len(arms) > 2 or isinstance(statement.orelse, cst.If) \
-        or any(arm is not None and not all(is_straight_statement(s) for s in arm.body) for arm in arms):
-      raise Unsupported(statement, 'submodules created in an elif chain or a nested block')
-    test = statement.test
-    if any(isinstance(n, cst.Name) and n.value in self.plan.switches for n in (test, *descendants(test))):
-      raise Unsupported(test, 'a submodule created under a train/eval switch (in NNX it exists in both modes)')
-    try:
-      self.check_hoistable(test)
-    except Unsupported:
-      raise Unsupported(test, 'a submodule created under a condition on the call (its inputs or locals): NNX '
-                               'creates submodules in __init__') from None
-    code = self.code(test)
-    conditions = {}
-    negated = f'not {code}' if isinstance(test, (cst.Name, cst.Attribute)) else f'not ({code})'
-    for arm, condition in zip(arms, (code, negated)):
-      for sub in (descendants(arm) if arm is not None else ()):
-        if sub in built:
-          conditions[sub] = condition
-    return conditions
 
-  def _name_children(self, children: list[Child], taken: set[str]) -> None:
-    """Gives auto-named children a readable, deterministic, collision-free attribute name."""
-    explicit = [c.attr for c in children if c.attr]
-    if len(set(explicit)) != len(explicit) or set(explicit) & taken:
-      raise Unsupported(children[0].ctor, 'duplicate names, or names shadowing a field or method')
-    taken = taken | set(explicit)
-    auto = [c for c in children if not c.attr]
-    bases = ['cell' if c.scan else snake(c.linen_name.rpartition('_')[0]) if c.bridged
-             else f'{snake(c.sibling.name)}s' if c.stacked
-             else snake((c.spec or c.wrapper).nnx.rpartition('.')[2]) if c.spec or c.wrapper
-             else snake(c.sibling.name) for c in auto]
-    bases = [self.loops.plural(c, base) for c, base in zip(auto, bases)]  # a loop's nnx.List: `linears`
-    for i, (child, base) in enumerate(zip(auto, bases)):
-      attr = f'{base}{bases[:i].count(base) + 1}' if bases.count(base) > 1 else base
-      while attr in taken:
-        attr += '_'
-      child.attr = attr
-      taken.add(attr)
+def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseStatement, counts: dict[str, int]) -> None:
+  """One statement of setup(), or of an `if` block of it: a child, or plain code that stays as it is."""
+  target = self_assignment(statement)
+  value = statement.body[0].value if target is not None else None
+  if isinstance(value, cst.Call) and scope_api(value) in ('param', 'variable'):
+    child = scope.variable_child(ctx, value, target, hoisted=False)
+  elif isinstance(value, cst.Call) and constructions.constructed(ctx, value) is not None:
+    child = _build_child(ctx, value, counts, target)
+  elif isinstance(value, cst.ListComp):  # `self.layers = [nn.Dense(f) for f in ...]`: an nnx.List (loops.py)
+    child = _build_child(ctx, ctx.loops.setup_list(ctx, value, target), counts, target)
+  elif (appended := ctx.loops.appended(ctx, value, target)) is not None:  # `self.layers = layers` (appended)
+    child = _build_child(ctx, appended, counts, target)
+  elif isinstance(statement, cst.If) and all(isinstance(arm, (cst.IndentedBlock, type(None))) for arm in if_arms(statement)):
+    for test in if_tests(statement):  # `if self.config.add_pooling_layer: self.pooler = ...`: the same `if` in __init__
+      _plain_setup_code(ctx, plan, test)
+    for arm in if_arms(statement):
+      for inner in (arm.body if arm is not None else ()):
+        _setup_statement(ctx, plan, inner, counts)
+    return
+  else:  # plain code (`head_dim = ...`, `if ...: raise`): it stays, in its place in __init__
+    _plain_setup_code(ctx, plan, statement)
+    return
+  if target in {c.attr for c in plan.children}:
+    raise Unsupported(statement, f'self.{target} assigned twice')
+  plan.children.append(child)
 
-  # --- sizes and train/eval switches -----------------------------------------------------------
 
-  def _unknown_builder(self, func: cst.BaseExpression) -> str:
-    """Why `func(...)(...)` cannot be built in __init__: what `func` is."""
-    if isinstance(func, cst.Call):  # `nn.scan(...)(3)(x)` with options no NNX counterpart takes
-      name, what = self.facts.code(func), 'a lifted transform or factory call whose result L2N002 cannot build'
-    elif isinstance(func, cst.Attribute) and is_self_attr(func):
-      name, what = self.facts.code(func), f'the field {func.attr.value}, a ModuleDef or factory that is not converted'
-    elif self.facts.is_linen_name(func):
-      name = self.facts.code(func)
-      what = f'{name}, a Linen layer the layer table has no NNX counterpart of'
-    else:
-      name = self.facts.code(func)
-      what = f'{name}, which is neither a table layer nor a Linen class of this file'
-    return f'{name}(...)(...) builds a submodule from {what}'
+def _plain_setup_code(ctx: ClassContext, plan: ClassRewrite, node: cst.CSTNode) -> None:
+  """Plain setup() code that stays as it is in __init__; raises Unsupported if it may build a module."""
+  blocker = setup_code_blocker(ctx.facts, ctx.facts.class_defs[plan.name], node)
+  if blocker is not None:
+    raise Unsupported(*blocker)
+  ctx.plain_attributes |= plain_attributes(node)
 
-  def _plain_base_plan(self, node: cst.ClassDef) -> ClassRewrite:
-    """A base class of the run that only holds helpers (`LinenHierarchy.plain_bases`): an nnx.Module with its
-    Linen names converted; its subclasses, converted in their own files, build the layers and variables."""
-    for sub in descendants(node):
-      if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS:
-        raise Unsupported(sub, f'self.{sub.attr.value} in a helper of a base class')
-    plan = self.plan
-    plan.helpers_only = True
-    plan.linen_nodes = [node.bases[0].value, *self._convert_linen_refs(node, {node.bases[0].value})]
-    return plan
+
+def _plan_compact(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef, counts: dict[str, int]) -> dict[cst.Call, cst.Call]:
+  """Layers and variables built inline in the @nn.compact method; returns each layer's call."""
+  ctors = [c for c in descendants(method) if isinstance(c, cst.Call) and constructions.constructed(ctx, c) is not None]
+  cells = {constructions.cell_arg(ctx, c) for c in ctors}  # built in a wrapper's constructor call: part of that child
+  ctors = [c for c in ctors if c not in cells]
+  for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors \
+        and call not in ctors:
+      raise Unsupported(call, _unknown_builder(ctx, call.func.func))
+  variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and scope_api(c) in ('param', 'variable')]
+  if not ctors and not variables and not plan.children:
+    raise Unsupported(method, 'no submodule or variable created in the @nn.compact method')
+  caches = decode_cache.decode_caches(ctx, plan, method)
+  _straight_line(ctx, method.body, {*ctors, *variables} - caches)
+  outer = {}
+  for sub in descendants(method):
+    if isinstance(sub, tuple(_DEFERRED)):
+      created = next((c for c in descendants(sub) if c in ctors or c in variables), None)
+      if created is not None:
+        where = f'the nested function {sub.name.value}' if isinstance(sub, cst.FunctionDef) else _DEFERRED[type(sub)]
+        raise Unsupported(created, f'{ctx.facts.code(created)} is created inside {where}, which NNX cannot build '
+                                   'in __init__')
+    if isinstance(sub, cst.Call) and sub.func in ctors:
+      outer[sub.func] = sub
+  scan_names: dict[cst.Call, list[cst.Name]] = {}
+  for ctor in ctors:  # `rnn = nn.scan(Cell, ...)(...)`, then `rnn(carry, x)` once and `rnn.<method>(...)`
+    if (ctor in ctx.plan.scans or ctor in ctx.plan.remats or ctor in ctx.plan.stacks) and ctor not in outer:
+      outer[ctor], scan_names[ctor] = lifted.scan_local(ctx, method, ctor)
+    elif ctor not in outer and queries.bound_local(ctx, method, ctor) is not None \
+        and not any(constructions.constructed(ctx, ctor)[0] in w.cells for w in WRAPPERS):  # `embed = nn.Embed(...)`, shared
+      calls, scan_names[ctor] = queries.shared_local(ctx, method, ctor)
+      outer[ctor] = calls[0]
+      ctx.plan.extra_calls.update((call, ctor) for call in calls[1:])
+  holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
+  for node in descendants(method.body):
+    if node in variables:
+      child = scope.variable_child(ctx, node, None, hoisted=True, cache=node in caches)
+      ctx.plan.exprs[node] = f'self.{child.attr}[...]' if child.api == 'param' else f'self.{child.attr}'
+      plan.children.append(child)
+      assign = ctx.facts.parent(node)
+      if child.api == 'variable' and isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
+          and isinstance(assign.targets[0].target, cst.Name):
+        holders.add(assign.targets[0].target.value)
+    elif node in ctors:
+      if node not in outer:
+        wrappers = [w.linen.rpartition('.')[2] for w in WRAPPERS if constructions.constructed(ctx, node)[0] in w.cells]
+        hint = f' (a cell: build it in the {wrappers[0]}(...) call to convert both)' if wrappers else ''
+        raise Unsupported(node, f'a submodule that is not called where it is constructed{hint}')
+      child = _build_child(ctx, node, counts, None)
+      child.hoisted = True
+      child.condition = ctx.plan.conditions.get(node)
+      plan.children.append(child)
+      ctx.plan.scan_names.update((name, child) for name in scan_names.get(node, ()))
+  for sub in descendants(method.body):
+    if isinstance(sub, cst.Attribute) and isinstance(sub.value, cst.Name) and sub.value.value in holders \
+        and sub.attr.value == 'value':
+      ctx.plan.exprs[sub] = f'{sub.value.value}[...]'
+  for partial in dict.fromkeys(ctx.plan.partials[c] for c in ctors if c in ctx.plan.partials):
+    ctx.plan.pending.append((partial, f'{ctx.facts.code(partial)}: each call of it becomes a construction '
+                                   'in __init__ with its arguments (the statement goes)'))
+  return {c.ctor: outer[c.ctor] for c in plan.children if c.hoisted and c.api is None}
+
+
+def _plain_branches(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, cst.FunctionDef], setup: cst.FunctionDef | None
+                    ) -> None:
+  """The conditionals of plain code at the top of a setup() class's methods (`if output_hidden_states:
+  all_hidden_states += (hidden_states,)`, as in transformers): walked arm by arm for sizes, as in @nn.compact
+  bodies; a conditional holding another block, or testing a scope API, is not."""
+  for method in methods.values():
+    if method is setup:
+      continue
+    for statement in method.body.body:
+      if isinstance(statement, cst.If) and _plain_if(statement):
+        plan.branches.update([statement, *(s for s in descendants(statement) if isinstance(s, cst.If))])
+
+
+def _straight_line(ctx: ClassContext, body: cst.BaseSuite, built: set[cst.Call]) -> None:
+  """Simple statements, and conditionals of plain code: no loops, and a construction (`built`) only in an
+  `if <test>: ... else: ...` of simple statements whose test __init__ can evaluate (see _conditions)."""
+  for statement in body.body:
+    if is_straight_statement(statement):
+      continue
+    if isinstance(statement, cst.For):  # layers built in a loop: nnx.List attributes (loops.py)
+      ctx.loops.plan(ctx, statement, built)
+      continue
+    branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
+    if not isinstance(statement, cst.If) or not _plain_if(statement):
+      raise Unsupported(statement, 'the @nn.compact body has loops, conditionals or nested blocks')
+    if any(s in built for s in descendants(statement)):
+      ctx.plan.conditions.update(_construction_conditions(ctx, statement, built))
+    ctx.plan.branches.update(branches)
+
+
+def _construction_conditions(ctx: ClassContext, statement: cst.If, built: set[cst.Call]) -> dict[cst.Call, str]:
+  """`if self.config.use_norm: x = nn.LayerNorm()(x)`: each construction in it, with the condition (code for
+  __init__) under which it exists; a test that depends on the call (an input, a train/eval switch) is refused."""
+  arms = if_arms(statement)
+  if len(arms) > 2 or isinstance(statement.orelse, cst.If) \
+      or any(arm is not None and not all(is_straight_statement(s) for s in arm.body) for arm in arms):
+    raise Unsupported(statement, 'submodules created in an elif chain or a nested block')
+  test = statement.test
+  if any(isinstance(n, cst.Name) and n.value in ctx.plan.switches for n in (test, *descendants(test))):
+    raise Unsupported(test, 'a submodule created under a train/eval switch (in NNX it exists in both modes)')
+  try:
+    queries.check_hoistable(ctx, test)
+  except Unsupported:
+    raise Unsupported(test, 'a submodule created under a condition on the call (its inputs or locals): NNX '
+                             'creates submodules in __init__') from None
+  code = queries.code(ctx, test)
+  conditions = {}
+  negated = f'not {code}' if isinstance(test, (cst.Name, cst.Attribute)) else f'not ({code})'
+  for arm, condition in zip(arms, (code, negated)):
+    for sub in (descendants(arm) if arm is not None else ()):
+      if sub in built:
+        conditions[sub] = condition
+  return conditions
+
+
+def _name_children(ctx: ClassContext, planned: list[Child], taken: set[str]) -> None:
+  """Gives auto-named children a readable, deterministic, collision-free attribute name."""
+  explicit = [c.attr for c in planned if c.attr]
+  if len(set(explicit)) != len(explicit) or set(explicit) & taken:
+    raise Unsupported(planned[0].ctor, 'duplicate names, or names shadowing a field or method')
+  taken = taken | set(explicit)
+  auto = [c for c in planned if not c.attr]
+  bases = ['cell' if c.scan else snake(c.linen_name.rpartition('_')[0]) if c.bridged
+           else f'{snake(c.sibling.name)}s' if c.stacked
+           else snake((c.spec or c.wrapper).nnx.rpartition('.')[2]) if c.spec or c.wrapper
+           else snake(c.sibling.name) for c in auto]
+  bases = [ctx.loops.plural(c, base) for c, base in zip(auto, bases)]  # a loop's nnx.List: `linears`
+  for i, (child, base) in enumerate(zip(auto, bases)):
+    attr = f'{base}{bases[:i].count(base) + 1}' if bases.count(base) > 1 else base
+    while attr in taken:
+      attr += '_'
+    child.attr = attr
+    taken.add(attr)
+
+# --- sizes and train/eval switches -----------------------------------------------------------
+
+
+def _unknown_builder(ctx: ClassContext, func: cst.BaseExpression) -> str:
+  """Why `func(...)(...)` cannot be built in __init__: what `func` is."""
+  if isinstance(func, cst.Call):  # `nn.scan(...)(3)(x)` with options no NNX counterpart takes
+    name, what = ctx.facts.code(func), 'a lifted transform or factory call whose result L2N002 cannot build'
+  elif isinstance(func, cst.Attribute) and is_self_attr(func):
+    name, what = ctx.facts.code(func), f'the field {func.attr.value}, a ModuleDef or factory that is not converted'
+  elif ctx.facts.is_linen_name(func):
+    name = ctx.facts.code(func)
+    what = f'{name}, a Linen layer the layer table has no NNX counterpart of'
+  else:
+    name = ctx.facts.code(func)
+    what = f'{name}, which is neither a table layer nor a Linen class of this file'
+  return f'{name}(...)(...) builds a submodule from {what}'
+
+
+def _plain_base_plan(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
+  """A base class of the run that only holds helpers (`LinenHierarchy.plain_bases`): an nnx.Module with its
+  Linen names converted; its subclasses, converted in their own files, build the layers and variables."""
+  for sub in descendants(node):
+    if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS:
+      raise Unsupported(sub, f'self.{sub.attr.value} in a helper of a base class')
+  plan = ctx.plan
+  plan.helpers_only = True
+  plan.linen_nodes = [node.bases[0].value, *children.convert_linen_refs(ctx, node, {node.bases[0].value})]
+  return plan
 
 
 def _plain_if(statement: cst.If) -> bool:

@@ -6,22 +6,16 @@ import dataclasses
 import typing as tp
 
 import libcst as cst
-from libcst.metadata import QualifiedNameProvider
-from libcst.metadata import ScopeProvider
+from libcst.metadata import QualifiedNameProvider, ScopeProvider
 
 from codemods.report import TO_LINEN_BRIDGED
-from codemods.rule import CLASSES_KEY
-from codemods.rule import MigrationRule
-from codemods.rules.l2n002 import emit
-from codemods.rules.l2n002 import entries
-from codemods.rules.l2n002.decide import LeftLinen
-from codemods.rules.l2n002.decide import decide_classes
-from codemods.rules.l2n002.factories import unconverted_suppliers
-from codemods.rules.l2n002.facts import FileFacts
-from codemods.rules.l2n002.facts import analyse_file
+from codemods.rule import CLASSES_KEY, MigrationRule
+from codemods.rules.l2n002 import emit, entries
+from codemods.rules.l2n002.decide import LeftLinen, decide_classes
+from codemods.rules.l2n002.factory_fields import unconverted_suppliers
+from codemods.rules.l2n002.facts import FileFacts, analyse_file
 from codemods.rules.l2n002.linen_parents import ToLinenBridge
-from codemods.rules.l2n002.plan import ClassRewrite
-from codemods.rules.l2n002.plan import FileRewrite
+from codemods.rules.l2n002.plan import ClassRewrite, FileRewrite
 from codemods.vocabulary import COMPACT_NAMES
 
 

@@ -1,6 +1,7 @@
 """Scope APIs: `self.param` / `self.variable` children, `self.make_rng`, `self.sow`, `self.is_initializing`.
 
-A pass of `planner.ClassPlanner`, mixed into it: it reads the file's facts and fills the class's plan.
+Planning functions over a `context.ClassContext`, run by `planner.plan_class`: they read the file's facts and
+fill the class's plan.
 """
 
 from __future__ import annotations
@@ -11,143 +12,128 @@ import re
 import libcst as cst
 
 from codemods.nodes import descendants
-from codemods.rules.l2n002.nodes import HAS_VARIABLE_HINT
-from codemods.rules.l2n002.nodes import is_self_attr
-from codemods.rules.l2n002.nodes import literal_identifier
-from codemods.rules.l2n002.nodes import scope_api
-from codemods.rules.l2n002.plan import Child
-from codemods.rules.l2n002.plan import ClassRewrite
-from codemods.rules.l2n002.plan import Unsupported
-from codemods.rules.l2n002.state import PlannerState
+from codemods.rules.l2n002 import queries
+from codemods.rules.l2n002.context import ClassContext
+from codemods.rules.l2n002.nodes import (
+  HAS_VARIABLE_HINT,
+  is_self_attr,
+  literal_identifier,
+  scope_api,
+)
+from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 from codemods.variable_types import flax_variable_type
-from codemods.vocabulary import CONVERTED_APIS
-from codemods.vocabulary import SCOPE_APIS
+from codemods.vocabulary import CONVERTED_APIS, SCOPE_APIS
 
 
-_CALLED_IN_PARENS = (cst.Lambda, cst.IfExp, cst.BinaryOperation, cst.BooleanOperation, cst.UnaryOperation)
+def variable_child(ctx: ClassContext, call: cst.Call, attr: str | None, hoisted: bool, cache: bool = False) -> Child:
+  """A `self.param(name, init, *args)` / `self.variable(collection, name, init, *args)` call.
+
+  A decode cache (`cache`) is made by init_cache, from shapes `_plan_init_cache` derives.
+  """
+  api = scope_api(call)
+  if any(a.star for a in call.args) or any(a.keyword is not None for a in call.args[:3 if api == 'variable' else 2]):
+    raise Unsupported(call, f'self.{api} with *args, **kwargs or keyword leading arguments')
+  if any(a.keyword is not None and a.keyword.value == 'unbox' for a in call.args):
+    raise Unsupported(call, f'self.{api} with unbox=')
+  lead = 3 if api == 'variable' else 2
+  if len(call.args) < lead:
+    raise Unsupported(call, f'self.{api} without an init function')
+  if api == 'variable':
+    if not isinstance(call.args[0].value, cst.SimpleString):
+      raise Unsupported(call, 'self.variable with a collection that is not a literal string')
+    collection = call.args[0].value.evaluated_value
+    name = call.args[1].value
+  else:
+    collection, name = 'params', call.args[0].value
+  if not literal_identifier(name):
+    raise Unsupported(call, f'self.{api} with a name that is not a literal identifier')
+  refs = {} if not hoisted or cache else queries.size_refs(ctx, (arg.value for arg in call.args[lead - 1:]))
+  for arg in call.args[lead - 1:] if not cache else ():
+    queries.check_hoistable(ctx, arg.value, skip=set(refs))
+  if api == 'param':
+    var_type = 'nnx.Param'
+  else:
+    var_type = flax_variable_type(collection) or _variable_class_name(ctx, collection)
+  return Child(attr or name.evaluated_value, name.evaluated_value, call, None, None, {}, hoisted=hoisted,
+                api=api, collection=collection, var_type=var_type, shape_refs=refs, cache=cache)
 
 
-class ScopeCalls(PlannerState):
-  """Scope APIs."""
+def _variable_class_name(ctx: ClassContext, collection: str) -> str:
+  if collection not in ctx.plan.variable_classes:
+    base = ''.join(part[:1].upper() + part[1:] for part in re.split(r'\W|_', collection) if part)
+    base = base if base.isidentifier() and not keyword.iskeyword(base) else 'Collection'
+    name = base
+    while name in ctx.facts.global_names or name in ctx.plan.variable_classes.values():
+      name = f'{base}Variable' if name == base else name + '_'
+    ctx.plan.variable_classes[collection] = name
+  return ctx.plan.variable_classes[collection]
 
-  def _variable(self, call: cst.Call, attr: str | None, hoisted: bool, cache: bool = False) -> Child:
-    """A `self.param(name, init, *args)` / `self.variable(collection, name, init, *args)` call.
 
-    A decode cache (`cache`) is made by init_cache, from shapes `_plan_init_cache` derives.
-    """
-    api = scope_api(call)
-    if any(a.star for a in call.args) or any(a.keyword is not None for a in call.args[:3 if api == 'variable' else 2]):
-      raise Unsupported(call, f'self.{api} with *args, **kwargs or keyword leading arguments')
-    if any(a.keyword is not None and a.keyword.value == 'unbox' for a in call.args):
-      raise Unsupported(call, f'self.{api} with unbox=')
-    lead = 3 if api == 'variable' else 2
-    if len(call.args) < lead:
-      raise Unsupported(call, f'self.{api} without an init function')
-    if api == 'variable':
-      if not isinstance(call.args[0].value, cst.SimpleString):
-        raise Unsupported(call, 'self.variable with a collection that is not a literal string')
-      collection = call.args[0].value.evaluated_value
-      name = call.args[1].value
+def plan_scope_calls(ctx: ClassContext, node: cst.ClassDef, plan: ClassRewrite, setup: cst.FunctionDef | None, taken: set[str]) -> None:
+  """self.make_rng / self.sow / self.is_initializing; any other scope API keeps the class Linen."""
+  handled = {c.ctor for c in plan.children if c.api is not None} | set(ctx.plan.cache_flags)
+  in_setup = set(descendants(setup)) if setup is not None else set()
+  for sub in descendants(node):
+    if not (isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS):
+      continue
+    api, call = sub.attr.value, ctx.facts.parent(sub)
+    if call in handled:
+      continue
+    if not (isinstance(call, cst.Call) and call.func is sub):
+      raise Unsupported(sub, f'self.{api} used other than by calling it')
+    if sub in in_setup or api not in CONVERTED_APIS - {'param', 'variable'}:
+      raise Unsupported(sub, f'self.{api} has no automatic NNX conversion{" in setup()" if sub in in_setup else ""}'
+                              + (HAS_VARIABLE_HINT if api == 'has_variable' else ''))
+    if api == 'make_rng':
+      _make_rng(ctx, plan, call, taken)
+    elif api == 'sow':
+      _sow(ctx, plan, call, taken)
     else:
-      collection, name = 'params', call.args[0].value
-    if not literal_identifier(name):
-      raise Unsupported(call, f'self.{api} with a name that is not a literal identifier')
-    refs = {} if not hoisted or cache else self._size_refs(arg.value for arg in call.args[lead - 1:])
-    for arg in call.args[lead - 1:] if not cache else ():
-      self.check_hoistable(arg.value, skip=set(refs))
-    if api == 'param':
-      var_type = 'nnx.Param'
-    else:
-      var_type = flax_variable_type(collection) or self._variable_class_name(collection)
-    return Child(attr or name.evaluated_value, name.evaluated_value, call, None, None, {}, hoisted=hoisted,
-                  api=api, collection=collection, var_type=var_type, shape_refs=refs, cache=cache)
+      _is_initializing(ctx, call)
 
-  def _variable_class_name(self, collection: str) -> str:
-    if collection not in self.plan.variable_classes:
-      base = ''.join(part[:1].upper() + part[1:] for part in re.split(r'\W|_', collection) if part)
-      base = base if base.isidentifier() and not keyword.iskeyword(base) else 'Collection'
-      name = base
-      while name in self.facts.global_names or name in self.plan.variable_classes.values():
-        name = f'{base}Variable' if name == base else name + '_'
-      self.plan.variable_classes[collection] = name
-    return self.plan.variable_classes[collection]
 
-  def _plan_scope_calls(self, node: cst.ClassDef, plan: ClassRewrite, setup: cst.FunctionDef | None, taken: set[str]) -> None:
-    """self.make_rng / self.sow / self.is_initializing; any other scope API keeps the class Linen."""
-    handled = {c.ctor for c in plan.children if c.api is not None} | set(self.plan.cache_flags)
-    in_setup = set(descendants(setup)) if setup is not None else set()
-    for sub in descendants(node):
-      if not (isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS):
-        continue
-      api, call = sub.attr.value, self.facts.parent(sub)
-      if call in handled:
-        continue
-      if not (isinstance(call, cst.Call) and call.func is sub):
-        raise Unsupported(sub, f'self.{api} used other than by calling it')
-      if sub in in_setup or api not in CONVERTED_APIS - {'param', 'variable'}:
-        raise Unsupported(sub, f'self.{api} has no automatic NNX conversion{" in setup()" if sub in in_setup else ""}'
-                                + (HAS_VARIABLE_HINT if api == 'has_variable' else ''))
-      if api == 'make_rng':
-        self._make_rng(plan, call, taken)
-      elif api == 'sow':
-        self._sow(plan, call, taken)
-      else:
-        self._is_initializing(call)
+def _make_rng(ctx: ClassContext, plan: ClassRewrite, call: cst.Call, taken: set[str]) -> None:
+  if len(call.args) != 1 or call.args[0].keyword is not None or not isinstance(call.args[0].value, cst.SimpleString):
+    raise Unsupported(call, 'self.make_rng with a stream name that is not a literal string')
+  stream = call.args[0].value.evaluated_value
+  if stream not in plan.streams:
+    base = f'{stream}_rngs' if stream.isidentifier() else 'rngs_stream'
+    attr = base
+    while attr in taken or attr in plan.streams.values():
+      attr += '_'
+    plan.streams[stream] = attr
+    ctx.plan.pending.append((call, f"self.make_rng({stream!r}) -> self.{attr}(), a stream forked from rngs in __init__"))
+  ctx.plan.exprs[call] = f'self.{plan.streams[stream]}()'
 
-  def _make_rng(self, plan: ClassRewrite, call: cst.Call, taken: set[str]) -> None:
-    if len(call.args) != 1 or call.args[0].keyword is not None or not isinstance(call.args[0].value, cst.SimpleString):
-      raise Unsupported(call, 'self.make_rng with a stream name that is not a literal string')
-    stream = call.args[0].value.evaluated_value
-    if stream not in plan.streams:
-      base = f'{stream}_rngs' if stream.isidentifier() else 'rngs_stream'
-      attr = base
-      while attr in taken or attr in plan.streams.values():
-        attr += '_'
-      plan.streams[stream] = attr
-      self.plan.pending.append((call, f"self.make_rng({stream!r}) -> self.{attr}(), a stream forked from rngs in __init__"))
-    self.plan.exprs[call] = f'self.{plan.streams[stream]}()'
 
-  def _sow(self, plan: ClassRewrite, call: cst.Call, taken: set[str]) -> None:
-    first = call.args[0].value if call.args and call.args[0].keyword is None else None
-    if not isinstance(first, cst.SimpleString):
-      raise Unsupported(call, 'self.sow with a collection that is not a literal string')
-    name = call.args[1].value if len(call.args) > 1 else None
-    if not isinstance(name, cst.SimpleString) or name.evaluated_value in taken | set(plan.streams.values()):
-      # NNX's sow outside nnx.capture stores the value as an attribute of that name.
-      raise Unsupported(call, 'self.sow with a name that is not a literal string or that names an attribute')
-    collection = first.evaluated_value
-    var_type = flax_variable_type(collection)
-    if var_type is None:
-      var_type = self._variable_class_name(collection)
-      plan.collections += [collection] if collection not in plan.collections else []
-    self.plan.exprs[first] = var_type
-    self.plan.pending.append((call, f'self.sow({collection!r}, ...) -> self.sow({var_type}, ...); '
-                                f'collect the values with nnx.capture(model, {var_type})'))
+def _sow(ctx: ClassContext, plan: ClassRewrite, call: cst.Call, taken: set[str]) -> None:
+  first = call.args[0].value if call.args and call.args[0].keyword is None else None
+  if not isinstance(first, cst.SimpleString):
+    raise Unsupported(call, 'self.sow with a collection that is not a literal string')
+  name = call.args[1].value if len(call.args) > 1 else None
+  if not isinstance(name, cst.SimpleString) or name.evaluated_value in taken | set(plan.streams.values()):
+    # NNX's sow outside nnx.capture stores the value as an attribute of that name.
+    raise Unsupported(call, 'self.sow with a name that is not a literal string or that names an attribute')
+  collection = first.evaluated_value
+  var_type = flax_variable_type(collection)
+  if var_type is None:
+    var_type = _variable_class_name(ctx, collection)
+    plan.collections += [collection] if collection not in plan.collections else []
+  ctx.plan.exprs[first] = var_type
+  ctx.plan.pending.append((call, f'self.sow({collection!r}, ...) -> self.sow({var_type}, ...); '
+                              f'collect the values with nnx.capture(model, {var_type})'))
 
-  def _is_initializing(self, call: cst.Call) -> None:
-    parent = self.facts.parent(call)
-    negated = isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not)
-    statement = self.facts.parent(parent) if negated else parent
-    if not (isinstance(statement, cst.If) and statement.test is (parent if negated else call) and statement.orelse is None):
-      raise Unsupported(call, 'self.is_initializing() other than as `if [not] self.is_initializing():` without else')
-    self.plan.ifs[statement] = negated
-    what = 'kept unconditionally' if negated else 'removed'
-    self.plan.pending.append((call, f'`if {"not " if negated else ""}self.is_initializing():` block {what}: '
-                                f'NNX creates variables in __init__, never during a call'))
 
-  def _variable_text(self, child: Child) -> str:
-    """`nnx.Param(init(rngs.params(), *args))` / `<Type>(init(*args))`, as code valid in __init__."""
-    lead = 2 if child.api == 'param' else 3
-    init, rest = child.ctor.args[lead - 1].value, child.ctor.args[lead:]
-    code = lambda node: self.code(node, child.size_codes)
-    args = [f'{a.keyword.value}={code(a.value)}' if a.keyword else code(a.value) for a in rest]
-    # an initializer that is not a name, attribute or call (HF's `lambda _, shape: jnp.ones(shape)`) is called in
-    # parentheses
-    init_code = f'({code(init)})' if isinstance(init, _CALLED_IN_PARENS) else code(init)
-    if child.api == 'param':
-      return f'nnx.Param({init_code}({", ".join(["rngs.params()", *args])}))'
-    if isinstance(init, cst.Lambda) and not args and init.params.deep_equals(cst.Parameters()):
-      return f'{child.var_type}({code(init.body)})'
-    return f'{child.var_type}({init_code}({", ".join(args)}))'
+def _is_initializing(ctx: ClassContext, call: cst.Call) -> None:
+  parent = ctx.facts.parent(call)
+  negated = isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not)
+  statement = ctx.facts.parent(parent) if negated else parent
+  if not (isinstance(statement, cst.If) and statement.test is (parent if negated else call) and statement.orelse is None):
+    raise Unsupported(call, 'self.is_initializing() other than as `if [not] self.is_initializing():` without else')
+  ctx.plan.ifs[statement] = negated
+  what = 'kept unconditionally' if negated else 'removed'
+  ctx.plan.pending.append((call, f'`if {"not " if negated else ""}self.is_initializing():` block {what}: '
+                              f'NNX creates variables in __init__, never during a call'))
 
-  # --- helpers ---------------------------------------------------------------------------------
+
+# --- helpers ---------------------------------------------------------------------------------

@@ -17,10 +17,7 @@ from libcst.metadata import QualifiedNameSource
 
 from codemods.nodes import descendants
 from codemods.rules.l2n002.facts import FileFacts
-from codemods.rules.l2n002.nodes import DEFERRING
-from codemods.rules.l2n002.nodes import field_name
-from codemods.rules.l2n002.nodes import is_self_attr
-from codemods.rules.l2n002.nodes import scope_api
+from codemods.rules.l2n002.nodes import DEFERRING, field_name, is_self_attr, scope_api
 
 _INSIDE = {**DEFERRING, cst.List: 'a list', cst.Tuple: 'a tuple', cst.Dict: 'a dict',  # where it sits in a statement
            cst.If: 'an if block', cst.For: 'a for loop', cst.While: 'a while loop'}

@@ -11,9 +11,7 @@ from flax import nnx
 
 import nnx_bridge
 from codemods import rules as registry
-from codemods.rules.l2n002 import decide
-from codemods.rules.l2n002 import emit
-from codemods.rules.l2n002.planner import ClassPlanner
+from codemods.rules.l2n002 import decide, emit
 from codemods.transform import transform_source
 
 # In the style of flax's examples/wmt/models.py: a Linen encoder that cannot be converted (its embedding is
@@ -126,14 +124,14 @@ def _only_bad_stays_linen(new: str, entries: list[str], reason: str) -> None:
 
 
 def test_a_converter_bug_while_planning_one_class_leaves_only_that_class_linen(monkeypatch):
-  run = ClassPlanner.run
+  plan_class = decide.plan_class
 
-  def failing_run(self, node):
+  def failing_plan_class(facts, converted, node, variable_classes):
     if node.name.value == 'Bad':
       raise KeyError('boom')
-    return run(self, node)
+    return plan_class(facts, converted, node, variable_classes)
 
-  monkeypatch.setattr(ClassPlanner, 'run', failing_run)
+  monkeypatch.setattr(decide, 'plan_class', failing_plan_class)
   new, entries = _migrate(TWO_CLASSES)
   _only_bad_stays_linen(new, entries, "the converter failed on it (KeyError: 'boom'); please report it")
 

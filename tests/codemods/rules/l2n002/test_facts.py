@@ -11,7 +11,7 @@ from libcst.metadata import ScopeProvider
 
 from codemods.analysis.hierarchy import LinenHierarchy
 from codemods.options import MigrationOptions
-from codemods.rules.l2n002.factories import Factory
+from codemods.rules.l2n002.factory_fields import Factory
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.facts import analyse_file
 

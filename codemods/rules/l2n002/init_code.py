@@ -1,0 +1,77 @@
+"""The `__init__` code of each child of a converted class: the NNX constructor call of a layer, wrapper, class
+of the file or bridged Linen class (`ctor_text`), and the Variable of a scope variable (`variable_text`).
+
+Plain functions over a `context.ClassContext`, run by `planner.plan_class` once the plan is complete (sizes and
+train/eval defaults known); this module imports no pass.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from codemods.rules.l2n002 import queries
+from codemods.rules.l2n002.context import ClassContext
+from codemods.rules.l2n002.plan import Child, Unsupported
+from nnx_bridge.layer_table import nnx_arguments
+
+_CALLED_IN_PARENS = (cst.Lambda, cst.IfExp, cst.BinaryOperation, cst.BooleanOperation, cst.UnaryOperation)
+
+
+def ctor_text(ctx: ClassContext, child: Child) -> str:
+  """The NNX constructor call of `child`, as code valid in __init__."""
+  text = lambda node: queries.code(ctx, node, child.size_codes)
+  if child.bridged:
+    mode = ', eval_mode=True' if child.mode_defaults.get('eval_mode') else ''
+    return f'nnx_bridge.from_linen({text(child.ctor)}, *{child.attr}_example_inputs, rngs=rngs{mode})'
+  if child.wrapper is not None:
+    wrapper = child.wrapper
+    child.cell.sizes = child.sizes
+    accepted, only = nnx_arguments(wrapper.nnx), {k.name for k in wrapper.linen_only}
+    args = [ctor_text(ctx, child.cell)]
+    for name, value in child.kwargs.items():
+      if name in only or name not in accepted:
+        raise Unsupported(value, f'{name}= of {wrapper.linen} has no NNX counterpart to pass it to')
+      args.append(f'{name}={text(value)}')
+    args += ['rngs=rngs'] if wrapper.rngs else []
+    return f'nnx.{wrapper.nnx.rpartition(".")[2]}({", ".join(args)})'
+  if child.sibling is not None:
+    fields, args, positional = child.sibling.field_names, [], True
+    for i, (f, v) in enumerate(child.kwargs.items()):  # positional while in field order, keywords after
+      positional = positional and i < len(fields) and f == fields[i]
+      args.append(text(v) if positional else f'{f}={text(v)}')
+    args += [f'{k}={v}' for k, v in child.sizes.items()]
+    args += [f'{name}={child.attr}_{name}' for name in child.sibling.example_params]
+    built = f'{ctx.plan.factory_callee.get(child.ctor, child.sibling.name)}({", ".join([*args, "rngs=rngs"])})'
+    if child.stacked is not None:  # one layer per split key, variables stacked on axis 0
+      metadata = f', transform_metadata={child.stacked.metadata}' if child.stacked.metadata else ''
+      return f'nnx.vmap(lambda rngs: {built}{metadata})(rngs.split({child.stacked.length}))'
+    return built
+  spec = child.spec
+  renames, accepted = dict(spec.arg_renames), nnx_arguments(spec.nnx)
+  only = {k.name for k in spec.linen_only}
+  args = [f'{k}={v}' for k, v in child.sizes.items()]
+  for name, value in child.kwargs.items():
+    new = renames.get(name, name)
+    if name in only or new not in accepted:
+      raise Unsupported(value, f'{name}= of {spec.linen} has no NNX counterpart to pass it to')
+    args.append(f'{new}={text(value)}')
+  callee = ctx.plan.factory_callee.get(child.ctor)  # a factory: its partial holds the Linen defaults
+  args += [f'{k}={v!r}' for k, v in spec.linen_defaults if k not in child.kwargs and callee is None]
+  args += [f'{k}={v!r}' for k, v in child.mode_defaults.items() if k in accepted]
+  return f'{callee or "nnx." + spec.nnx.rpartition(".")[2]}({", ".join([*args, "rngs=rngs"])})'
+
+
+def variable_text(ctx: ClassContext, child: Child) -> str:
+  """`nnx.Param(init(rngs.params(), *args))` / `<Type>(init(*args))`, as code valid in __init__."""
+  lead = 2 if child.api == 'param' else 3
+  init, rest = child.ctor.args[lead - 1].value, child.ctor.args[lead:]
+  code = lambda node: queries.code(ctx, node, child.size_codes)
+  args = [f'{a.keyword.value}={code(a.value)}' if a.keyword else code(a.value) for a in rest]
+  # an initializer that is not a name, attribute or call (HF's `lambda _, shape: jnp.ones(shape)`) is called in
+  # parentheses
+  init_code = f'({code(init)})' if isinstance(init, _CALLED_IN_PARENS) else code(init)
+  if child.api == 'param':
+    return f'nnx.Param({init_code}({", ".join(["rngs.params()", *args])}))'
+  if isinstance(init, cst.Lambda) and not args and init.params.deep_equals(cst.Parameters()):
+    return f'{child.var_type}({code(init.body)})'
+  return f'{child.var_type}({init_code}({", ".join(args)}))'

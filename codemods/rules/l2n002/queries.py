@@ -1,0 +1,226 @@
+"""Shared reads over the class being planned, used by every planning pass: the code of a node moved to
+__init__ and whether it may move (`check_hoistable`), NNX names for Linen names, locals bound to sizes or to
+constructions, train/eval switches. Plain functions over a `context.ClassContext`; this module imports no pass.
+
+`check_hoistable` records in the plan the aliases it resolves (`cfg` -> `self.config`); `local_uses` the statement
+that goes; `switch` the train/eval reads it accepts.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import libcst as cst
+
+from codemods.nodes import descendants
+from codemods.rules.l2n002.context import ClassContext
+from codemods.rules.l2n002.nodes import (
+  Replace,
+  is_self_attr,
+  last_axis_of_name,
+  nnx_counterpart,
+  size_local_of,
+)
+from codemods.rules.l2n002.plan import Unsupported
+from codemods.vocabulary import LINEN_ARRAY_FUNCTIONS
+
+
+def code(ctx: ClassContext, node: cst.CSTNode, replacements: dict[cst.CSTNode, str] | None = None) -> str:
+  """The code of `node` moved to __init__, with Linen names (and `replacements`) rewritten."""
+  return ctx.facts.code(node.visit(Replace({**ctx.plan.exprs, **ctx.plan.aliases, **(replacements or {})})))
+
+
+def check_hoistable(ctx: ClassContext, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = (), linen: bool = False) -> None:
+  """Code moved into __init__ must mean the same there: no locals (but `skip`), Linen names NNX shares (any
+  Linen name, with `linen`: code that stays Linen)."""
+  if value in skip or value in ctx.plan.hoistable or value in ctx.loops.refs \
+      or (ctx.facts.is_linen_name(value) if linen else nnx_name_for(ctx, value) is not None):
+    return
+  if isinstance(value, cst.Name) and value.value != 'self' and value.value not in ctx.plan.switches:
+    scope = ctx.facts.scope(value)
+    outer = (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)
+    assignments = list(scope[value.value]) if scope is not None else []
+    if scope is not None and not isinstance(scope, outer) and any(not isinstance(a.scope, outer) for a in assignments) \
+        and not _setup_local(ctx, assignments) and not _lambda_parameter(ctx, assignments):
+      alias = _self_alias(ctx, assignments)
+      if alias is None:
+        raise Unsupported(value, f'a constructor argument uses the local {value.value}')
+      ctx.plan.aliases[value] = alias
+  for child in value.children:
+    check_hoistable(ctx, child, skip, linen)
+
+
+def _lambda_parameter(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignment]) -> bool:
+  """Whether a name is a parameter of a lambda (`lambda _, shape: jnp.ones(shape)`), which moves with its code."""
+  return bool(assignments) and all(isinstance(a.scope, cst.metadata.FunctionScope) and isinstance(a.scope.node, cst.Lambda)
+                                   for a in assignments)
+
+
+def _setup_local(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignment]) -> bool:
+  """Whether a local is one of setup()'s: plain setup() code stays, in its place, in __init__ (`setup_code.py`),
+  so code there sees it."""
+  return bool(assignments) and all(isinstance(a.scope, cst.metadata.FunctionScope) and isinstance(a.scope.node, cst.FunctionDef)
+                                   and a.scope.node.name.value == 'setup'
+                                   and a.scope.node in ctx.facts.class_defs[ctx.plan.name].body.body
+                                   for a in assignments)
+
+
+def _self_alias(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignment]) -> str | None:
+  """`self.config` when the local is bound once, by `name = self.config` (or a longer chain, or an attribute
+  chain of such a local: `p = cfg.patch_size`)."""
+  if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
+    return None
+  target = ctx.facts.parent(assignments[0].node)
+  assign = ctx.facts.parent(target) if isinstance(target, cst.AssignTarget) else None
+  if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and target.target is assignments[0].node):
+    return None
+  chain = assign.value
+  while isinstance(chain, cst.Attribute):
+    chain = chain.value
+  if not isinstance(chain, cst.Name) or assign.value is chain:
+    return None
+  code = ctx.facts.code(assign.value)
+  if chain.value == 'self':
+    return code
+  scope = ctx.facts.scope(chain)  # `p = cfg.patch_size` after `cfg = self.config`
+  base = _self_alias(ctx, list(scope[chain.value])) if scope is not None and chain.value in scope else None
+  return None if base is None else base + code[len(chain.value):]
+
+
+def nnx_name_for(ctx: ClassContext, node: cst.CSTNode) -> str | None:
+  """The NNX name for a Linen name (`nn.relu` -> `nnx.relu`); None for other code.
+
+  Raises Unsupported for a Linen name NNX has no counterpart of.
+  """
+  names = {q.name for q in ctx.facts.qualified_names(node)}
+  linen = {n for n in names if (n == 'flax.linen' or n.startswith('flax.linen.')) and n not in LINEN_ARRAY_FUNCTIONS
+           and f'flax.linen.attention.{n.rpartition(".")[2]}' not in LINEN_ARRAY_FUNCTIONS}
+  if not (isinstance(node, (cst.Name, cst.Attribute)) and linen):
+    return None
+  targets = {nnx_counterpart(n) for n in linen}
+  if len(targets) != 1 or None in targets or linen != names:
+    raise Unsupported(node, f'{ctx.facts.code(node)} has no automatic NNX conversion here')
+  return targets.pop()
+
+
+def nnx_name_for_or_none(ctx: ClassContext, node: cst.CSTNode) -> str | None:
+  try:
+    return nnx_name_for(ctx, node)
+  except Unsupported:
+    return None
+
+
+def kept_target(ctx: ClassContext, func: cst.CSTNode) -> str | None:
+  """`Block` for `nn.map_variables(Block, ...)`: a Linen function over a class kept as Linen."""
+  if isinstance(func, cst.Call) and isinstance(func.func, (cst.Name, cst.Attribute)) and ctx.facts.is_linen_name(func.func):
+    return next((a.value.value for a in func.args if a.keyword is None and isinstance(a.value, cst.Name)
+                 and a.value.value in ctx.facts.kept_linen), None)
+  return None
+
+
+def size_refs(ctx: ClassContext, values: tp.Iterable[cst.CSTNode]) -> dict[cst.CSTNode, str]:
+  """Input sizes a constructor argument reads: `x.shape[-1]` (-> x), or a local bound once to one, as
+  `d = x.shape[-1]` or `n, _, d = x.shape` (-> d); `_derive` finds what the code says of each."""
+  refs = {}
+  for value in values:
+    for sub in (value, *descendants(value)):
+      if last_axis_of_name(sub):
+        refs[sub] = sub.value.value.value
+      elif isinstance(sub, cst.Name) and size_local(ctx, sub) is not None:
+        refs[sub] = sub.value
+  return refs
+
+
+def size_local(ctx: ClassContext, name: cst.Name) -> str | None:
+  """The array whose last axis the local `name` is bound to, once, in the method: None for other names."""
+  scope = ctx.facts.scope(name)
+  if scope is None or isinstance(scope, (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)) \
+      or name.value not in scope:
+    return None
+  assignments = list(scope[name.value])
+  if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
+    return None
+  assign = next((node for node in ctx.facts.ancestors(assignments[0].node) if isinstance(node, cst.Assign)), None)
+  local = size_local_of(assign) if assign is not None else None
+  return local[1] if local is not None and local[0] == name.value else None
+
+
+def bound_local(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call) -> cst.Name | None:
+  """The local `name` of a statement `name = <ctor>` of the method's own body, else None."""
+  assign = ctx.facts.parent(ctor)
+  line = ctx.facts.parent(assign) if isinstance(assign, cst.Assign) else None
+  if isinstance(assign, cst.Assign) and assign.value is ctor and len(assign.targets) == 1 \
+      and isinstance(assign.targets[0].target, cst.Name) and isinstance(line, cst.SimpleStatementLine) \
+      and len(line.body) == 1 and line in method.body.body:
+    return assign.targets[0].target
+  return None
+
+
+def local_uses(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call, kind: str) -> tuple[list[cst.Call], list[cst.Name]]:
+  """The uses of the local a `name = <ctor>` statement binds: its calls, in order, and the names read through an
+  attribute (`rnn.initial_state`); any other use is refused. The statement goes (the child is built in __init__)."""
+  target = bound_local(ctx, method, ctor)
+  local = target.value
+  assignments = list(ctx.facts.scope(target).assignments[local])
+  if len(assignments) != 1:
+    raise Unsupported(ctor, f'the {kind} {local} is rebound in the method')
+  calls, names = [], []
+  for reference in assignments[0].references:
+    use = reference.node
+    parent = ctx.facts.parent(use)
+    if isinstance(parent, cst.Call) and parent.func is use:
+      calls.append(parent)
+    elif isinstance(parent, cst.Attribute) and parent.value is use:
+      names.append(use)
+    else:
+      raise Unsupported(use, f'the {kind} {local} used other than by calling it or one of its methods')
+  ctx.plan.removed.add(ctx.facts.parent(ctx.facts.parent(ctor)))
+  position = lambda call: ctx.facts.position(call)
+  calls.sort(key=lambda call: (position(call).line, position(call).column))
+  return calls, names
+
+
+def shared_local(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call) -> tuple[list[cst.Call], list[cst.Name]]:
+  """`embed = nn.Embed(...)` in the @nn.compact method, then `embed(tokens)` and `embed.attend(h)`: one
+  submodule used in several places (weight tying). Returns the calls, in order, and the names read through an
+  attribute."""
+  calls, names = local_uses(ctx, method, ctor, 'submodule')
+  if not calls:
+    raise Unsupported(ctor, f'the submodule {bound_local(ctx, method, ctor).value} is never called (its input '
+                             'size comes from a call)')
+  return calls, names
+
+
+def switch(ctx: ClassContext, value: cst.BaseExpression, inverted: bool) -> bool | None:
+  """Checks that `value` is a __call__ train/eval switch (or its negation) meaning the same as the target.
+
+  Returns the target's value when the switch keeps its default (a literal bool), else None.
+  """
+  negated = isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Not)
+  name = value.expression if negated else value
+  if isinstance(name, cst.Attribute) and is_self_attr(name) and name.attr.value in ctx.plan.mode_fields \
+      and negated ^ inverted == ctx.plan.mode_fields[name.attr.value]:
+    ctx.plan.mode_uses.add(name)  # `deterministic=not self.training`, a train/eval field
+    return None
+  if not (isinstance(name, cst.Name) and name.value in ctx.plan.switches and negated ^ inverted == ctx.plan.switches[name.value]):
+    raise Unsupported(value, 'a train/eval argument that is not a matching __call__ switch or train/eval field')
+  ctx.plan.mode_uses.add(name)
+  default = ctx.plan.switch_defaults.get(name.value)
+  return None if default is None else default ^ negated
+
+
+def is_activation(ctx: ClassContext, expr: cst.CSTNode) -> bool:
+  """`self.act(x)` for a Callable field of the class being planned: elementwise."""
+  return (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and is_self_attr(expr.func)
+          and expr.func.attr.value in ctx.facts.factories.activations.get(ctx.plan.name, ())
+          and len(expr.args) == 1
+          and expr.args[0].keyword is None and not expr.args[0].star)
+
+
+def jnp_bound(ctx: ClassContext, node: cst.CSTNode) -> bool:
+  """Whether `jnp` is `jax.numpy` here (False: unbound, the import is added); raises when it is something else."""
+  names = ctx.facts.names_of(node, 'jnp')
+  if names - {'jax.numpy'}:
+    raise Unsupported(node, "decode caches, and the name jnp (init_cache's default dtype is jnp.float32) is "
+                             'bound to something else here')
+  return bool(names)
