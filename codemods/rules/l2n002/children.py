@@ -126,6 +126,8 @@ def setup_child_calls(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, 
             and isinstance(parent, cst.Attribute) and parent.value is sub \
             and isinstance(ctx.facts.parent(parent), cst.Call) and ctx.facts.parent(parent).func is parent:
           continue  # `self.rnn.initial_state(...)`: a method of the cell, called outside the scan
+        if child.condition is not None and _none_test(parent, sub):
+          continue  # `if self.shortcut is not None:`: None when it is not created, in NNX as in Linen
         if not (isinstance(parent, cst.Call) and parent.func is sub):
           raise Unsupported(sub, f'self.{sub.attr.value} used other than by calling it')
         calls[parent] = child
@@ -140,6 +142,13 @@ def _lifted_call(ctx: ClassContext, call: cst.Call, child: Child) -> None:
     ctx.plan.remat_calls[call] = child
   if child.stacked is not None:
     ctx.plan.stack_calls[call] = child
+
+
+def _none_test(parent: cst.CSTNode, use: cst.Attribute) -> bool:
+  """Whether `parent` is `<use> is None` or `<use> is not None`."""
+  return isinstance(parent, cst.Comparison) and parent.left is use and len(parent.comparisons) == 1 \
+      and isinstance(parent.comparisons[0].operator, (cst.Is, cst.IsNot)) \
+      and isinstance(parent.comparisons[0].comparator, cst.Name) and parent.comparisons[0].comparator.value == 'None'
 
 
 def called_when(ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.Call, Child]) -> None:

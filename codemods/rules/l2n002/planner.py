@@ -142,7 +142,7 @@ def _plan_members(ctx: ClassContext, node: cst.ClassDef, methods: dict[str, cst.
   _name_children(ctx, plan.children, taken)
   for child in plan.children:
     if child.condition is not None:
-      named = any(a.keyword is not None and a.keyword.value == 'name' for a in child.ctor.args)
+      named = not child.hoisted or any(a.keyword is not None and a.keyword.value == 'name' for a in child.ctor.args)
       shift = '' if named else (f'; when it is not, the auto-named layers created after it shift down (the next '
                                 f'of its class is then {child.linen_name}): name= fixes the names')
       ctx.plan.pending.append((child.ctor, f'self.{child.attr} is created only when {child.condition} (else None), '
@@ -200,7 +200,7 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
   plan.params = [queries.code(ctx, f.body[0]).strip() for f in fields]
   for child in plan.children:
     child.text = 'nnx.data(None)' if child.cache else init_code.variable_text(ctx, child) if child.api else init_code.ctor_text(ctx, child)
-    if child.condition is not None:
+    if child.condition is not None and child.ctor not in ctx.plan.conditional_in_place:
       child.text = f'{child.text} if {child.condition} else None'
     child.text = ctx.loops.wrap(ctx, child)  # built in a loop: nnx.List([<it> for <target> in <iterator>])
     if not child.hoisted:
@@ -253,6 +253,11 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
     child = scope.variable_child(ctx, value, target, hoisted=False)
   elif isinstance(value, cst.Call) and constructions.constructed(ctx, value) is not None:
     child = _build_child(ctx, value, counts, target)
+  elif isinstance(value, cst.IfExp) and (built := _conditional_construction(ctx, value)) is not None:
+    child = _build_child(ctx, built[0], counts, target)  # `self.shortcut = ShortCut(...) if apply else None`
+    if built[1] is not None:
+      child.condition = built[1]
+      ctx.plan.conditional_in_place.add(child.ctor)
   elif isinstance(value, cst.ListComp):  # `self.layers = [nn.Dense(f) for f in ...]`: an nnx.List (loops.py)
     child = _build_child(ctx, ctx.loops.setup_list(ctx, value, target), counts, target)
   elif (appended := ctx.loops.appended(ctx, value, target)) is not None:  # `self.layers = layers` (appended)
@@ -270,6 +275,30 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
   if target in {c.attr for c in plan.children}:
     raise Unsupported(statement, f'self.{target} assigned twice')
   plan.children.append(child)
+
+
+def _conditional_construction(ctx: ClassContext, value: cst.IfExp) -> tuple[cst.Call, str | None] | None:
+  """`X(...) if <test> else <other>` (either way round) in setup(), `<other>` plain code (`None`, `ACT2FN[name]`):
+  the construction, and when `<other>` is None the condition it is built under, as code for __init__. The
+  conditional stays in __init__ as setup()'s plain code does, its construction converted. None for other
+  conditionals."""
+  arms = [(value.body, value.orelse, False), (value.orelse, value.body, True)]
+  found = [(ctor, other, negated) for ctor, other, negated in arms
+           if isinstance(ctor, cst.Call) and constructions.constructed(ctx, ctor) is not None]
+  if len(found) != 1 or has_scope_call(value.test):
+    return None
+  ctor, other, negated = found[0]
+  for plain in (value.test, other):
+    _plain_setup_code(ctx, ctx.plan, plain)
+  if not (isinstance(other, cst.Name) and other.value == 'None'):
+    return ctor, None
+  test = value.test
+  if negated and isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+    return ctor, queries.code(ctx, test.expression)
+  if not negated:
+    return ctor, queries.code(ctx, test)
+  return ctor, f'not {queries.code(ctx, test)}' if isinstance(test, (cst.Name, cst.Attribute)) \
+      else f'not ({queries.code(ctx, test)})'
 
 
 def _plain_setup_code(ctx: ClassContext, plan: ClassRewrite, node: cst.CSTNode) -> None:
@@ -290,8 +319,6 @@ def _plan_compact(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
         and call not in ctors:
       raise Unsupported(call, _unknown_builder(ctx, call.func.func))
   variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and scope_api(c) in ('param', 'variable')]
-  if not ctors and not variables and not plan.children:
-    raise Unsupported(method, 'no submodule or variable created in the @nn.compact method')
   caches = decode_cache.decode_caches(ctx, plan, method)
   _straight_line(ctx, method.body, {*ctors, *variables} - caches)
   outer = {}

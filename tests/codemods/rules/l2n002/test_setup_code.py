@@ -2,9 +2,16 @@
 (parity: fixtures/L2N002/setup_plain_code.parity.json), and what keeps the class Linen, with a TODO at the
 statement that names the exact blocker, the Linen program left as it was."""
 
+import pathlib
+import re
 import textwrap
 
+import jax
+import jax.numpy as jnp
 import pytest
+from flax import nnx
+
+import nnx_bridge
 
 from codemods import rules as registry
 from codemods.transform import transform_source
@@ -47,7 +54,9 @@ class M(nn.Module):
 
 
 @pytest.mark.parametrize('statement, line, blocker', [
-    ('self.activation = ACT2FN[self.act] if self.act else Identity()', 26,
+    ('self.activation = Identity() if self.act else Identity(name="other")', 26,
+     'Identity, a Linen module class, is built inside a conditional expression (a if c else b)'),
+    ('self.activation = Identity() if self.is_initializing() else None', 26,
      'Identity, a Linen module class, is built inside a conditional expression (a if c else b)'),
     ('block = Identity', 26, 'Identity, a Linen module class, is named other than to build it'),
     ('self.norm = make_norm(self.width)', 26,
@@ -107,6 +116,98 @@ def test_a_submodule_called_only_under_a_field_condition_is_created_only_then(bo
   assert line.endswith(created or 'rngs=rngs)'), line
 
 
+CONDITIONAL = pathlib.Path(__file__).resolve().parents[4] / 'fixtures' / 'L2N002' / 'setup_conditional_children'
+
+
+def _basic_layer(source: str, **fields):
+  namespace: dict = {}
+  exec(compile(source, '<source>', 'exec'), namespace)
+  return namespace['BasicLayer'](**fields)
+
+
+@pytest.mark.parametrize('fields', [dict(in_channels=3, out_channels=4, stride=2), dict(in_channels=4, out_channels=4)])
+def test_a_port_that_builds_a_conditional_child_always_is_caught(fields):
+  """The fixture's BasicLayer (parity: setup_conditional_children.parity.json) against a port that creates the
+  shortcut whatever the fields say: the variables differ where Linen does not create it."""
+  linen_module = _basic_layer((CONDITIONAL.with_suffix('.in.py')).read_text(), **fields)
+  x = jax.random.normal(jax.random.key(0), (2, 6, 6, fields['in_channels']))
+  variables = linen_module.init(jax.random.key(1), x)
+  port = CONDITIONAL.with_suffix('.out.py').read_text()
+  always, found = re.subn(r'rngs=rngs\)\s+if should_apply_shortcut\s+else None', 'rngs=rngs)', port)  # the shortcut built always
+  assert found == 1
+  sizes = dict(conv_in_convolution_in_features=fields['in_channels'], rngs=nnx.Rngs(0))
+  right = _basic_layer(port, **fields, **sizes)
+  wrong = _basic_layer(always, **fields, **sizes)
+  assert nnx_bridge.compare(linen_module, variables, right, x).ok
+  if 'shortcut' in variables['params']:
+    return  # the wrong port is right here
+  with pytest.raises(nnx_bridge.MappingError, match='NNX shortcut/convolution .* has no Linen counterpart'):
+    nnx_bridge.compare(linen_module, variables, wrong, x)
+
+
+@pytest.mark.parametrize('value, kept', [
+    ('nn.Dense(self.width) if self.use_block else None', 'if self.use_block else None'),
+    ('None if not self.use_block else nn.Dense(self.width)', 'None if not self.use_block else nnx.Linear('),
+])
+@pytest.mark.parametrize('use_block', [True, False])
+def test_a_conditional_child_is_created_when_linen_creates_it(value, kept, use_block):
+  source = f'''import flax.linen as nn
+
+
+class M(nn.Module):
+  width: int
+  use_block: bool = True
+
+  def setup(self):
+    self.block = {value}
+
+  def __call__(self, x):
+    if self.block is None:
+      return x
+    return self.block(x)
+'''
+  result = transform_source(source, RULES)
+  assert kept in result.source and not [e for e in result.entries if e.kind == 'todo'], result.source
+  linen_namespace: dict = {}
+  namespace: dict = {}
+  exec(compile(source, '<linen>', 'exec'), linen_namespace)
+  exec(compile(result.source, '<converted>', 'exec'), namespace)
+  x = jax.random.normal(jax.random.key(0), (2, 3))
+  linen_module = linen_namespace['M'](3, use_block=use_block)
+  variables = linen_module.init(jax.random.key(1), x) if use_block else {}
+  model = namespace['M'](3, use_block=use_block, block_in_features=3, rngs=nnx.Rngs(0))
+  assert (model.block is None) is (not use_block)
+  if use_block:
+    assert nnx_bridge.compare(linen_module, variables, model, x).ok
+  else:
+    assert (model(x) == linen_module.apply({}, x)).all()
+
+
+@pytest.mark.parametrize('use, blocker', [
+    ('    if self.block:\n      x = self.block(x)', 'self.block used other than by calling it'),
+    ('    blocks = [self.block]\n    x = blocks[0](x)', 'self.block used other than by calling it'),
+])
+def test_a_conditional_child_used_other_than_called_or_tested_for_none_stays_linen(use, blocker):
+  source = f'''import flax.linen as nn
+
+
+class M(nn.Module):
+  width: int
+  use_block: bool = True
+
+  def setup(self):
+    self.block = nn.Dense(self.width) if self.use_block else None
+
+  def __call__(self, x):
+{use}
+    return x
+'''
+  result = transform_source(source, RULES)
+  assert 'class M(nn.Module)' in result.source
+  (todo,) = [e for e in result.entries if e.kind == 'todo']
+  assert blocker in todo.message, todo.message
+
+
 def test_a_switch_read_in_the_body_follows_train_and_eval():
   """fixtures/L2N002/switch_read_attention: `if not deterministic: dropout_rng = self.make_rng('dropout')` reads
   self.deterministic, which model.eval() / model.train() set: eval mode is Linen's deterministic call (parity in
@@ -156,3 +257,56 @@ class Quantizer(nn.Module):
   model = namespace['Quantizer'](linear_in_features=2, rngs=nnx.Rngs(0, gumbel=1))
   x = jax.numpy.ones((2, 2))
   assert not np.allclose(model(x), model(x))  # a fresh gumbel draw each call
+
+
+DROP_PATH = '''import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from typing import Optional
+
+
+class FlaxBeitDropPath(nn.Module):
+    """Drop paths (Stochastic Depth) per sample (when applied in main path of residual blocks)."""
+
+    rate: float
+
+    @nn.module.compact
+    def __call__(self, inputs, deterministic: Optional[bool] = True):
+        if self.rate == 0.0:
+            return inputs
+        keep_prob = 1.0 - self.rate
+        if deterministic:
+            return inputs
+        else:
+            shape = (inputs.shape[0],) + (1,) * (inputs.ndim - 1)
+            rng = self.make_rng("droppath")
+            random_tensor = keep_prob + jax.random.uniform(rng, shape=shape, dtype=inputs.dtype)
+            binary_tensor = jnp.floor(random_tensor)
+            output = inputs / keep_prob * binary_tensor
+            return output
+'''
+
+
+def test_a_module_that_only_draws_random_numbers_converts_and_drops_like_linen():
+  """BEiT's and Dinov2's DropPath: an @nn.compact module without variables, drawing from its own stream. NNX draws
+  other numbers than Linen, so what is compared is what the module does: the identity in eval mode; in train
+  mode each sample is either dropped (0) or scaled by 1 / keep_prob, in both."""
+  result = transform_source(DROP_PATH, RULES)
+  assert 'class FlaxBeitDropPath(nnx.Module)' in result.source and 'rngs.droppath.fork()' in result.source, result.source
+  linen_namespace: dict = {}
+  namespace: dict = {}
+  exec(compile(DROP_PATH, '<linen>', 'exec'), linen_namespace)
+  exec(compile(result.source, '<converted>', 'exec'), namespace)
+  x = jnp.ones((64, 3))
+  linen_module = linen_namespace['FlaxBeitDropPath'](rate=0.5)
+  model = namespace['FlaxBeitDropPath'](rate=0.5, rngs=nnx.Rngs(0, droppath=1))
+  model.eval()
+  assert (model(x) == x).all() and (linen_module.apply({}, x) == x).all()
+  model.train()
+  nnx_out = model(x)
+  linen_out = linen_module.apply({}, x, deterministic=False, rngs={'droppath': jax.random.key(1)})
+  for out in (nnx_out, linen_out):
+    kept = out[:, 0] != 0
+    assert ((out == 0) | (out == 2.0)).all() and (out == out[:, :1]).all()  # whole samples dropped or scaled
+    assert 0 < int(kept.sum()) < 64
+  assert not (model(x) == nnx_out).all()  # a fresh draw each call
