@@ -39,7 +39,7 @@ from codemods.nodes import descendants
 from codemods.report import ChildName
 from codemods.rules.l2n002 import constructions, queries, sizes
 from codemods.rules.l2n002.dims import Dim, Known
-from codemods.rules.l2n002.nodes import assigned_name
+from codemods.rules.l2n002.nodes import assigned_name, is_plain_if
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
 if tp.TYPE_CHECKING:
@@ -704,9 +704,8 @@ def _fresh(ctx: ClassContext, statement: cst.For) -> str:
 
 
 def _plain_if(statement: cst.BaseStatement, element: str) -> bool:
-  """An `if` (with `elif` / `else`) of simple statements that never reads the loop's layer `element`."""
-  return isinstance(statement, cst.If) \
-      and not any(isinstance(n, cst.BaseCompoundStatement) and not isinstance(n, cst.If) for n in descendants(statement)) \
+  """A plain `if` (`nodes.is_plain_if`) that never reads the loop's layer `element`."""
+  return isinstance(statement, cst.If) and is_plain_if(statement) \
       and not any(isinstance(n, cst.Name) and n.value == element for n in descendants(statement))
 
 

@@ -256,3 +256,10 @@ def literal_ints(node: cst.BaseExpression) -> list[int] | None:
   if isinstance(node, cst.Tuple) and all(isinstance(e.value, cst.Integer) for e in node.elements):
     return [int(e.value.value) for e in node.elements]
   return None
+
+
+def is_plain_if(statement: cst.If) -> bool:
+  """An `if` whose arms hold only simple statements and ifs, none testing a scope API (but `is_initializing`)."""
+  branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
+  return not any(isinstance(s, cst.BaseCompoundStatement) and not isinstance(s, cst.If) for s in descendants(statement)) \
+      and not any(has_scope_call(b.test) and not is_initializing_if(b) for b in branches)

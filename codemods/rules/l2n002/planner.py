@@ -36,7 +36,7 @@ from codemods.rules.l2n002.nodes import (
   if_arms,
   if_tests,
   is_docstring,
-  is_initializing_if,
+  is_plain_if,
   is_self_attr,
   is_straight_statement,
   scope_api,
@@ -281,13 +281,16 @@ def _conditional_construction(ctx: ClassContext, value: cst.IfExp) -> tuple[cst.
   """`X(...) if <test> else <other>` (either way round) in setup(), `<other>` plain code (`None`, `ACT2FN[name]`):
   the construction, and when `<other>` is None the condition it is built under, as code for __init__. The
   conditional stays in __init__ as setup()'s plain code does, its construction converted. None for other
-  conditionals."""
+  conditionals, and for a class of the file that stays Linen."""
   arms = [(value.body, value.orelse, False), (value.orelse, value.body, True)]
   found = [(ctor, other, negated) for ctor, other, negated in arms
            if isinstance(ctor, cst.Call) and constructions.constructed(ctx, ctor) is not None]
   if len(found) != 1 or has_scope_call(value.test):
     return None
   ctor, other, negated = found[0]
+  linen, _, sibling = constructions.constructed(ctx, ctor)
+  if sibling is None and (linen in ctx.facts.linen_classes or linen == constructions.TO_LINEN):
+    return None  # a class that stays Linen: a bridged child needs example inputs whether it is created or not
   for plain in (value.test, other):
     _plain_setup_code(ctx, ctx.plan, plain)
   if not (isinstance(other, cst.Name) and other.value == 'None'):
@@ -379,7 +382,7 @@ def _plain_branches(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, cs
     if method is setup:
       continue
     for statement in method.body.body:
-      if isinstance(statement, cst.If) and _plain_if(statement):
+      if isinstance(statement, cst.If) and is_plain_if(statement):
         plan.branches.update([statement, *(s for s in descendants(statement) if isinstance(s, cst.If))])
 
 
@@ -393,7 +396,7 @@ def _straight_line(ctx: ClassContext, body: cst.BaseSuite, built: set[cst.Call])
       ctx.loops.plan(ctx, statement, built)
       continue
     branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
-    if not isinstance(statement, cst.If) or not _plain_if(statement):
+    if not isinstance(statement, cst.If) or not is_plain_if(statement):
       raise Unsupported(statement, 'the @nn.compact body has loops, conditionals or nested blocks')
     if any(s in built for s in descendants(statement)):
       ctx.plan.conditions.update(_construction_conditions(ctx, statement, built))
@@ -472,10 +475,3 @@ def _plain_base_plan(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
   plan.helpers_only = True
   plan.linen_nodes = [node.bases[0].value, *children.convert_linen_refs(ctx, node, {node.bases[0].value})]
   return plan
-
-
-def _plain_if(statement: cst.If) -> bool:
-  """An `if` whose arms hold only simple statements and ifs, none testing a scope API (but `is_initializing`)."""
-  branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
-  return not any(isinstance(s, cst.BaseCompoundStatement) and not isinstance(s, cst.If) for s in descendants(statement)) \
-      and not any(has_scope_call(b.test) and not is_initializing_if(b) for b in branches)

@@ -101,11 +101,8 @@ def given_module(tree: Tree, statements: tuple[cst.BaseStatement, ...], init: In
 
 def _one_call(tree: Tree, function: cst.FunctionDef) -> cst.Call | None:
   """The call of `function` when its name is bound once and read once, to call it."""
-  name = function.name.value
-  scope = tree.scope(function)
-  assignments = tree.assignments(scope, name)
-  uses = [a.node for assignment in assignments for a in assignment.references]
-  call = tree.parent(uses[0]) if len(assignments) == 1 and len(uses) == 1 else None
+  bound, uses = tree.function_uses(function)
+  call = tree.parent(uses[0]) if bound == 1 and len(uses) == 1 else None
   return call if isinstance(call, cst.Call) and call.func is uses[0] else None
 
 

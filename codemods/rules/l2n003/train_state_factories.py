@@ -202,10 +202,8 @@ def _caller(walk: Walk, function: cst.FunctionDef) -> cst.Assign:
   """`state = create_train_state(...)`, the one use of the factory."""
   tree = walk.tree
   name = function.name.value
-  scope = tree.scope(function)
-  assignments = tree.assignments(scope, name)
-  uses = [a.node for assignment in assignments for a in assignment.references if resolves_to(a.scope, name, scope)]
-  if len(assignments) != 1 or len(uses) != 1:
+  bound, uses = tree.function_uses(function)
+  if bound != 1 or len(uses) != 1:
     raise Skip(function, f'{name} returns the TrainState and is used {len(uses)} times (once, `state = '
                          f'{name}(...)`, is converted)')
   call = tree.parent(uses[0])

@@ -13,6 +13,8 @@ from libcst.metadata import QualifiedNameProvider
 from libcst.metadata import Scope
 from libcst.metadata import ScopeProvider
 
+from codemods.rules.l2n003.syntax import resolves_to
+
 N = tp.TypeVar('N', bound=cst.CSTNode)
 MetadataLookup = tp.Callable[..., tp.Any]
 """A rule's `get_metadata(provider, node[, default])`."""
@@ -89,6 +91,14 @@ class Tree:
   def assignments(self, scope: Scope | None, name: str) -> list[Assignment]:
     """The assignments of `name` in `scope` (none without a scope)."""
     return [a for a in scope.assignments[name]] if scope is not None else []
+
+  def function_uses(self, function: cst.FunctionDef) -> tuple[int, list[cst.CSTNode]]:
+    """How often the function's name is bound in its scope, and the reads of it that refer to the function (not
+    to a shadowing binding in an inner scope)."""
+    name, scope = function.name.value, self.scope(function)
+    assignments = self.assignments(scope, name)
+    return len(assignments), [a.node for assignment in assignments for a in assignment.references
+                              if resolves_to(a.scope, name, scope)]
 
   def function_def(self, name: cst.Name) -> cst.FunctionDef | None:
     """The function `name` is bound to, when it is bound once, to a `def`."""

@@ -310,3 +310,30 @@ def test_a_module_that_only_draws_random_numbers_converts_and_drops_like_linen()
     assert ((out == 0) | (out == 2.0)).all() and (out == out[:, :1]).all()  # whole samples dropped or scaled
     assert 0 < int(kept.sum()) < 64
   assert not (model(x) == nnx_out).all()  # a fresh draw each call
+
+
+def test_a_conditional_child_of_a_class_that_stays_linen_keeps_its_parent_linen():
+  """A bridged child needs example inputs whether it is created or not, and a Linen parent cannot wrap a class
+  holding one: the conditional stays a blocker."""
+  source = '''import flax.linen as nn
+
+
+class Kept(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return x + self.variables['params']['b']
+
+
+class M(nn.Module):
+  use_kept: bool = True
+
+  def setup(self):
+    self.kept = Kept() if self.use_kept else None
+
+  def __call__(self, x):
+    return self.kept(x) if self.kept is not None else x
+'''
+  result = transform_source(source, RULES)
+  assert 'class M(nn.Module)' in result.source
+  (todo,) = [e for e in result.entries if e.kind == 'todo' and 'class M ' in e.message]
+  assert 'Kept, a Linen module class, is built inside a conditional expression' in todo.message, todo.message
