@@ -14,8 +14,8 @@ from codemods.rules.l2n002 import init_code, queries, sizes
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.dims import (
   INPUT_SHAPE,
-  BodyWalk,
   Shape,
+  WholeShapeWalk,
   broadcast_shape,
   shape_code,
   simplify,
@@ -25,7 +25,6 @@ from codemods.rules.l2n002.nodes import (
   ARITHMETIC,
   HAS_VARIABLE_HINT,
   assigned_name,
-  forget,
   is_minus_one,
   is_number,
   is_written,
@@ -255,7 +254,7 @@ def reshaped(ctx: ClassContext, expr: cst.CSTNode, env: dict[str, Shape]) -> Sha
   return simplify(tuple(parts))
 
 
-class CacheShapes(BodyWalk[tuple[str, ...]]):
+class CacheShapes(WholeShapeWalk[tuple[str, ...]]):
   """Whole shapes through a class's `__call__`: the decode caches' creation, the shapes its children holding
   caches are called with."""
 
@@ -313,29 +312,22 @@ class CacheShapes(BodyWalk[tuple[str, ...]]):
     self.ctx.loops.shapes(statement, env, self.walk)  # a for loop building layers: its first and later iterations
     return True
 
-  def statement(self, statement: cst.BaseStatement, env: dict[str, Shape], output: Shape) -> Shape:
-    if not isinstance(statement, cst.SimpleStatementLine):  # other blocks: their calls learn nothing
-      for sub in descendants(statement):
-        if isinstance(sub, cst.Call) and sub in self.calls:
-          self.layer(sub, {})
-      forget(statement, env)
-      return output
-    for part in statement.body:
-      name = assigned_name(cst.SimpleStatementLine([part]))
-      if isinstance(part, cst.Return) and part.value is not None:
-        output = self.value(part.value, env)
-      elif name is not None and part.value in self.own:  # a decode cache, made from what the code says so far
-        cache_text(self.ctx, self.own[part.value], env, self.dtypes)
-        env[name] = self.dtypes[name] = None
-      elif name is not None:
-        env[name], self.dtypes[name] = self.value(part.value, env), self.dtype_of(part.value)
-      elif isinstance(part, cst.AugAssign) and isinstance(part.target, cst.Name) \
-          and type(part.operator).__name__.removesuffix('Assign') in {o.__name__ for o in ARITHMETIC}:
-        value = self.value(part.value, env)
-        target = part.target.value
-        env[target] = env.get(target) if is_number(part.value) else broadcast_shape(env.get(target), value)
-      else:
-        for sub in part.children:
-          self.value(sub, env)
-        forget(part, env)
-    return output
+  def unknown_call(self, call: cst.Call) -> None:
+    if call in self.calls:
+      self.layer(call, {})
+
+  def bind(self, name: str, part: cst.Assign, env: dict[str, Shape]) -> None:
+    if part.value in self.own:  # a decode cache, made from what the code says so far
+      cache_text(self.ctx, self.own[part.value], env, self.dtypes)
+      env[name] = self.dtypes[name] = None
+    else:
+      env[name], self.dtypes[name] = self.value(part.value, env), self.dtype_of(part.value)
+
+  def augmented(self, part: cst.BaseSmallStatement, env: dict[str, Shape]) -> bool:
+    if not (isinstance(part, cst.AugAssign) and isinstance(part.target, cst.Name)
+            and type(part.operator).__name__.removesuffix('Assign') in {o.__name__ for o in ARITHMETIC}):
+      return False
+    value = self.value(part.value, env)
+    target = part.target.value
+    env[target] = env.get(target) if is_number(part.value) else broadcast_shape(env.get(target), value)
+    return True

@@ -6,12 +6,13 @@ there. The interpreter walks a method body in order, with one abstract value per
 - `LastAxisWalk` follows last-axis sizes (`Dim`): `Known(code)` (code valid in `__init__`, such
   as `self.features`), `Input(i)` (the last axis of call argument i) or None (the code does not
   say). Elementwise functions, pooling and arithmetic keep a size, `concatenate` on the last axis sums
-  known sizes; anything else forgets it. `SizeWalk` adds what the class's children, variables and
-  own methods say (for the hoisting, loop and factory passes).
-- `CacheShapes` follows whole shapes (`Shape`) in terms of the first input's (`input_shape`), for
-  the decode-cache pass.
+  known sizes; anything else forgets it. `sizes.SizeWalk` adds what the class's children, variables
+  and own methods say (for the hoisting, loop and factory passes).
+- `WholeShapeWalk` follows whole shapes: `decode_cache.CacheShapes` in terms of the first input's
+  (`input_shape`), for the decode-cache pass; `example_shapes.ExampleShapes` as axes of the example
+  input, for the shape formulas.
 
-Both share `BodyWalk`: the statements that run in NNX (`if [not] self.is_initializing()` blocks
+All share `BodyWalk`: the statements that run in NNX (`if [not] self.is_initializing()` blocks
 resolved), conditionals of plain code (a name keeps its value only when every arm agrees), loops
 (a hook), returns and assignments.
 """
@@ -27,6 +28,8 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.rules.l2n002.nodes import (
   ARITHMETIC,
+  assigned_name,
+  forget,
   if_arms,
   if_tests,
   is_minus_one,
@@ -209,6 +212,43 @@ class BodyWalk(tp.Generic[V]):
 
   def joined(self, name: str, value: V | None) -> None:
     """After a conditional: `name` has `value` in every arm (None: they disagree)."""
+
+
+class WholeShapeWalk(BodyWalk[V]):
+  """A walk for whole shapes (decode caches, example-input formulas): a block other than a plain conditional
+  learns nothing (its calls of children are `unknown_call`s, its names forgotten); in a simple statement a
+  `return` gives the output, `name = value` binds the value (`bind`), anything else is evaluated for its calls
+  and its names forgotten (unless `augmented` handles it)."""
+
+  def statement(self, statement: cst.BaseStatement, env: dict[str, V | None], output: V | None) -> V | None:
+    if not isinstance(statement, cst.SimpleStatementLine):
+      for sub in descendants(statement):
+        if isinstance(sub, cst.Call):
+          self.unknown_call(sub)
+      forget(statement, env)
+      return output
+    for part in statement.body:
+      name = assigned_name(cst.SimpleStatementLine([part]))
+      if isinstance(part, cst.Return) and part.value is not None:
+        output = self.value(part.value, env)
+      elif name is not None:
+        self.bind(name, part, env)
+      elif not self.augmented(part, env):
+        for sub in part.children:
+          self.value(sub, env)
+        forget(part, env)
+    return output
+
+  def unknown_call(self, call: cst.Call) -> None:
+    """A call inside a block the walk does not enter (a loop, a `with`)."""
+
+  def bind(self, name: str, part: cst.Assign, env: dict[str, V | None]) -> None:
+    """`name = <value>`: the name gets the value's shape."""
+    env[name] = self.value(part.value, env)
+
+  def augmented(self, part: cst.BaseSmallStatement, env: dict[str, V | None]) -> bool:
+    """`name += value` and the like, when the subclass knows what it does (True)."""
+    return False
 
 
 class LastAxisWalk(BodyWalk[Known | Input]):

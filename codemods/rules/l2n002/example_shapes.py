@@ -21,11 +21,10 @@ import typing as tp
 
 import libcst as cst
 
-from codemods.nodes import descendants
 from codemods.report import INPUT_DIMENSION, UNDETERMINED
 from codemods.rules.l2n002 import sizes
-from codemods.rules.l2n002.dims import BodyWalk, literal_int, reduced_axes
-from codemods.rules.l2n002.nodes import ARITHMETIC, assigned_name, forget, is_number
+from codemods.rules.l2n002.dims import WholeShapeWalk, literal_int, reduced_axes
+from codemods.rules.l2n002.nodes import ARITHMETIC, is_number
 from codemods.shape_formulas import SHAPE
 from codemods.vocabulary import ELEMENTWISE, POOLING_WINDOW, REDUCTIONS, WINDOW_POOLING
 from nnx_bridge.layer_spec import SAME_AS_INPUT, InputDim, Window
@@ -66,7 +65,7 @@ def add_shape_formulas(ctx: ClassContext, plan: ClassRewrite, call: cst.Function
                                                        example_input=plan.call_params[0])
 
 
-class ExampleShapes(BodyWalk[Axes]):
+class ExampleShapes(WholeShapeWalk[Axes]):
   """Whole shapes through `__call__`, and the shape each child is first called with (`inputs`)."""
 
   def __init__(self, ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.Call, Child]) -> None:
@@ -180,25 +179,9 @@ class ExampleShapes(BodyWalk[Axes]):
         return shape[index]
     return None
 
-  def statement(self, statement: cst.BaseStatement, env: dict[str, Axes | None],
-                output: Axes | None) -> Axes | None:
-    if not isinstance(statement, cst.SimpleStatementLine):  # a loop or a with block: its calls learn nothing
-      for sub in descendants(statement):
-        if isinstance(sub, cst.Call) and sub in self.calls:
-          self.inputs[self.calls[sub].attr] = None
-      forget(statement, env)
-      return output
-    for part in statement.body:
-      name = assigned_name(cst.SimpleStatementLine([part]))
-      if isinstance(part, cst.Return) and part.value is not None:
-        output = self.value(part.value, env)
-      elif name is not None:
-        env[name] = self.value(part.value, env)
-      else:
-        for sub in part.children:
-          self.value(sub, env)
-        forget(part, env)
-    return output
+  def unknown_call(self, call: cst.Call) -> None:
+    if call in self.calls:
+      self.inputs[self.calls[call].attr] = None
 
 
 def _windowed(shape: Axes, window: Window, kwargs: tp.Mapping[str, cst.BaseExpression],
