@@ -137,6 +137,10 @@ ELEMENTWISE = frozenset(
                  'leaky_relu', 'softplus', 'soft_sign', 'hard_tanh', 'log_sigmoid', 'softmax', 'log_softmax')
 )
 """Functions that keep their input's shape (the size interpreter follows sizes through them)."""
+ACTIVATION_TABLES = frozenset({'modeling_flax_utils.ACT2FN'})
+"""Dicts of elementwise activation functions, by the end of their qualified name (transformers'
+`from ...modeling_flax_utils import ACT2FN`: gelu, relu, silu, tanh, ... by name): `self.act = ACT2FN[name]` in
+setup() keeps sizes through `self.act(x)`."""
 POOLING = frozenset(f'{module}.{name}' for module, names in (
     ('flax.linen', ('avg_pool', 'max_pool', 'pool')), ('flax.linen.pooling', ('avg_pool', 'max_pool', 'min_pool', 'pool')),
     ('flax.nnx', ('avg_pool', 'max_pool', 'min_pool', 'pool'))) for name in names)

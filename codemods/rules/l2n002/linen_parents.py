@@ -6,10 +6,12 @@ construction in the Linen parent becomes `nnx_bridge.to_linen(Block, <the same a
 parent then runs as before on the same variables, so that its checkpoints still load:
 * the NNX state maps onto Linen's paths: each child's Linen name is known (to_linen's `linen_names=`
   stores the NNX attribute under it; a layer list's elements under a name made of their index), down
-  the tree, and every table layer keeps its Linen param names; no lifted, conditional or decode-cache
-  children;
-* the NNX `__init__` needs only what the Linen construction gives (the fields) and input sizes the call
-  shows (to_linen's `input_sizes=`, read from a required argument at the first call);
+  the tree, and every table layer keeps its Linen param names; no lifted, bridged or decode-cache children
+  (a child created under a condition is None in NNX where Linen has no variables for it);
+* the NNX `__init__` needs only what the Linen construction gives (the fields), input sizes the call
+  shows (to_linen's `input_sizes=`, read from a required argument at the first call) and tied-layer flags
+  the parent's code decides when it builds the class (`tied_decoder=self.config.tie_word_embeddings` for
+  calls passing `shared_embedding` bound by `if self.config.tie_word_embeddings: ... else: None`);
 * every use of the class in the parent builds it where Linen names it as before (a setup() attribute, or
   with `name=`), and every call of what it builds passes the train/eval switches NNX dropped by keyword
   (to_linen turns them into `train()` / `eval()`).
@@ -73,7 +75,10 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
     reason = _construction_blocker(facts, plan, call, setup) or _calls_blocker(facts, node, plan, call)
     if reason is not None:
       return reason
-    bridges.append(ToLinenBridge(call, _bridge_code(facts, built, call, sizes, names), built, user))
+    flags = _tie_flags(facts, node, plan, call)
+    if isinstance(flags, str):
+      return flags
+    bridges.append(ToLinenBridge(call, _bridge_code(facts, built, call, flags, sizes, names), built, user))
   return bridges
 
 
@@ -83,8 +88,8 @@ def _plan_blocker(facts: FileFacts, plan: ClassRewrite) -> str | None:
     return f'{plan.name} wraps Linen children with nnx_bridge.from_linen, which need example inputs'
   if plan.cache_input is not None:
     return f'{plan.name} has a decode cache (init_cache)'
-  if plan.flags or plan.tie_flags:
-    return f'{plan.name} takes tied-layer flags'
+  if set(plan.flags) - set(plan.tie_flags.values()):
+    return f'{plan.name} takes flags other than tied-layer flags'
   if plan.collections:
     return f'{plan.name} keeps variables in a generated Variable type ({", ".join(plan.collections)})'
   if plan.helpers_only or plan.base != 'nnx.Module':
@@ -126,8 +131,8 @@ def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str,
       if element is None:
         return f'{where} is a list of layers named {linen_name} in Linen, not by their index alone'
       linen_name, below_prefix = f'{element[1]}{{}}{element[3]}', f'{below_prefix}{{}}.'
-    if child.bridged or child.cache or child.condition is not None:
-      return f'{where} is a bridged, decode-cache or conditional child'
+    if child.bridged or child.cache:
+      return f'{where} is a bridged or decode-cache child'
     if child.stacked or child.scan or child.remat or child.wrapper:
       return f'{where} is run by a lifted transform'
     params = child.spec.params if child.spec is not None else None
@@ -201,6 +206,78 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
   return None
 
 
+def _tie_flags(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, call: cst.Call) -> dict[str, str] | str:
+  """The value of each tied-layer flag of `plan` (`tied_decoder`) for the construction `call` in the Linen class
+  `node`, as code its setup() can evaluate: whether the calls of what it builds pass the tying argument
+  (`self.cls(h, shared_embedding=shared)`, `shared` bound by `if self.config.tie_word_embeddings: shared = ...
+  else: shared = None`); or why that is not known."""
+  if not plan.tie_flags:
+    return {}
+  uses = _uses(facts, node, call)
+  if not uses:
+    return f'{plan.name} ties layers on its call arguments and is not called here'
+  flags = {}
+  for param, flag in plan.tie_flags.items():
+    values = {_passed(facts, use, plan, param) for use in uses}
+    if len(values) != 1 or None in values:
+      return (f'the calls of {plan.name} pass {param} under conditions a construction cannot evaluate (converted: '
+              f'`if <fields or config>: x = <array> else: x = None`, or always, or never)')
+    flags[flag] = values.pop()
+  return flags
+
+
+def _uses(facts: FileFacts, node: cst.ClassDef, call: cst.Call) -> list[cst.Call]:
+  """The calls of what the construction `call` builds: `Block(...)(x)`, or each `self.<attr>(...)` of the setup()
+  attribute it is kept in."""
+  parent = facts.parent(call)
+  if isinstance(parent, cst.Call) and parent.func is call:
+    return [parent]
+  statement = _statement_of(facts, call)
+  attr = self_assignment(statement) if statement is not None else None
+  return [facts.parent(sub) for sub in descendants(node)
+          if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value == attr
+          and isinstance(facts.parent(sub), cst.Call) and facts.parent(sub).func is sub]
+
+
+def _passed(facts: FileFacts, use: cst.Call, plan: ClassRewrite, param: str) -> str | None:
+  """Code saying whether the call `use` passes the argument `param` (not None), valid where the construction is:
+  'True', 'False' or the construction-time test it is passed under; None when that is not known."""
+  names = plan.call_params
+  value = next((a.value for i, a in enumerate(use.args)
+                if (a.keyword.value if a.keyword is not None else names[i] if i < len(names) else None) == param), None)
+  if value is None or isinstance(value, cst.Name) and value.value == 'None':
+    return 'False'
+  if not isinstance(value, cst.Name):
+    return 'True'
+  scope = facts.scope(value)
+  assignments = list(scope[value.value]) if scope is not None and value.value in scope else []
+  bound = [facts.parent(facts.parent(a.node)) for a in assignments if isinstance(a, cst.metadata.Assignment)
+           and isinstance(facts.parent(a.node), cst.AssignTarget)]
+  if len(bound) != len(assignments) or not bound:
+    return None
+  nones = [b for b in bound if isinstance(b.value, cst.Name) and b.value.value == 'None']
+  if not nones:
+    return 'True'
+  if len(bound) != 2 or len(nones) != 1:
+    return None
+  given = next(b for b in bound if b not in nones)
+  block, other = facts.parent(facts.parent(given)), facts.parent(facts.parent(nones[0]))
+  statement = facts.parent(block)
+  if not (isinstance(statement, cst.If) and block is statement.body and isinstance(statement.orelse, cst.Else)
+          and facts.parent(other) is statement.orelse):
+    return None
+  names_read = [n for n in (statement.test, *descendants(statement.test)) if isinstance(n, cst.Name)]
+  if any(n.value not in ('self', 'True', 'False', 'None') and not _attribute_name(facts, n) for n in names_read):
+    return None  # a local or a call argument: not known when the construction runs
+  return facts.code(statement.test)
+
+
+def _attribute_name(facts: FileFacts, name: cst.Name) -> bool:
+  """Whether `name` is the attribute part of an attribute chain (`tie_word_embeddings` of `self.config.x`)."""
+  parent = facts.parent(name)
+  return isinstance(parent, cst.Attribute) and parent.attr is name
+
+
 def _call_blocker(plan: ClassRewrite, use: cst.Call) -> str | None:
   """Why the call `use` of the built module does not fit its NNX `__call__` (a dropped switch by position)."""
   dropped = [i for i, _, _ in plan.mode_params if i < len(plan.call_params)]
@@ -239,9 +316,12 @@ def _loop_over(facts: FileFacts, attr: cst.Attribute) -> cst.For | None:
   return parent if isinstance(parent, cst.For) and parent.iter is attr else None
 
 
-def _bridge_code(facts: FileFacts, built: str, call: cst.Call, sizes: dict[str, str], names: dict[str, str]) -> str:
-  """`nnx_bridge.to_linen(<built>, <the construction's arguments>, input_sizes={...}, linen_names={...})`."""
+def _bridge_code(facts: FileFacts, built: str, call: cst.Call, flags: dict[str, str], sizes: dict[str, str],
+                 names: dict[str, str]) -> str:
+  """`nnx_bridge.to_linen(<built>, <the construction's arguments>, <tie flags>, input_sizes={...},
+  linen_names={...})`."""
   arguments = [built, *(facts.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for arg in call.args)]
+  arguments += [f'{flag}={value}' for flag, value in flags.items() if value != 'False']
   for keyword, mapping in (('input_sizes', sizes), ('linen_names', names)):
     if mapping:
       arguments.append(keyword + '={' + ', '.join(f'{k!r}: {v!r}' for k, v in mapping.items()) + '}')

@@ -395,3 +395,120 @@ class Tower(nn.Module):
   assert 'return self.block(x)\n' in new
   tower = _module(new)['Tower'](block_example_inputs=(jnp.ones((1, 3)),), rngs=nnx.Rngs(0))
   assert tower(jnp.ones((2, 3))).shape == (2, 4)
+
+
+# As transformers' modeling_flax_bert.py: the masked-LM module stays Linen (a wrapper holds it), its head ties the
+# decoder to the word embeddings when the config says so, and is converted.
+HF_MASKED_LM = '''from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+class TinyConfig:
+  vocab_size = 11
+  hidden_size = 8
+  layer_norm_eps = 1e-12
+
+  def __init__(self, tie_word_embeddings=True):
+    self.tie_word_embeddings = tie_word_embeddings
+
+
+class FlaxTinyPredictionHeadTransform(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.dense = nn.Dense(self.config.hidden_size, dtype=self.dtype)
+    self.LayerNorm = nn.LayerNorm(epsilon=self.config.layer_norm_eps, dtype=self.dtype)
+
+  def __call__(self, hidden_states):
+    hidden_states = self.dense(hidden_states)
+    hidden_states = nn.gelu(hidden_states)
+    return self.LayerNorm(hidden_states)
+
+
+class FlaxTinyLMPredictionHead(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+  bias_init: Callable[..., jnp.ndarray] = jax.nn.initializers.zeros
+
+  def setup(self):
+    self.transform = FlaxTinyPredictionHeadTransform(self.config, dtype=self.dtype)
+    self.decoder = nn.Dense(self.config.vocab_size, dtype=self.dtype, use_bias=False)
+    self.bias = self.param("bias", self.bias_init, (self.config.vocab_size,))
+
+  def __call__(self, hidden_states, shared_embedding=None):
+    hidden_states = self.transform(hidden_states)
+    if shared_embedding is not None:
+      hidden_states = self.decoder.apply({"params": {"kernel": shared_embedding.T}}, hidden_states)
+    else:
+      hidden_states = self.decoder(hidden_states)
+    bias = jnp.asarray(self.bias, self.dtype)
+    return hidden_states + bias
+
+
+class FlaxTinyOnlyMLMHead(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.predictions = FlaxTinyLMPredictionHead(self.config, dtype=self.dtype)
+
+  def __call__(self, hidden_states, shared_embedding=None):
+    return self.predictions(hidden_states, shared_embedding=shared_embedding)
+
+
+class FlaxTinyForMaskedLMModule(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.embeddings = nn.Embed(self.config.vocab_size, self.config.hidden_size, dtype=self.dtype)
+    self.cls = FlaxTinyOnlyMLMHead(config=self.config, dtype=self.dtype)
+
+  def __call__(self, input_ids):
+    hidden_states = self.embeddings(input_ids)
+    if self.config.tie_word_embeddings:
+      shared_embedding = self.embeddings.variables["params"]["embedding"]
+    else:
+      shared_embedding = None
+    return self.cls(hidden_states, shared_embedding=shared_embedding)
+
+
+class FlaxTinyForMaskedLM:
+  module_class = FlaxTinyForMaskedLMModule
+'''
+
+
+@pytest.mark.parametrize('tie', [True, False])
+def test_a_linen_parent_passes_the_tie_flag_its_config_decides_and_runs_on_its_own_variables(tie):
+  new, entries = _migrate(HF_MASKED_LM)
+  assert 'class FlaxTinyOnlyMLMHead(nnx.Module):' in new and 'class FlaxTinyForMaskedLMModule(nn.Module):' in new
+  assert ('self.cls = nnx_bridge.to_linen(FlaxTinyOnlyMLMHead, config=self.config, dtype=self.dtype, '
+          'tied_decoder=self.config.tie_word_embeddings, ') in new, new
+  original, bridged = (_module(s)['FlaxTinyForMaskedLMModule'](_module(s)['TinyConfig'](tie)) for s in (HF_MASKED_LM, new))
+  variables = original.init(jax.random.key(0), TOKENS)
+  assert ('decoder' in variables['params']['cls']['predictions']) is not tie
+  _same_model(original, bridged, TOKENS)
+  # a bridge that ignored the config creates a decoder Linen does not (other variables), or lacks the one it runs
+  wrong = new.replace('tied_decoder=self.config.tie_word_embeddings', f'tied_decoder={not tie}')
+  assert wrong != new
+  broken = _module(wrong)['FlaxTinyForMaskedLMModule'](_module(wrong)['TinyConfig'](tie))
+  with pytest.raises(AssertionError if tie else TypeError):
+    _same_model(original, broken, TOKENS)
+
+
+def test_a_tie_the_construction_cannot_decide_keeps_the_head_linen():
+  """The embedding is passed under a test on a call argument: whether Linen creates the decoder is decided per
+  call, which no constructor flag can say."""
+  source = HF_MASKED_LM.replace('def __call__(self, input_ids):', 'def __call__(self, input_ids, tie=True):') \
+      .replace('if self.config.tie_word_embeddings:\n      shared_embedding', 'if tie:\n      shared_embedding')
+  new, entries = _migrate(source)
+  assert 'class FlaxTinyOnlyMLMHead(nn.Module):' in new and 'to_linen(FlaxTinyOnlyMLMHead' not in new
+  todo = next(e for e in entries if 'class FlaxTinyOnlyMLMHead kept as Linen' in e)
+  assert 'pass shared_embedding under conditions a construction cannot evaluate' in todo, todo
+  original, migrated = (_module(s)['FlaxTinyForMaskedLMModule'](_module(s)['TinyConfig']()) for s in (source, new))
+  variables = original.init(jax.random.key(0), TOKENS)
+  np.testing.assert_array_equal(migrated.apply(variables, TOKENS), original.apply(variables, TOKENS))

@@ -48,3 +48,50 @@ def test_a_port_ignoring_the_input_width_is_caught(linen, ported):
   wrong.linear2 = nnx.Linear(12, 12, rngs=nnx.Rngs(2))
   with pytest.raises(nnx_bridge.BridgeError, match='linear2'):
     nnx_bridge.compare(linen_module, variables, wrong, TOKENS)
+
+
+ACT2FN_HEAD = '''import flax.linen as nn
+import jax.numpy as jnp
+from transformers.modeling_flax_utils import ACT2FN
+
+
+class FlaxTinyPredictionHeadTransform(nn.Module):
+    hidden_size: int = 6
+    hidden_act: str = "gelu"
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        self.dense = nn.Dense(self.hidden_size, dtype=self.dtype)
+        self.transform_act_fn = ACT2FN[self.hidden_act]
+        self.LayerNorm = nn.LayerNorm(epsilon=1e-12, dtype=self.dtype)
+
+    def __call__(self, hidden_states):
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.transform_act_fn(hidden_states)
+        return self.LayerNorm(hidden_states)
+'''
+
+
+@pytest.mark.parametrize('act, derived', [('ACT2FN[self.hidden_act]', True), ('ACTS[self.hidden_act]', False)])
+def test_sizes_flow_through_an_activation_of_transformers_table(act, derived):
+  """transformers' `ACT2FN` maps names to elementwise functions: the LayerNorm after it has the Dense's features.
+  A dict of the file says nothing the interpreter knows of (it may hold anything): the LayerNorm's size is then an
+  argument."""
+  from codemods import rules as registry
+  from codemods.transform import transform_source
+
+  source = ACT2FN_HEAD.replace('ACT2FN[self.hidden_act]', act).replace(
+      'from transformers.modeling_flax_utils import ACT2FN', 'from transformers.modeling_flax_utils import ACT2FN\n\n'
+      'ACTS = {"gelu": nn.gelu}')
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  assert 'class FlaxTinyPredictionHeadTransform(nnx.Module)' in result.source, result.source
+  assert ('LayerNorm_num_features' in result.source) is not derived, result.source
+  linen_namespace: dict = {}
+  namespace: dict = {}
+  exec(compile(source, '<linen>', 'exec'), linen_namespace)
+  exec(compile(result.source, '<converted>', 'exec'), namespace)
+  linen_module = linen_namespace['FlaxTinyPredictionHeadTransform']()
+  variables = linen_module.init(jax.random.key(0), TOKENS)
+  sizes = {} if derived else {'LayerNorm_num_features': 6}
+  model = namespace['FlaxTinyPredictionHeadTransform'](dense_in_features=6, **sizes, rngs=nnx.Rngs(0))
+  assert nnx_bridge.compare(linen_module, variables, model, TOKENS).ok
