@@ -184,9 +184,7 @@ def _call_condition(ctx: ClassContext, call: cst.Call) -> str | None:
       test = parent.test
       if node is parent.body:
         return queries.code(ctx, test)
-      if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return queries.code(ctx, test.expression)
-      return f'not {queries.code(ctx, test)}' if isinstance(test, (cst.Name, cst.Attribute)) else f'not ({queries.code(ctx, test)})'
+      return queries.negated_code(ctx, test)
     node, parent = parent, ctx.facts.parent(parent)
   return None
 

@@ -6,7 +6,8 @@ What a factory field makes comes from the constructions of its class in the same
 must pass the same kind of layer (a table layer, a partial of it, or a local bound to such a partial) or the same
 class. Layers are only passed from converted classes (module-level code is not converted); a class may be passed
 from anywhere (the name then refers to the converted class). `Callable` fields called with one argument
-(`act: Callable = nn.relu`) are activations: elementwise, so sizes flow through them. `factories.py` converts
+(`act: Callable = nn.relu`) are activations: elementwise, so sizes flow through them, as through an attribute
+setup() binds to an activation table's entry (`ACT2FN[name]`). `factories.py` converts
 them for the class being planned.
 """
 
@@ -18,8 +19,8 @@ import typing as tp
 import libcst as cst
 
 from codemods.nodes import descendants
-from codemods.rules.l2n002.nodes import is_self_attr
-from codemods.vocabulary import CALLABLE, PARTIAL_NAMES
+from codemods.rules.l2n002.nodes import is_self_attr, self_assignment
+from codemods.vocabulary import ACTIVATION_TABLES, CALLABLE, PARTIAL_NAMES
 from nnx_bridge.layer_table import find_layer
 
 if tp.TYPE_CHECKING:
@@ -58,7 +59,8 @@ class FactoryFields:
   activations: tp.Mapping[str, set[str]] = dataclasses.field(default_factory=dict)  # ... what it makes, or why unknown
   suppliers: tp.Mapping[str, set[str]] = dataclasses.field(default_factory=dict)  # class -> the classes passing its
   values: tp.Mapping[str, list[FactoryValue]] = dataclasses.field(default_factory=dict)  # ... layer factories; class
-  # -> the layer factories its code passes. `activations`: class -> its Callable fields.
+  # -> the layer factories its code passes. `activations`: class -> its Callable fields and the attributes its
+  # setup() binds to an activation table's entry (`self.act = ACT2FN[self.config.hidden_act]`).
 
 
 def scan_factories(facts: FileFacts) -> FactoryFields:
@@ -84,7 +86,7 @@ class _FileScan:
     fields = {name: _fields(node) for name, node in classes.items()}
     self.activations = {
         name: {f for f, (annotation, _) in fields[name].items() if CALLABLE.match(facts.code(annotation))}
-        for name in classes}
+        | _table_activations(facts, node) for name, node in classes.items()}
     used = {(name, built.func.attr.value) for name, node in classes.items() for built in factory_calls(node)
             if _self_field(built.func, fields[name])}
     if not used:
@@ -216,6 +218,20 @@ def factory_calls(node: cst.ClassDef) -> tp.Iterator[cst.Call]:
         if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 \
             and isinstance(statement.body[0], cst.Assign) and isinstance(statement.body[0].value, cst.Call):
           yield statement.body[0].value
+
+
+def _table_activations(facts: FileFacts, node: cst.ClassDef) -> set[str]:
+  """The attributes the class's setup() binds to an entry of an activation table (`vocabulary.ACTIVATION_TABLES`:
+  transformers' `self.act = ACT2FN[self.config.hidden_act]`): elementwise, like a Callable field."""
+  setup = next((s for s in node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == 'setup'), None)
+  found = set()
+  for statement in setup.body.body if setup is not None else ():
+    attr = self_assignment(statement)
+    value = statement.body[0].value if attr is not None else None
+    if isinstance(value, cst.Subscript) and any(q.name.endswith(table) for q in facts.qualified_names(value.value)
+                                                for table in ACTIVATION_TABLES):
+      found.add(attr)
+  return found
 
 
 def _fields(node: cst.ClassDef) -> dict[str, tuple[cst.BaseExpression, cst.BaseExpression | None]]:

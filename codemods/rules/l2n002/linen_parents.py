@@ -28,7 +28,7 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.report import INPUT_DIMENSION
 from codemods.rules.l2n002.facts import FileFacts
-from codemods.rules.l2n002.nodes import is_self_attr, self_assignment
+from codemods.rules.l2n002.nodes import is_self_attr, self_assignment, value_else_none
 from codemods.rules.l2n002.plan import ClassRewrite
 
 _ELEMENT_NAME = re.compile(r'(\w*)\{(\w+)\}(\w*)')  # a list's Linen name pattern, by the loop's index alone
@@ -255,16 +255,10 @@ def _passed(facts: FileFacts, use: cst.Call, plan: ClassRewrite, param: str) -> 
            and isinstance(facts.parent(a.node), cst.AssignTarget)]
   if len(bound) != len(assignments) or not bound:
     return None
-  nones = [b for b in bound if isinstance(b.value, cst.Name) and b.value.value == 'None']
-  if not nones:
+  if not any(isinstance(b.value, cst.Name) and b.value.value == 'None' for b in bound):
     return 'True'
-  if len(bound) != 2 or len(nones) != 1:
-    return None
-  given = next(b for b in bound if b not in nones)
-  block, other = facts.parent(facts.parent(given)), facts.parent(facts.parent(nones[0]))
-  statement = facts.parent(block)
-  if not (isinstance(statement, cst.If) and block is statement.body and isinstance(statement.orelse, cst.Else)
-          and facts.parent(other) is statement.orelse):
+  statement = value_else_none(facts.parent, bound)
+  if statement is None:
     return None
   names_read = [n for n in (statement.test, *descendants(statement.test)) if isinstance(n, cst.Name)]
   if any(n.value not in ('self', 'True', 'False', 'None') and not _attribute_name(facts, n) for n in names_read):

@@ -263,3 +263,19 @@ def is_plain_if(statement: cst.If) -> bool:
   branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
   return not any(isinstance(s, cst.BaseCompoundStatement) and not isinstance(s, cst.If) for s in descendants(statement)) \
       and not any(has_scope_call(b.test) and not is_initializing_if(b) for b in branches)
+
+
+def value_else_none(parent: tp.Callable[[cst.CSTNode], cst.CSTNode | None],
+                    assigns: tp.Sequence[cst.Assign]) -> cst.If | None:
+  """The statement `if <test>: x = <value> else: x = None` when `assigns` are exactly those two assignments of a
+  local (transformers' `shared_embedding` under `if self.config.tie_word_embeddings:`), else None."""
+  nones = [a for a in assigns if isinstance(a.value, cst.Name) and a.value.value == 'None']
+  if len(assigns) != 2 or len(nones) != 1:
+    return None
+  given = next(a for a in assigns if a not in nones)
+  block, other = parent(parent(given)), parent(parent(nones[0]))
+  statement = parent(block)
+  if isinstance(statement, cst.If) and block is statement.body and isinstance(statement.orelse, cst.Else) \
+      and parent(other) is statement.orelse:
+    return statement
+  return None

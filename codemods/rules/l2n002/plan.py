@@ -152,8 +152,6 @@ class ClassRewrite:
   lifted: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # `ScanBlock = nn.scan(...)` values: gone
   partials: dict[cst.Call, cst.Call] = dataclasses.field(default_factory=dict)  # `conv(...)` -> its partial
   conditions: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # construction -> when it exists
-  conditional_in_place: set[cst.Call] = dataclasses.field(default_factory=set)  # setup() constructions in an
-  # `X(...) if c else None` of their own: the conditional stays, the construction is converted
   extra_calls: dict[cst.Call, cst.Call] = dataclasses.field(default_factory=dict)  # later call of a local -> ctor
   factory_callee: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # through a factory -> NNX callee
   hoistable: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # valid in __init__ as they are

@@ -200,7 +200,7 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
   plan.params = [queries.code(ctx, f.body[0]).strip() for f in fields]
   for child in plan.children:
     child.text = 'nnx.data(None)' if child.cache else init_code.variable_text(ctx, child) if child.api else init_code.ctor_text(ctx, child)
-    if child.condition is not None and child.ctor not in ctx.plan.conditional_in_place:
+    if child.condition is not None and not _in_place_conditional(ctx, child.ctor):
       child.text = f'{child.text} if {child.condition} else None'
     child.text = ctx.loops.wrap(ctx, child)  # built in a loop: nnx.List([<it> for <target> in <iterator>])
     if not child.hoisted:
@@ -255,9 +255,7 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
     child = _build_child(ctx, value, counts, target)
   elif isinstance(value, cst.IfExp) and (built := _conditional_construction(ctx, value)) is not None:
     child = _build_child(ctx, built[0], counts, target)  # `self.shortcut = ShortCut(...) if apply else None`
-    if built[1] is not None:
-      child.condition = built[1]
-      ctx.plan.conditional_in_place.add(child.ctor)
+    child.condition = built[1]  # the conditional stays, around the converted construction
   elif isinstance(value, cst.ListComp):  # `self.layers = [nn.Dense(f) for f in ...]`: an nnx.List (loops.py)
     child = _build_child(ctx, ctx.loops.setup_list(ctx, value, target), counts, target)
   elif (appended := ctx.loops.appended(ctx, value, target)) is not None:  # `self.layers = layers` (appended)
@@ -283,25 +281,27 @@ def _conditional_construction(ctx: ClassContext, value: cst.IfExp) -> tuple[cst.
   conditional stays in __init__ as setup()'s plain code does, its construction converted. None for other
   conditionals, and for a class of the file that stays Linen."""
   arms = [(value.body, value.orelse, False), (value.orelse, value.body, True)]
-  found = [(ctor, other, negated) for ctor, other, negated in arms
-           if isinstance(ctor, cst.Call) and constructions.constructed(ctx, ctor) is not None]
+  found = [(ctor, other, negated, constructions.constructed(ctx, ctor)) for ctor, other, negated in arms
+           if isinstance(ctor, cst.Call)]
+  found = [arm for arm in found if arm[3] is not None]
   if len(found) != 1 or has_scope_call(value.test):
     return None
-  ctor, other, negated = found[0]
-  linen, _, sibling = constructions.constructed(ctx, ctor)
+  ctor, other, negated, (linen, _, sibling) = found[0]
   if sibling is None and (linen in ctx.facts.linen_classes or linen == constructions.TO_LINEN):
     return None  # a class that stays Linen: a bridged child needs example inputs whether it is created or not
   for plain in (value.test, other):
     _plain_setup_code(ctx, ctx.plan, plain)
   if not (isinstance(other, cst.Name) and other.value == 'None'):
     return ctor, None
-  test = value.test
-  if negated and isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-    return ctor, queries.code(ctx, test.expression)
-  if not negated:
-    return ctor, queries.code(ctx, test)
-  return ctor, f'not {queries.code(ctx, test)}' if isinstance(test, (cst.Name, cst.Attribute)) \
-      else f'not ({queries.code(ctx, test)})'
+  return ctor, queries.negated_code(ctx, value.test) if negated else queries.code(ctx, value.test)
+
+
+def _in_place_conditional(ctx: ClassContext, ctor: cst.Call) -> bool:
+  """Whether `ctor` is the construction of a setup() `X(...) if <test> else None` (either way round), which stays
+  in __init__ around the converted construction (`_conditional_construction`)."""
+  parent = ctx.facts.parent(ctor)
+  return isinstance(parent, cst.IfExp) and any(isinstance(arm, cst.Name) and arm.value == 'None'
+                                               for arm in (parent.body, parent.orelse))
 
 
 def _plain_setup_code(ctx: ClassContext, plan: ClassRewrite, node: cst.CSTNode) -> None:

@@ -19,16 +19,22 @@ from codemods.rules.l2n002.nodes import (
   is_self_attr,
   last_axis_of_name,
   nnx_counterpart,
-  self_assignment,
   size_local_of,
 )
 from codemods.rules.l2n002.plan import Unsupported
-from codemods.vocabulary import ACTIVATION_TABLES, LINEN_ARRAY_FUNCTIONS
+from codemods.vocabulary import LINEN_ARRAY_FUNCTIONS
 
 
 def code(ctx: ClassContext, node: cst.CSTNode, replacements: dict[cst.CSTNode, str] | None = None) -> str:
   """The code of `node` moved to __init__, with Linen names (and `replacements`) rewritten."""
   return ctx.facts.code(node.visit(Replace({**ctx.plan.exprs, **ctx.plan.aliases, **(replacements or {})})))
+
+
+def negated_code(ctx: ClassContext, test: cst.BaseExpression) -> str:
+  """The code of `not <test>` moved to __init__ (`x` for `not x`; parentheses where they are needed)."""
+  if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+    return code(ctx, test.expression)
+  return f'not {code(ctx, test)}' if isinstance(test, (cst.Name, cst.Attribute)) else f'not ({code(ctx, test)})'
 
 
 def check_hoistable(ctx: ClassContext, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = (), linen: bool = False) -> None:
@@ -212,26 +218,11 @@ def switch(ctx: ClassContext, value: cst.BaseExpression, inverted: bool) -> bool
 
 def is_activation(ctx: ClassContext, expr: cst.CSTNode) -> bool:
   """`self.act(x)` for a Callable field of the class being planned, or an attribute its setup() binds to an
-  activation table's entry (`self.act = ACT2FN[self.config.hidden_act]`): elementwise."""
-  if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and is_self_attr(expr.func)
-          and len(expr.args) == 1 and expr.args[0].keyword is None and not expr.args[0].star):
-    return False
-  attr = expr.func.attr.value
-  return attr in ctx.facts.factories.activations.get(ctx.plan.name, ()) or attr in _table_activations(ctx)
-
-
-def _table_activations(ctx: ClassContext) -> set[str]:
-  """The attributes setup() binds to an entry of an activation table (`vocabulary.ACTIVATION_TABLES`)."""
-  setup = next((s for s in ctx.facts.class_defs[ctx.plan.name].body.body
-                if isinstance(s, cst.FunctionDef) and s.name.value == 'setup'), None)
-  found = set()
-  for statement in setup.body.body if setup is not None else ():
-    attr = self_assignment(statement)
-    value = statement.body[0].value if attr is not None else None
-    if isinstance(value, cst.Subscript) and any(q.name.endswith(table) for q in ctx.facts.qualified_names(value.value)
-                                                for table in ACTIVATION_TABLES):
-      found.add(attr)
-  return found
+  activation table's entry (`factory_fields`): elementwise."""
+  return (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and is_self_attr(expr.func)
+          and expr.func.attr.value in ctx.facts.factories.activations.get(ctx.plan.name, ())
+          and len(expr.args) == 1
+          and expr.args[0].keyword is None and not expr.args[0].star)
 
 
 def jnp_bound(ctx: ClassContext, node: cst.CSTNode) -> bool:

@@ -13,7 +13,7 @@ import libcst as cst
 
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
-from codemods.rules.l2n002.nodes import is_self_attr, literal_dict
+from codemods.rules.l2n002.nodes import is_self_attr, literal_dict, value_else_none
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
 if tp.TYPE_CHECKING:
@@ -193,22 +193,16 @@ def _given(ctx: ClassContext, value: cst.BaseExpression | None, plan: ClassRewri
   nones = [a for a in values if isinstance(a.value, cst.Name) and a.value.value == 'None']
   if not nones:
     return 'True' if values else 'False'
-  if len(values) == 2 and len(nones) == 1:  # `if T: x = <array> else: x = None`
-    given = next(a for a in values if a not in nones)
-    line, other = ctx.facts.parent(given), ctx.facts.parent(nones[0])
-    block, other_block = ctx.facts.parent(line), ctx.facts.parent(other)
-    statement = ctx.facts.parent(block)
-    else_of = ctx.facts.parent(other_block)
-    if isinstance(statement, cst.If) and isinstance(else_of, cst.Else) and ctx.facts.parent(else_of) is statement \
-        and block is statement.body:
-      test = statement.test
-      try:
-        queries.check_hoistable(ctx, test)
-      except Exception:
-        test = None
-      if test is not None and not any(isinstance(n, cst.Name) and n.value in ctx.plan.switches
-                                      for n in (test, *descendants(test))):
-        return queries.code(ctx, test)
+  statement = value_else_none(ctx.facts.parent, values)  # `if T: x = <array> else: x = None`
+  if statement is not None:
+    test = statement.test
+    try:
+      queries.check_hoistable(ctx, test)
+    except Unsupported:
+      test = None
+    if test is not None and not any(isinstance(n, cst.Name) and n.value in ctx.plan.switches
+                                    for n in (test, *descendants(test))):
+      return queries.code(ctx, test)
   raise Unsupported(value, f'{value.value}, passed to a tied layer\'s argument, is None or not under a '
                                       'condition __init__ cannot evaluate (converted: `if <fields or config>: x = '
                                       '<array> else: x = None`)')
