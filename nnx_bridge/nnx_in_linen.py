@@ -6,10 +6,17 @@
 * init constructs `nnx_class(*args, **kwargs, rngs=...)` exactly once and stores its state,
   as it is right after `__init__`, in the Linen collections given by `collectionlib`. Rng
   state is never stored. As with Linen layers that skip updates while `is_initializing()`,
-  writes made by calls during init are not stored; init returns the constructed state.
+  writes made by calls during init to that state are not stored; Variables the call creates
+  (a decode cache made when `init_cache=True`, a sown value) are, in the collections init keeps.
 * apply never runs the initializers: the graphdef and abstract state come from
   `nnx.eval_shape` (cached per `(nnx_class, args, kwargs)` when they are hashable), the Linen
   variables are checked against the abstract state (`state_check.check_state`) and merged in.
+  A given variable at an attribute `__init__` left `nnx.data(None)` is one an earlier call
+  created (a decode cache): it is put back there, as a Variable of its collection's type.
+* arrays `__init__` keeps as plain attributes (HF's `self.causal_mask = make_causal_mask(...)`)
+  are constants no Linen collection holds: they are computed once per structure, under jit so
+  that XLA drops the initializers, as Linen's setup() recomputes them; one that depends on the
+  rngs is a `BridgeError` naming it.
 * every rng stream gets a fresh key from Linen's `make_rng(<stream name>)` per call; a stream
   whose name Linen was not given gets a placeholder key, and if the call consumes it (its
   key/count Variable holds a different object after the call) `MissingRngError` is raised.
@@ -79,37 +86,80 @@ class _Structure:
 
   stream_names: tuple[str, ...]
   graphdef: nnx.GraphDef
-  abstract_state: nnx.State
+  abstract_state: nnx.State  # its Variables abstract; arrays kept as plain attributes concrete (constants)
+  slots: tuple[Path, ...]  # attributes `nnx.data(None)` after __init__: a Variable a call may create there
 
 
 def _build_structure(
     nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: tuple
 ) -> _Structure:
-  """Traces the NNX `__init__` twice, abstractly: to learn its rng stream names (and that it keeps no plain
-  arrays), then with them."""
+  """Traces the NNX `__init__` twice, abstractly: to learn its rng stream names (and the arrays it keeps as plain
+  attributes), then with them; the plain arrays are computed for real (`_constants`)."""
   names = {'default'}
-  plain: list[str] = []  # arrays kept as plain attributes: nnx.eval_shape would make them static
+  plain: list[Path] = []  # arrays kept as plain attributes: nnx.eval_shape makes them static
 
   def record_names():
     rngs = _RecordingRngs(default=0)
     module = nnx_class(*args, **dict(kwargs), rngs=rngs)
     names.update(name for name, _ in rngs.items())
-    plain.extend(path_str(path) for path, value in nnx.iter_graph(module)
-                 if isinstance(value, (jax.Array, np.ndarray)))
+    plain.extend(path for path, value in nnx.iter_graph(module) if isinstance(value, (jax.Array, np.ndarray)))
 
   jax.eval_shape(record_names)
   stream_names = tuple(sorted(names))
-  module = nnx.eval_shape(
-      lambda: nnx_class(*args, **dict(kwargs), rngs=nnx.Rngs(**dict.fromkeys(stream_names, 0)))
-  )
+  build = lambda seed: nnx_class(*args, **dict(kwargs), rngs=nnx.Rngs(**dict.fromkeys(stream_names, seed)))
+  module = nnx.eval_shape(lambda: build(0))
+  for path, value in _constants(nnx_class, build, plain).items():
+    _set_attribute(module, path, nnx.data(value))
+  slots = _none_slots(module)
   graphdef, abstract_state = nnx.split(module)
-  if plain:
+  return _Structure(stream_names, graphdef, abstract_state, slots)
+
+
+def _constants(
+    nnx_class: tp.Callable[..., nnx.Module], build: tp.Callable[[int], nnx.Module], paths: list[Path]
+) -> dict[Path, jax.Array]:
+  """The arrays `__init__` keeps as plain attributes (HF's `self.causal_mask = make_causal_mask(...)`), which no
+  Linen collection holds: computed under jit, so that XLA drops the unused initializers, once per structure (as
+  Linen's setup() computes them for each apply). Built with two rng seeds: arrays that differ depend on the rngs,
+  which a Linen module could neither store nor recompute, and are an error naming them."""
+  if not paths:
+    return {}
+
+  def values(seed: int) -> list[jax.Array]:
+    found = dict(nnx.iter_graph(build(seed)))
+    return [found[path] for path in paths]
+
+  with jax.ensure_compile_time_eval():  # concrete even when the first call is traced
+    first, second = (jax.jit(functools.partial(values, seed))() for seed in (0, 1))
+  random = [path_str(path) for path, a, b in zip(paths, first, second)
+            if not np.array_equal(np.asarray(a), np.asarray(b), equal_nan=jnp.issubdtype(a.dtype, jnp.inexact))]
+  if random:
     name = getattr(nnx_class, '__name__', repr(nnx_class))
     raise BridgeError(
-        f'to_linen({name}): its __init__ keeps arrays that are not nnx.Variables ({", ".join(plain)}), which a '
-        'Linen module cannot store or restore; make each an nnx.Variable (a constant: compute it in __call__).'
+        f'to_linen({name}): its __init__ keeps arrays drawn from its rngs that are not nnx.Variables '
+        f'({", ".join(random)}), which a Linen module cannot store or restore; make each an nnx.Variable.'
     )
-  return _Structure(stream_names, graphdef, abstract_state)
+  return dict(zip(paths, first))
+
+
+def _none_slots(module: nnx.Module) -> tuple[Path, ...]:
+  """The paths of the data attributes holding None (`nnx.data(None)`), each once: places a call may fill.
+  (`nnx.iter_graph` visits the one None object once, so the module is flattened as a pytree.)"""
+  leaves = jax.tree_util.tree_flatten_with_path(module, is_leaf=lambda x: x is None)[0]
+  key = lambda k: k.name if isinstance(k, jax.tree_util.GetAttrKey) else k.idx if isinstance(
+      k, jax.tree_util.SequenceKey) else k.key
+  return tuple(dict.fromkeys(tuple(key(k) for k in path) for path, value in leaves if value is None))
+
+
+def _set_attribute(module: nnx.Module, path: Path, value: tp.Any) -> None:
+  """Sets the attribute (or nnx.List element) at `path` below `module`."""
+  owner: tp.Any = module
+  for key in path[:-1]:
+    owner = owner[key] if isinstance(key, int) else getattr(owner, key)
+  if isinstance(path[-1], int):
+    owner[path[-1]] = value
+  else:
+    setattr(owner, path[-1], value)
 
 
 _cached_structure = functools.lru_cache(maxsize=128)(_build_structure)
@@ -125,8 +175,13 @@ def _structure(nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: tup
 
 
 def _linen_path(path: Path, variable: nnx.Variable, linen_names: tp.Mapping[str, str]) -> LinenPath:
-  """Where an NNX state leaf lives in Linen variables: its collection, then its path as strings, each submodule
-  under its Linen name where `linen_names` (dotted NNX path -> Linen name) gives one.
+  """Where an NNX state leaf lives in Linen variables: its collection, then `_linen_keys`."""
+  return (collectionlib.collection_name(type(variable)), *_linen_keys(path, linen_names))
+
+
+def _linen_keys(path: Path, linen_names: tp.Mapping[str, str]) -> tuple[str, ...]:
+  """An NNX path as Linen keys: strings, each submodule under its Linen name where `linen_names` (dotted NNX
+  path -> Linen name) gives one.
 
   A name holding `{}` is a list's: `'layers': '{}'` stores element `('layers', 3)` as Linen's `'3'` (a setup()
   list named `name=str(i)`), `'blocks': 'Block_{}'` as `'Block_3'`; its elements' own names are keyed with `{}`
@@ -144,7 +199,18 @@ def _linen_path(path: Path, variable: nnx.Variable, linen_names: tp.Mapping[str,
     named.append(keys[j] if name is None else name)
     dotted.append(keys[j])
     j += 1
-  return (collectionlib.collection_name(type(variable)), *named)
+  return tuple(named)
+
+
+def _stored(leaf: tp.Any) -> bool:
+  """Whether an NNX state leaf lives in a Linen collection: a Variable other than rng state (a plain array
+  attribute is a constant of `__init__`, rng keys come from Linen's make_rng)."""
+  return isinstance(leaf, nnx.Variable) and not isinstance(leaf, nnx.RngState)
+
+
+def _variables(module: nnx.Module) -> list[tuple[Path, nnx.Variable]]:
+  """The module's Variables by path (its plain arrays left out)."""
+  return [(path, var) for path, var in nnx.to_flat_state(nnx.state(module)) if isinstance(var, nnx.Variable)]
 
 
 def _unbox(leaf: tp.Any) -> tp.Any:
@@ -172,24 +238,26 @@ class ToLinen(linen.Module):
   def __call__(self, *args: tp.Any, nnx_method: str = '__call__', **kwargs: tp.Any) -> tp.Any:
     given = traverse_util.flatten_dict(self.variables)
     constructor_kwargs = self.kwargs + self._sizes_of_call(nnx_method, args, kwargs)
-    graphdef, flat_state, values = self._initial_state(given, constructor_kwargs)
+    graphdef, flat_state, values, created = self._initial_state(given, constructor_kwargs)
     call_state = [
-        (path, var.replace(self._rng_value(var) if isinstance(var, nnx.RngState) else values[path]))
+        (path, var.replace(self._rng_value(var) if isinstance(var, nnx.RngState) else values[path])
+         if isinstance(var, nnx.Variable) else var)  # a plain array: a constant of __init__
         for path, var in flat_state
     ]
     module = nnx.merge(graphdef, nnx.from_flat_state(call_state))
+    for path, variable in created.items():
+      _set_attribute(module, path, variable)
     method = getattr(module, nnx_method)
     eval_mode, kwargs = self._call_mode(method, kwargs)
     if eval_mode:
       module.eval()
     elif eval_mode is not None:
       module.train()
-    before = {path: var.get_raw_value() for path, var in nnx.to_flat_state(nnx.state(module))}
+    before = {path: var.get_raw_value() for path, var in _variables(module)}
     out = method(*args, **kwargs)
-    after = list(nnx.to_flat_state(nnx.state(module)))
+    after = _variables(module)
     self._check_rng_use(before, after)
-    if not self.is_initializing():
-      self._write_changes(before, after, given)
+    self._write_changes(before, after, given)
     return out
 
   def _call_mode(
@@ -230,29 +298,28 @@ class ToLinen(linen.Module):
 
   def _initial_state(
       self, given: dict[LinenPath, tp.Any], constructor_kwargs: tuple[tuple[str, tp.Any], ...]
-  ) -> tuple[nnx.GraphDef, list[tuple[Path, nnx.Variable]], dict[Path, tp.Any]]:
-    """The graphdef, Variables and non-rng values to call with: built at first init, else given."""
+  ) -> tuple[nnx.GraphDef, list[tuple[Path, tp.Any]], dict[Path, tp.Any], dict[Path, nnx.Variable]]:
+    """The graphdef, state leaves and Variable values to call with: built at first init, else given; and the
+    Variables an earlier call created in attributes `__init__` left None (decode caches), from the given ones."""
     structure = _structure(self.nnx_class, self.args, constructor_kwargs)
     if self.is_initializing() and not given:
       graphdef, state = self._construct(structure.stream_names, constructor_kwargs)
       flat_state = list(nnx.to_flat_state(state))
       names = dict(self.linen_names)
-      constructed = {
-          _linen_path(path, var, names): linen_state.to_linen_leaf(var)
-          for path, var in flat_state
-          if not isinstance(var, nnx.RngState)
-      }
+      constructed = {_linen_path(path, var, names): linen_state.to_linen_leaf(var)
+                     for path, var in flat_state if _stored(var)}
       self._put(constructed, base={})
-      values = {
-          path: var.get_raw_value()
-          for path, var in flat_state
-          if not isinstance(var, nnx.RngState)
-      }
-    else:
-      graphdef = structure.graphdef
-      flat_state = list(nnx.to_flat_state(structure.abstract_state))
-      values = self._checked_values(flat_state, given)
-    return graphdef, flat_state, values
+      values = {path: var.get_raw_value() for path, var in flat_state if _stored(var)}
+      return graphdef, flat_state, values, {}
+    flat_state = list(nnx.to_flat_state(structure.abstract_state))
+    names = dict(self.linen_names)
+    slots = {_linen_keys(path, names): path for path in structure.slots}
+    created = {
+        slots[linen_path[1:]]: collectionlib.variable_type(linen_path[0])(_unbox(leaf))
+        for linen_path, leaf in given.items() if linen_path[1:] in slots
+    }
+    rest = {linen_path: leaf for linen_path, leaf in given.items() if linen_path[1:] not in slots}
+    return structure.graphdef, flat_state, self._checked_values(flat_state, rest), created
 
   def _label(self) -> str:
     """Names this wrapper in error messages: the NNX class and the Linen path."""
@@ -267,15 +334,11 @@ class ToLinen(linen.Module):
     return nnx.split(self.nnx_class(*self.args, **dict(constructor_kwargs), rngs=rngs))
 
   def _checked_values(
-      self, flat_state: list[tuple[Path, nnx.Variable]], given: dict[LinenPath, tp.Any]
+      self, flat_state: list[tuple[Path, tp.Any]], given: dict[LinenPath, tp.Any]
   ) -> dict[Path, tp.Any]:
     """Maps the Linen variables onto the abstract state's paths after checking they match it."""
     names = dict(self.linen_names)
-    expected = {
-        _linen_path(path, var, names): (path, var)
-        for path, var in flat_state
-        if not isinstance(var, nnx.RngState)
-    }
+    expected = {_linen_path(path, var, names): (path, var) for path, var in flat_state if _stored(var)}
     unboxed = {linen_path: _unbox(leaf) for linen_path, leaf in given.items()}
     check_state(
         {linen_path: var.get_raw_value() for linen_path, (_, var) in expected.items()},
@@ -324,20 +387,29 @@ class ToLinen(linen.Module):
       after: list[tuple[Path, nnx.Variable]],
       given: dict[LinenPath, tp.Any],
   ) -> None:
-    """Writes every non-rng leaf the call changed or created back to its Linen collection."""
+    """Writes every non-rng leaf the call changed or created back to its Linen collection.
+
+    During init only the leaves the call created (a decode cache, a sown value) are written, and only to the
+    collections init keeps (Linen's init drops a sown value of any other); the constructed state is already
+    stored, and changes to it are not (as Linen layers skip updates while `is_initializing()`)."""
     changes = {}
     names = dict(self.linen_names)
+    initializing = self.is_initializing()
     for path, var in after:
       if isinstance(var, nnx.RngState) or var.get_raw_value() is before.get(path):
         continue
       linen_path = _linen_path(path, var, names)
-      if path not in before:  # created by the call, e.g. by `sow`
-        changes[linen_path] = linen_state.to_linen_leaf(var)
+      if path not in before:  # created by the call: a decode cache, `sow`
+        if not initializing or self.is_mutable_collection(linen_path[0]):
+          changes[linen_path] = linen_state.to_linen_leaf(var)
+      elif initializing:
+        continue
       elif isinstance(old := given[linen_path], meta.AxisMetadata):
         changes[linen_path] = old.replace_boxed(var.get_value())  # keep the caller's box
       else:
         changes[linen_path] = var.get_value()
-    self._put(changes, base=given)
+    if changes:
+      self._put(changes, base=traverse_util.flatten_dict(self.variables))
 
   def _put(self, leaves: dict[LinenPath, tp.Any], base: dict[LinenPath, tp.Any]) -> None:
     """Puts leaves into their Linen collections, or raises if any collection is immutable."""

@@ -38,7 +38,7 @@ def variables_of(module: nnx.Module) -> dict:
 def load(module: nnx.Module, variables) -> nnx.Module:
   """Copies Linen variables into a native NNX module, so both run with identical state."""
   flat = traverse_util.flatten_dict(nn.unbox(variables))
-  for path, var in nnx.to_flat_state(nnx.state(module, nnx.Not(nnx.RngState))):
+  for path, var in nnx.to_flat_state(nnx.state(module, nnx.All(nnx.Variable, nnx.Not(nnx.RngState)))):
     var.set_value(flat[(collectionlib.collection_name(type(var)), *map(str, path))])
   return module
 
@@ -728,15 +728,79 @@ def test_list_elements_and_their_children_are_stored_under_linen_s_names():
 
 
 class PlainArray(nnx.Module):
-  """HF's rotary embedding, migrated: a table kept as a plain array attribute, not an nnx.Variable."""
+  """HF's causal mask and rotary table, migrated: constants kept as plain array attributes, not nnx.Variables."""
 
   def __init__(self, *, rngs: nnx.Rngs):
-    self.table = jnp.arange(6.0).reshape(2, 3)
+    self.linear = nnx.Linear(3, 3, rngs=rngs)
+    self.table = jnp.tril(jnp.ones((2, 3))) * jnp.arange(3.0)
 
   def __call__(self, x):
-    return x + self.table
+    return self.linear(x) + self.table
 
 
-def test_a_plain_array_attribute_is_an_error_naming_it():
-  with pytest.raises(BridgeError, match=r'keeps arrays that are not nnx.Variables \(table\)'):
-    to_linen(PlainArray).init(KEY, X)
+def test_a_plain_array_constant_is_recomputed_not_stored():
+  variables = to_linen(PlainArray).init(KEY, X)
+  assert set(traverse_util.flatten_dict(variables)) == {('params', 'linear', 'kernel'), ('params', 'linear', 'bias')}
+  native = load(PlainArray(rngs=nnx.Rngs(1)), variables)
+  out = jax.jit(to_linen(PlainArray).apply)(variables, X)  # the constant computed while apply is traced
+  np.testing.assert_allclose(out, native(X), rtol=1e-6)
+
+
+class RandomPlainArray(nnx.Module):
+  """A plain array drawn from the rngs: neither a Linen variable nor something apply could recompute."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.noise = jax.random.normal(rngs.params(), (3,))
+
+  def __call__(self, x):
+    return x + self.noise
+
+
+def test_a_plain_array_drawn_from_the_rngs_is_an_error_naming_it():
+  with pytest.raises(BridgeError, match=r'keeps arrays drawn from its rngs that are not nnx.Variables \(noise\)'):
+    to_linen(RandomPlainArray).init(KEY, X)
+
+
+class CachedSum(nnx.Module):
+  """transformers' decode cache, migrated: `init_cache=True` makes the call create it, later calls update it."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(3, 3, rngs=rngs)
+    self.cached = nnx.data(None)
+
+  def __call__(self, x, init_cache: bool = False):
+    y = self.linear(x)
+    if self.cached is not None or init_cache:
+      is_initialized = self.cached is not None
+      if not is_initialized:
+        self.cached = nnx.Cache(jnp.zeros(y.shape, y.dtype))
+      if is_initialized:
+        self.cached[...] = self.cached[...] + y
+        y = self.cached[...]
+    return y
+
+
+def test_a_variable_the_call_creates_is_stored_at_init_and_restored_at_apply():
+  bridge = to_linen(CachedSum)
+  variables = bridge.init(KEY, X, init_cache=True)
+  np.testing.assert_array_equal(variables['cache']['cached'], jnp.zeros((2, 3)))
+  native = load(CachedSum(rngs=nnx.Rngs(1)), {'params': variables['params']})
+  native(X, init_cache=True)
+  for step in range(2):
+    out, updates = bridge.apply(variables, X + step, mutable=['cache'])
+    variables = {**variables, **updates}
+    np.testing.assert_allclose(out, native(X + step), rtol=1e-6)
+  np.testing.assert_allclose(variables['cache']['cached'], native.cached[...], rtol=1e-6)
+  np.testing.assert_allclose(bridge.apply({'params': variables['params']}, X), native.linear(X), rtol=1e-6)
+
+
+def test_init_drops_a_created_variable_of_a_collection_it_does_not_keep():
+  variables = to_linen(CachedSum).init(KEY, X, init_cache=True, mutable=['params'])
+  assert set(variables) == {'params'}
+
+
+def test_a_given_leaf_below_a_slot_the_call_fills_is_an_error():
+  variables = to_linen(CachedSum).init(KEY, X, init_cache=True)
+  wrong = {**variables, 'cache': {'cached': {'deeper': jnp.zeros((2, 3))}}}
+  with pytest.raises(StateMismatchError, match='cache/cached/deeper'):
+    to_linen(CachedSum).apply(wrong, X, mutable=['cache'])

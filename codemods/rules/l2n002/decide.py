@@ -8,6 +8,10 @@ Linen way, a program that no longer runs. So each such construction is wrapped w
 until no class left as Linen uses a converted one unwrapped (the set of kept classes only grows, so
 this ends). A converted class that builds a kept one wraps it with `nnx_bridge.from_linen`, as it
 does for any class kept as Linen.
+
+A kept class keeps the reason it was first left for, except a class that builds converted classes
+through to_linen: a second run sees those as NNX code it builds as Linen modules, so its reason is
+asked again that way (`_settled_reason`), or that run would write another TODO.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.linen_parents import ToLinenBridge, linen_parent_bridges
-from codemods.rules.l2n002.plan import FileRewrite, Unsupported
+from codemods.rules.l2n002.plan import ClassRewrite, FileRewrite, Unsupported
 from codemods.rules.l2n002.planner import plan_class
 
 
@@ -46,14 +50,20 @@ def decide_classes(facts: FileFacts) -> ClassDecisions:
   """Plans the file's Linen classes until no class left as Linen uses a converted one other than through
   nnx_bridge.to_linen."""
   kept, first = dict(facts.kept_linen), dict[str, LeftLinen]()
+  users: dict[str, str] = {}  # a class kept because a class left as Linen uses it -> that class
   while True:
     facts = dataclasses.replace(facts, kept_linen=kept)
     file, left = _plan_all(facts)
     first = {**left, **first}  # a class keeps the reason it was first left for, not a consequence of it
     used, bridges = _used_by_linen(facts, file, left)
     if not used:
-      return ClassDecisions(file, {name: first[name] for name in left}, facts, bridges)
-    kept = {**kept, **used}
+      settled = {name: first[name] for name in left}
+      for name in {bridge.user for bridge in bridges} & set(users):
+        built = {bridge.built for bridge in bridges if bridge.user == name}
+        settled[name] = _settled_reason(facts, file, name, users[name], built, left) or settled[name]
+      return ClassDecisions(file, settled, facts, bridges)
+    kept = {**kept, **{name: message for name, (user, message) in used.items()}}
+    users.update((name, user) for name, (user, _) in used.items())
 
 
 def _plan_all(facts: FileFacts) -> tuple[FileRewrite, dict[str, LeftLinen]]:
@@ -64,8 +74,7 @@ def _plan_all(facts: FileFacts) -> tuple[FileRewrite, dict[str, LeftLinen]]:
       continue
     name = node.name.value
     if name in facts.kept_linen:
-      left[name] = LeftLinen(node, f'class {name} kept as Linen: {facts.kept_linen[name]}; a converted class '
-                                   'building it wraps it with nnx_bridge.from_linen')
+      left[name] = LeftLinen(node, _kept_message(name, facts.kept_linen[name]))
       continue
     try:
       plan = plan_class(facts, file.plans, node, file.variable_classes)
@@ -91,18 +100,52 @@ def _used_by_linen(facts: FileFacts, file: FileRewrite,
   uses it) wraps what it builds too, unless `transform_source` found that a second run would then change it
   (`facts.unbridged`).
   """
-  used: dict[str, str] = {}
+  used: dict[str, tuple[str, str]] = {}
   bridges: list[ToLinenBridge] = []
   for user in left:
     named = dict.fromkeys(sub.value for sub in descendants(facts.class_defs[user])
                           if isinstance(sub, cst.Name) and sub.value in file.plans)
     for built in named:
-      found = (f'with it a second run would find another reason to keep {user} Linen' if user in facts.unbridged
-               else linen_parent_bridges(facts, file.plans, user, built,
-                                         None if user in facts.kept_linen else left[user].node))
+      found = _bridges(facts, file.plans, user, built, left)
       if isinstance(found, list):
         bridges.extend(found)
       else:
-        used.setdefault(built, f'the class {user}, left as Linen, uses it, and cannot wrap it with '
-                               f'nnx_bridge.to_linen: {found}')
+        used.setdefault(built, (user, _used_message(user, found)))
   return used, bridges
+
+
+def _bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user: str, built: str,
+             left: dict[str, LeftLinen]) -> list[ToLinenBridge] | str:
+  """The to_linen bridges of `built` in the Linen class `user`, or why there are none."""
+  if user in facts.unbridged:
+    return f'with it a second run would find another reason to keep {user} Linen'
+  return linen_parent_bridges(facts, plans, user, built, None if user in facts.kept_linen else left[user].node)
+
+
+def _used_message(user: str, why: str) -> str:
+  return f'the class {user}, left as Linen, uses it, and cannot wrap it with nnx_bridge.to_linen: {why}'
+
+
+def _settled_reason(facts: FileFacts, file: FileRewrite, name: str, user: str, built: set[str],
+                    left: dict[str, LeftLinen]) -> LeftLinen | None:
+  """Why `name`, kept because the Linen class `user` cannot wrap it, stays Linen, as a second run finds it.
+
+  `name` builds the converted classes `built` through nnx_bridge.to_linen, so in the second run they are NNX code
+  it builds as Linen modules: asked with them as Linen classes, the answer is that run's, and the TODO does not
+  change. None when the answer is not a reason."""
+  trial = dataclasses.replace(facts, kept_linen={k: v for k, v in facts.kept_linen.items() if k != name})
+  node = facts.class_defs[name]
+  position = {n.name.value: i for i, n in enumerate(facts.module.body) if isinstance(n, cst.ClassDef)}
+  before = {k: plan for k, plan in file.plans.items() if position.get(k, -1) < position[name] and k not in built}
+  try:
+    plan = plan_class(trial, before, node, file.variable_classes)
+  except Unsupported as error:
+    return LeftLinen(error.node, f'class {name} left as Linen: {error.message}')
+  found = _bridges(trial, {**file.plans, name: plan}, user, name, left)
+  if not isinstance(found, str):
+    return None
+  return LeftLinen(node, _kept_message(name, _used_message(user, found)))
+
+
+def _kept_message(name: str, why: str) -> str:
+  return f'class {name} kept as Linen: {why}; a converted class building it wraps it with nnx_bridge.from_linen'

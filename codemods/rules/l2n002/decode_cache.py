@@ -1,11 +1,14 @@
 """Decode caches: the `self.has_variable('cache', ...)` pattern -> `nnx.Cache` attributes made by a
-new `init_cache(input_shape, dtype)`, from whole shapes through `__call__` (`dims.CacheShapes`).
+new `init_cache(input_shape, dtype)`, from whole shapes through `__call__` (`dims.CacheShapes`), or, in a helper
+`__call__` calls when asked (transformers' `_concatenate_to_cache`), by the call that finds them missing.
 
 Planning functions over a `context.ClassContext`, run by `planner.plan_class`: they read the file's facts and
 fill the class's plan.
 """
 
 from __future__ import annotations
+
+import typing as tp
 
 import libcst as cst
 
@@ -25,6 +28,7 @@ from codemods.rules.l2n002.nodes import (
   ARITHMETIC,
   HAS_VARIABLE_HINT,
   assigned_name,
+  cache_read,
   is_minus_one,
   is_number,
   is_written,
@@ -32,6 +36,7 @@ from codemods.rules.l2n002.nodes import (
   scope_api,
 )
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
+from codemods.variable_types import flax_variable_type
 from codemods.vocabulary import ELEMENTWISE
 from nnx_bridge.layer_table import SAME_AS_INPUT
 
@@ -39,16 +44,25 @@ from nnx_bridge.layer_table import SAME_AS_INPUT
 def decode_caches(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef) -> set[cst.Call]:
   """The decode-cache patterns of the @nn.compact method; returns their self.variable calls.
 
-  The pattern (flax's MultiHeadDotProductAttention, the lm1b and wmt examples), in one block:
-  `flag = self.has_variable('cache', 'k')`, then `v = self.variable('cache', 'k', init, *args)`
-  for each cache, then `if flag: <the update>` (an else is only run by Linen's init). Linen's
-  init creates the caches and leaves them as `init` made them; later calls run the update. In
-  NNX init_cache creates them, the flag becomes a check that it ran, and the update always runs.
+  The pattern, in one block: `flag = self.has_variable('cache', 'k')`, then
+  `v = self.variable('cache', 'k', init, *args)` for each cache, then `if flag: <the update>`. Linen's init
+  creates the caches and leaves them as `init` made them; later calls run the update.
+
+  * In `__call__` (flax's MultiHeadDotProductAttention, the lm1b and wmt examples), the caches are made
+    by a new init_cache, the flag becomes a check that it ran, and the update always runs (an else is only
+    run by Linen's init).
+  * In a helper that `__call__` calls when asked (transformers' `_concatenate_to_cache`, run when
+    `self.has_variable('cache', 'cached_key') or init_cache`), the call that finds the caches missing creates
+    them, as Linen's init did: `flag = self.k is not None`, then `if not flag: self.k = nnx.Cache(init(*args))`
+    (`_created_by_call`); the class's other `self.has_variable('cache', 'k')` become `self.k is not None`, its
+    `self.variables['cache']['k']` reads `self.k[...]`.
   """
   found: set[cst.Call] = set()
   for call in descendants(method.body):
     if isinstance(call, cst.Call) and scope_api(call) == 'has_variable':
       found |= _decode_cache(ctx, plan, method, call)
+  if ctx.plan.lazy_caches:
+    _cache_uses(ctx, plan)
   return found
 
 
@@ -65,8 +79,7 @@ def _decode_cache(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
   if collection != 'cache':
     raise unsupported(call, f'self.has_variable on the collection {collection!r} (only decode caches, in '
                             "'cache', are converted)")
-  if method.name.value != '__call__':
-    raise unsupported(call, 'a decode cache in an @nn.compact method other than __call__')
+  created_by_call = method.name.value != '__call__'
   flag = assign.targets[0].target.value
   block = ctx.facts.parent(line)
   statements = list(block.body)
@@ -85,6 +98,9 @@ def _decode_cache(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
         and len(value.args) > 1 and isinstance(value.args[1].value, cst.SimpleString):
       caches[value.args[1].value.evaluated_value] = value
       holders[target] = value.args[1].value.evaluated_value
+    elif created_by_call:
+      raise unsupported(statement, f'code other than the decode caches\' self.variable calls between `{flag} = '
+                                   f'self.has_variable(...)` and `if {flag}:`')
   if name not in caches:
     raise unsupported(call, f"self.has_variable('cache', {name!r}) without a "
                             f"`{name} = self.variable('cache', {name!r}, ...)` between it and `if {flag}:`")
@@ -92,6 +108,7 @@ def _decode_cache(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
   if [n for n in uses if n is not assign.targets[0].target and n is not guard.test]:
     raise unsupported(call, f'the self.has_variable flag {flag} used other than as `if {flag}:`')
   inside = set(descendants(guard.body))
+  values = []  # the `<holder>.value` uses
   for node in descendants(method.body):
     if isinstance(node, cst.Name) and node.value in holders:
       parent = ctx.facts.parent(node)
@@ -101,10 +118,14 @@ def _decode_cache(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
         continue  # `other.cached_key`, `f(cached_key=...)`: not the local
       if not (isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value == 'value'):
         raise unsupported(node, f'the decode cache {holders[node.value]} used other than through .value')
-      if is_written(parent, ctx.facts.parent) and parent not in inside:
+      if not created_by_call and is_written(parent, ctx.facts.parent) and parent not in inside:
         raise Unsupported(node, f'the decode cache {holders[node.value]} is written outside `if {flag}:`, so '
                                  "Linen's init writes it too: init_cache cannot create it as that init did")
-  ctx.plan.cache_flags[call] = flag
+      values.append(parent)
+  ctx.plan.cache_uses.add(call)
+  if created_by_call:
+    _created_by_call(ctx, call, flag, caches, holders, values)
+    return set(caches.values())
   ctx.plan.statements[line] = (f'if self.{name} is None:\n'
                             f"  raise ValueError('{plan.name}: the decode cache is empty: call init_cache(input_shape) first')\n")
   ctx.plan.ifs[guard] = True
@@ -112,6 +133,57 @@ def _decode_cache(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
   ctx.plan.pending.append((call, f'`{flag} = self.has_variable({collection!r}, {name!r})` -> a check that init_cache '
                               f'created the decode caches; the `if {flag}:` block runs always{dropped}'))
   return set(caches.values())
+
+
+def _created_by_call(ctx: ClassContext, call: cst.Call, flag: str, caches: dict[str, cst.Call], holders: dict[str, str],
+                     values: list[cst.Attribute]) -> None:
+  """Decode caches the call that finds them missing creates, in one block where Linen's self.variable calls were:
+  `if not <flag>: self.<name> = nnx.Cache(<init>(*args))` for each; `<holder>.value` reads and writes
+  `self.<name>[...]`."""
+  name = call.args[1].value.evaluated_value
+  var_type = flax_variable_type('cache')
+  ctx.plan.exprs[call] = f'self.{name} is not None'
+  created = [f'  self.{cache} = {init_code.variable_code(ctx, ctor, var_type, {})}\n' for cache, ctor in caches.items()]
+  lines = [ctx.facts.parent(ctx.facts.parent(ctor)) for ctor in caches.values()]
+  ctx.plan.statements[lines[0]] = f'if not {flag}:\n' + ''.join(created)
+  ctx.plan.removed.update(lines[1:])
+  for value in values:
+    ctx.plan.exprs[value] = f'self.{holders[value.value.value]}[...]'
+  ctx.plan.lazy_caches.update(caches)
+  names = ', '.join(f'self.{cache}' for cache in caches)
+  ctx.plan.pending.append((call, f"`{flag} = self.has_variable('cache', {name!r})` -> `self.{name} is not None`: the "
+                              f'call that finds the decode caches missing creates {names} (None until then), as '
+                              "Linen's init did"))
+
+
+def _cache_uses(ctx: ClassContext, plan: ClassRewrite) -> None:
+  """The class's other uses of the caches the call creates: `self.has_variable('cache', 'k')` ->
+  `self.k is not None` (`not self.has_variable(...)` -> `self.k is None`), a read of
+  `self.variables['cache']['k']` -> `self.k[...]`. Other uses stay for the scope-API check to refuse."""
+  for node in descendants(ctx.facts.class_defs[plan.name]):
+    if isinstance(node, cst.Call) and scope_api(node) == 'has_variable' and node not in ctx.plan.cache_uses:
+      name = _cache_name(node.args) if len(node.args) == 2 else None
+      if name not in ctx.plan.lazy_caches:
+        continue
+      parent = ctx.facts.parent(node)
+      if isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
+        ctx.plan.exprs[parent] = f'self.{name} is None'
+      else:
+        bare = isinstance(parent, (cst.BooleanOperation, cst.If, cst.IfExp, cst.Assign, cst.Arg))
+        ctx.plan.exprs[node] = f'self.{name} is not None' if bare else f'(self.{name} is not None)'
+      ctx.plan.cache_uses.add(node)
+    elif isinstance(node, cst.Subscript) and (name := cache_read(node)) in ctx.plan.lazy_caches \
+        and not is_written(node, ctx.facts.parent) and not isinstance(ctx.facts.parent(node), cst.Del):
+      ctx.plan.exprs[node] = f'self.{name}[...]'
+      ctx.plan.cache_uses.add(node.value)
+
+
+def _cache_name(args: tp.Sequence[cst.Arg]) -> str | None:
+  """'k' for the arguments `('cache', 'k')`, else None."""
+  if all(a.keyword is None and not a.star and isinstance(a.value, cst.SimpleString) for a in args):
+    collection, name = (a.value.evaluated_value for a in args)
+    return name if collection == 'cache' else None
+  return None
 
 
 def plan_init_cache(ctx: ClassContext, node: cst.ClassDef, plan: ClassRewrite, call: cst.FunctionDef, calls: dict[cst.Call, Child],
@@ -142,7 +214,7 @@ def plan_init_cache(ctx: ClassContext, node: cst.ClassDef, plan: ClassRewrite, c
   queries.jnp_bound(ctx, node)
   lines = []
   for child in plan.children:
-    if child.cache:
+    if child.ctor in walker.own:
       lines.append(f'self.{child.attr} = {child.cache_text}')
     elif child.holds_cache:
       shapes = walker.inputs.get(child.attr, [])
@@ -263,7 +335,7 @@ class CacheShapes(WholeShapeWalk[tuple[str, ...]]):
     self.ctx, self.calls = ctx, calls
     self.inputs: dict[str, list[Shape]] = {}  # a child holding a cache -> the shapes init_cache takes, per call
     self.dtypes: dict[str, str | None] = {}
-    self.own = {c.ctor: c for c in plan.children if c.cache}
+    self.own = {c.ctor: c for c in plan.children if c.cache and c.ctor not in plan.lazy_caches.values()}
 
   def value(self, expr: cst.CSTNode, env: dict[str, Shape]) -> Shape:
     if isinstance(expr, cst.Name):

@@ -11,6 +11,7 @@ import libcst as cst
 
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
+from codemods.rules.l2n002.nodes import scope_api
 from codemods.rules.l2n002.plan import Child, Unsupported
 from nnx_bridge.layer_table import nnx_arguments
 
@@ -63,15 +64,23 @@ def ctor_text(ctx: ClassContext, child: Child) -> str:
 
 def variable_text(ctx: ClassContext, child: Child) -> str:
   """`nnx.Param(init(rngs.params(), *args))` / `<Type>(init(*args))`, as code valid in __init__."""
-  lead = 2 if child.api == 'param' else 3
-  init, rest = child.ctor.args[lead - 1].value, child.ctor.args[lead:]
-  code = lambda node: queries.code(ctx, node, child.size_codes)
+  return variable_code(ctx, child.ctor, child.var_type, child.size_codes)
+
+
+def variable_code(ctx: ClassContext, call: cst.Call, var_type: str, size_codes: dict[cst.CSTNode, str]) -> str:
+  """The NNX Variable a `self.param(name, init, *args)` / `self.variable(collection, name, init, *args)` call
+  creates, of type `var_type` (a param: `nnx.Param`, its init given `rngs.params()`); `size_codes` replace parts of
+  the arguments."""
+  param = scope_api(call) == 'param'
+  lead = 2 if param else 3
+  init, rest = call.args[lead - 1].value, call.args[lead:]
+  code = lambda node: queries.code(ctx, node, size_codes)
   args = [f'{a.keyword.value}={code(a.value)}' if a.keyword else code(a.value) for a in rest]
   # an initializer that is not a name, attribute or call (HF's `lambda _, shape: jnp.ones(shape)`) is called in
   # parentheses
   init_code = f'({code(init)})' if isinstance(init, _CALLED_IN_PARENS) else code(init)
-  if child.api == 'param':
+  if param:
     return f'nnx.Param({init_code}({", ".join(["rngs.params()", *args])}))'
   if isinstance(init, cst.Lambda) and not args and init.params.deep_equals(cst.Parameters()):
-    return f'{child.var_type}({code(init.body)})'
-  return f'{child.var_type}({init_code}({", ".join(args)}))'
+    return f'{var_type}({code(init.body)})'
+  return f'{var_type}({init_code}({", ".join(args)}))'

@@ -94,26 +94,7 @@ def _plan_blocker(facts: FileFacts, plan: ClassRewrite) -> str | None:
     return f'{plan.name} keeps variables in a generated Variable type ({", ".join(plan.collections)})'
   if plan.helpers_only or plan.base != 'nnx.Module':
     return f'{plan.name} has a project base class'
-  computed = _computed_attributes(facts, plan)
-  if computed:
-    return (f'{plan.name}.__init__ computes {", ".join(computed)} by a call: an array kept as a plain attribute is '
-            'no Linen variable')
   return None
-
-
-def _computed_attributes(facts: FileFacts, plan: ClassRewrite) -> list[str]:
-  """The plain attributes `plan`'s setup() sets from a call (HF's `self.sincos = create_sinusoidal_positions(...)`):
-  an array there is state no Linen collection holds, which to_linen could not restore."""
-  setup = _method(facts.class_defs[plan.name], 'setup')
-  children = {child.attr for child in plan.children}
-  computed = []
-  for statement in descendants(setup.body) if setup is not None else ():
-    attr = self_assignment(statement)
-    value = statement.body[0].value if attr is not None else None
-    if attr is not None and attr not in children \
-        and any(isinstance(sub, cst.Call) for sub in (value, *descendants(value))):
-      computed.append(f'self.{attr}')
-  return computed
 
 
 def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str, str] | str:
@@ -131,8 +112,8 @@ def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str,
       if element is None:
         return f'{where} is a list of layers named {linen_name} in Linen, not by their index alone'
       linen_name, below_prefix = f'{element[1]}{{}}{element[3]}', f'{below_prefix}{{}}.'
-    if child.bridged or child.cache:
-      return f'{where} is a bridged or decode-cache child'
+    if child.bridged or child.cache and child.ctor not in plan.lazy_caches.values():
+      return f'{where} is a bridged child or a decode cache init_cache creates'
     if child.stacked or child.scan or child.remat or child.wrapper:
       return f'{where} is run by a lifted transform'
     params = child.spec.params if child.spec is not None else None

@@ -92,6 +92,23 @@ def scope_api(call: cst.Call) -> str | None:
   return None
 
 
+def cache_read(node: cst.Subscript) -> str | None:
+  """'k' for `self.variables['cache']['k']`, else None."""
+  inner = node.value
+  if not (isinstance(inner, cst.Subscript) and isinstance(inner.value, cst.Attribute) and is_self_attr(inner.value)
+          and inner.value.attr.value == 'variables'):
+    return None
+  keys = [_literal_index(s) for s in (inner.slice, node.slice)]
+  return keys[1] if keys[0] == 'cache' else None
+
+
+def _literal_index(slices: tp.Sequence[cst.SubscriptElement]) -> str | None:
+  """The string of a `['name']` subscript, else None."""
+  if len(slices) == 1 and isinstance(slices[0].slice, cst.Index) and isinstance(slices[0].slice.value, cst.SimpleString):
+    return slices[0].slice.value.evaluated_value
+  return None
+
+
 def is_initializing_if(statement: cst.CSTNode) -> bool:
   """`if self.is_initializing():` / `if not self.is_initializing():` without an else."""
   if not isinstance(statement, cst.If) or statement.orelse is not None:
@@ -117,6 +134,17 @@ def is_written(node: cst.CSTNode, parent_of: tp.Callable[[cst.CSTNode], cst.CSTN
   while isinstance(parent, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
     node, parent = parent, parent_of(parent)
   return isinstance(parent, cst.AssignTarget) or (isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is node)
+
+
+def assigned_names(node: cst.CSTNode, parent_of: tp.Callable[[cst.CSTNode], cst.CSTNode | None]) -> set[str]:
+  """The local names a statement (and the blocks in it) may bind: assignment, `for`, `with ... as` and `:=`
+  targets."""
+  targets = [sub for sub in descendants(node) if isinstance(sub, cst.Name) and is_written(sub, parent_of)]
+  for sub in descendants(node):
+    target = sub.target if isinstance(sub, (cst.For, cst.NamedExpr)) else \
+        sub.asname.name if isinstance(sub, cst.WithItem) and sub.asname is not None else None
+    targets += [n for n in (target, *descendants(target)) if isinstance(n, cst.Name)] if target is not None else []
+  return {name.value for name in targets}
 
 
 def has_scope_call(node: cst.CSTNode) -> bool:

@@ -145,7 +145,8 @@ class ClassRewrite:
   traced: ClassSizes = dataclasses.field(default_factory=dict)  # the example trace's layer sizes (`--examples`)
   traced_codes: set[str] = dataclasses.field(default_factory=set)  # sizes the traces gave
   branches: set[cst.If] = dataclasses.field(default_factory=set)  # conditionals of plain code in @nn.compact bodies
-  cache_flags: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # `self.has_variable(...)` -> flag
+  cache_uses: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # has_variable / variables the cache pass took
+  lazy_caches: dict[str, cst.Call] = dataclasses.field(default_factory=dict)  # cache created by the call -> its ctor
   scans: dict[cst.Call, tuple[int, int]] = dataclasses.field(default_factory=dict)  # nn.scan(Cell) -> axes
   remats: dict[cst.Call, tuple[str, str]] = dataclasses.field(default_factory=dict)  # nn.remat(Block) -> options
   stacks: dict[cst.Call, Stacked] = dataclasses.field(default_factory=dict)  # nn.scan over layers / nn.vmap

@@ -29,6 +29,7 @@ from codemods.rules.l2n002.example_shapes import add_shape_formulas
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.loops import Loops
 from codemods.rules.l2n002.nodes import (
+  cache_read,
   DEFERRING,
   field_name,
   has_call,
@@ -97,8 +98,9 @@ def _run(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
   linen_field_names = field_names
   fields = [f for f, name in zip(fields, field_names) if name not in mode_fields]
   field_names = [name for name in field_names if name not in mode_fields]
-  for sub in descendants(node):  # self.has_variable: a decode-cache pattern of the @nn.compact method, or a TODO
-    if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS - CONVERTED_APIS - {'has_variable'}:
+  for sub in descendants(node):  # has_variable and `self.variables['cache'][...]`: decode caches (decode_cache.py)
+    if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS - CONVERTED_APIS - {'has_variable'} \
+        and not _cache_read_base(ctx, sub):
       raise Unsupported(sub, f'self.{sub.attr.value} has no automatic NNX conversion')
   setup, call = methods.get('setup'), methods.get('__call__')
   compact = [m for m in methods.values() if any(ctx.facts.has_name(d.decorator, COMPACT_NAMES) for d in m.decorators)]
@@ -210,6 +212,13 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
     ctx.plan.methods[call] = set(mode.values())
   if method is not None and method is not call:
     ctx.plan.methods[method] = set()
+
+
+def _cache_read_base(ctx: ClassContext, attribute: cst.Attribute) -> bool:
+  """Whether `attribute` is the `self.variables` of a `self.variables['cache']['<name>']`."""
+  inner = ctx.facts.parent(attribute)
+  outer = ctx.facts.parent(inner) if isinstance(inner, cst.Subscript) else None
+  return isinstance(outer, cst.Subscript) and outer.value is inner and cache_read(outer) is not None
 
 
 def _mode_params(ctx: ClassContext, call: cst.FunctionDef) -> dict[int, str]:
@@ -351,7 +360,7 @@ def _plan_compact(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
       plan.children.append(child)
       assign = ctx.facts.parent(node)
       if child.api == 'variable' and isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
-          and isinstance(assign.targets[0].target, cst.Name):
+          and isinstance(assign.targets[0].target, cst.Name) and node not in plan.lazy_caches.values():
         holders.add(assign.targets[0].target.value)
     elif node in ctors:
       if node not in outer:

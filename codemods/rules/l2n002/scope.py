@@ -71,7 +71,7 @@ def _variable_class_name(ctx: ClassContext, collection: str) -> str:
 
 def plan_scope_calls(ctx: ClassContext, node: cst.ClassDef, plan: ClassRewrite, setup: cst.FunctionDef | None, taken: set[str]) -> None:
   """self.make_rng / self.sow / self.is_initializing; any other scope API keeps the class Linen."""
-  handled = {c.ctor for c in plan.children if c.api is not None} | set(ctx.plan.cache_flags)
+  handled = {c.ctor for c in plan.children if c.api is not None} | ctx.plan.cache_uses
   in_setup = set(descendants(setup)) if setup is not None else set()
   for sub in descendants(node):
     if not (isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS):
@@ -79,11 +79,11 @@ def plan_scope_calls(ctx: ClassContext, node: cst.ClassDef, plan: ClassRewrite, 
     api, call = sub.attr.value, ctx.facts.parent(sub)
     if call in handled:
       continue
-    if not (isinstance(call, cst.Call) and call.func is sub):
-      raise Unsupported(sub, f'self.{api} used other than by calling it')
     if sub in in_setup or api not in CONVERTED_APIS - {'param', 'variable'}:
       raise Unsupported(sub, f'self.{api} has no automatic NNX conversion{" in setup()" if sub in in_setup else ""}'
-                              + (HAS_VARIABLE_HINT if api == 'has_variable' else ''))
+                              + (HAS_VARIABLE_HINT if api in ('has_variable', 'variables') else ''))
+    if not (isinstance(call, cst.Call) and call.func is sub):
+      raise Unsupported(sub, f'self.{api} used other than by calling it')
     if api == 'make_rng':
       _make_rng(ctx, plan, call, taken)
     elif api == 'sow':

@@ -19,6 +19,7 @@ from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.dims import Dim, Input, Known, LastAxisWalk, first_of_tuple
 from codemods.rules.l2n002.nodes import (
+  assigned_names,
   is_minus_one,
   is_self_attr,
   is_straight_statement,
@@ -51,7 +52,11 @@ def returns_in_branches(ctx: ClassContext, method: cst.FunctionDef) -> bool:
 
 def is_straight(ctx: ClassContext, body: cst.BaseSuite) -> bool:
   """Straight-line code, or conditionals of plain code that `_straight_line` let through."""
-  return all(is_straight_statement(s) or s in ctx.plan.branches or s in ctx.loops.loops for s in body.body)
+  return all(_straight(ctx, s) for s in body.body)
+
+
+def _straight(ctx: ClassContext, statement: cst.BaseStatement) -> bool:
+  return is_straight_statement(statement) or statement in ctx.plan.branches or statement in ctx.loops.loops
 
 
 def reshaped_last(ctx: ClassContext, expr: cst.CSTNode) -> str | None:
@@ -68,7 +73,8 @@ def reshaped_last(ctx: ClassContext, expr: cst.CSTNode) -> str | None:
 
 
 def reshape_target(ctx: ClassContext, expr: cst.CSTNode) -> list[cst.BaseElement] | None:
-  """The target shape's elements of `x.reshape(a, b)`, `x.reshape((a, b))` or `jnp.reshape(x, (a, b))`."""
+  """The target shape's elements of `x.reshape(a, b)`, `x.reshape((a, b))` or `jnp.reshape(x, (a, b))`; a shape
+  `x.shape[:2] + (a, b)` (transformers' `_merge_heads`) is `(*x.shape[:2], a, b)`."""
   if not isinstance(expr, cst.Call) or any(a.keyword is not None for a in expr.args):
     return None
   imported = any(q.source == QualifiedNameSource.IMPORT for q in ctx.facts.qualified_names(expr.func))
@@ -80,6 +86,10 @@ def reshape_target(ctx: ClassContext, expr: cst.CSTNode) -> list[cst.BaseElement
     return None
   if len(args) == 1 and isinstance(args[0].value, (cst.Tuple, cst.List)) and not args[0].star:
     return list(args[0].value.elements)
+  joined = args[0].value if len(args) == 1 and not args[0].star else None
+  if isinstance(joined, cst.BinaryOperation) and isinstance(joined.operator, cst.Add) \
+      and isinstance(joined.right, cst.Tuple):
+    return [cst.StarredElement(joined.left), *joined.right.elements]
   if any(a.star == '**' for a in args):
     return None
   return [cst.StarredElement(a.value) if a.star else cst.Element(a.value) for a in args]
@@ -281,7 +291,7 @@ class SizeWalk(LastAxisWalk):
     if self.carry is not None and self.plan.call_params:
       inputs[self.plan.call_params[0]] = self.carry
     self.active.append(self.call)
-    self.derive = is_straight(self.ctx, self.call.body)
+    self.derive = True
     self.plan.output = self.walk(self.call.body, inputs)
     self.plan.first_output = self.returned_first[0] if self.returned_first else None
     if returns_in_branches(self.ctx, self.call):
@@ -300,6 +310,22 @@ class SizeWalk(LastAxisWalk):
     self.plan.carry_output = self.returned_carry[0] if self.returned_carry else None
     carry = self.returned_carry[0] if self.returned_carry else None
     return carry if isinstance(carry, Known) else None
+
+  def statement(self, statement: cst.BaseStatement, env: dict[str, Dim], output: Dim) -> Dim:
+    """A block other than straight-line code (`if self.has_variable(...):` holding more blocks): its calls are
+    walked with every size unknown, since what runs in it and in which order is not followed; after it, the names
+    it assigns are unknown and the rest of the body is followed again. A `return` in it ends the following: what
+    comes after may not run."""
+    if _straight(self.ctx, statement):
+      return super().statement(statement, env, output)
+    derive, self.derive = self.derive, False
+    try:
+      output = super().statement(statement, env, output)
+    finally:
+      self.derive = derive and not any(isinstance(sub, cst.Return) for sub in descendants(statement))
+    for name in assigned_names(statement, self.ctx.facts.parent):
+      env[name] = None
+    return output
 
   def value(self, expr: cst.CSTNode, env: dict[str, Dim]) -> Dim:
     if isinstance(expr, cst.Call) and expr in self.calls:
@@ -467,7 +493,7 @@ class SizeWalk(LastAxisWalk):
     names = [p.name.value for p in method.params.params[1:]]
     inner = {names[k] if isinstance(k, int) and k < len(names) else k: d for k, d in arg_dims}
     self.active.append(method)
-    derive, self.derive = self.derive, self.derive and is_straight(self.ctx, method.body)
+    derive = self.derive
     try:
       return self.walk(method.body, inner)
     finally:

@@ -63,6 +63,10 @@ class FlaxTinyAttention(nn.Module):
     if self.has_variable("cache", "cached_key") or init_cache:
       query = self._concatenate_to_cache(query)
     return self.output(query, hidden_states, deterministic=deterministic)
+
+
+class FlaxTinyPreTrainedModel:
+  module_class = FlaxTinyAttention  # held for transformers' init / apply: FlaxTinyAttention stays Linen
 '''
 
 HIDDEN = jax.random.normal(jax.random.key(1), (2, 3, 8))
@@ -289,20 +293,29 @@ def _kept(source: str, reason: str) -> None:
      '    self.output.sow("intermediates", "seen", query)\n'
      '    return self.output(query, hidden_states, deterministic=deterministic)',
      'self.output (FlaxTinySelfOutput) is used other than by calling it'),
-    ('    self.dropout = nn.Dropout(rate=self.config.hidden_dropout_prob)\n',
-     '    self.dropout = nn.Dropout(rate=self.config.hidden_dropout_prob)\n'
-     '    self.scale = jnp.sqrt(self.config.hidden_size)\n',
-     'FlaxTinySelfOutput.__init__ computes self.scale by a call'),
     ('def __call__(self, hidden_states, input_tensor, deterministic',
      'def __call__(self, hidden_states=None, input_tensor=None, deterministic',
      'its NNX __init__ needs dense_in_features, the size of the optional argument hidden_states'),
     ('    self.output = FlaxTinySelfOutput(self.config, dtype=self.dtype)',
      '    output_class = FlaxTinySelfOutput\n    self.output = output_class(self.config, dtype=self.dtype)',
      'it uses FlaxTinySelfOutput other than by building it'),
-], ids=['mode-by-position', 'other-use', 'computed-attribute', 'optional-input', 'class-as-value'])
+], ids=['mode-by-position', 'other-use', 'optional-input', 'class-as-value'])
 def test_a_construction_no_bridge_can_keep_running_keeps_the_class_linen(old, new, reason):
   assert old in HF_ATTENTION
   _kept(HF_ATTENTION.replace(old, new), reason)
+
+
+def test_an_array_the_converted_init_computes_is_recomputed_by_the_bridge():
+  """`self.scale = jnp.sqrt(...)` in setup(): a constant of the NNX __init__, which no Linen collection holds."""
+  source = HF_ATTENTION.replace(
+      '    self.dropout = nn.Dropout(rate=self.config.hidden_dropout_prob)\n',
+      '    self.dropout = nn.Dropout(rate=self.config.hidden_dropout_prob)\n'
+      '    self.scale = jnp.sqrt(jnp.asarray(self.config.hidden_size, jnp.float32))\n').replace(
+      '    hidden_states = self.dense(hidden_states)\n', '    hidden_states = self.dense(hidden_states) / self.scale\n')
+  new, _ = _migrate(source)
+  assert 'nnx_bridge.to_linen(FlaxTinySelfOutput' in new
+  original, bridged = (_module(s)['FlaxTinyAttention'](_module(s)['TinyConfig']()) for s in (source, new))
+  _same_model(original, bridged, HIDDEN)
 
 
 # As transformers' modeling_flax_wav2vec2.py: the collection stays Linen because its layers' input size changes from

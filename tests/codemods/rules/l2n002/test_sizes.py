@@ -95,3 +95,50 @@ def test_sizes_flow_through_an_activation_of_transformers_table(act, derived):
   sizes = {} if derived else {'LayerNorm_num_features': 6}
   model = namespace['FlaxTinyPredictionHeadTransform'](dense_in_features=6, **sizes, rngs=nnx.Rngs(0))
   assert nnx_bridge.compare(linen_module, variables, model, TOKENS).ok
+
+
+BLOCK_HEAD = '''import flax.linen as nn
+import jax.numpy as jnp
+
+
+class FlaxTinyAttentionOutput(nn.Module):
+    hidden_size: int = 6
+
+    def setup(self):
+        self.value = nn.Dense(self.hidden_size)
+        self.out_proj = nn.Dense(4)
+
+    def __call__(self, hidden_states, use_bias: bool = False):
+        value_states = self.value(hidden_states)
+        if use_bias:
+            if hidden_states.ndim == 3:
+                value_states = value_states + 1.0
+        attn_output = value_states.reshape(value_states.shape[:2] + (self.hidden_size,))
+        return self.out_proj(attn_output)
+'''
+
+
+@pytest.mark.parametrize('assigned, derived', [('value_states', True), ('attn_output', False)])
+def test_sizes_are_followed_past_a_block_for_the_names_it_leaves_alone(assigned, derived):
+  """A block the walk does not follow (nested ifs) may rebind the names it assigns: those are unknown after it,
+  and the others are followed on. `x.reshape(x.shape[:2] + (n,))` (transformers' `_merge_heads`) has last axis n."""
+  from codemods import rules as registry
+  from codemods.transform import transform_source
+
+  source = BLOCK_HEAD
+  if assigned == 'attn_output':  # the block now rebinds the name out_proj reads after it
+    source = source.replace('        attn_output = value_states.reshape(', '        attn_output = jnp.concatenate([value_states, value_states], -1)\n'
+                            '        if use_bias:\n            if hidden_states.ndim == 3:\n'
+                            '                attn_output = value_states.reshape(')
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  assert 'class FlaxTinyAttentionOutput(nnx.Module)' in result.source, result.source
+  assert ('out_proj_in_features' in result.source) is not derived, result.source
+  linen_namespace: dict = {}
+  namespace: dict = {}
+  exec(compile(source, '<linen>', 'exec'), linen_namespace)
+  exec(compile(result.source, '<converted>', 'exec'), namespace)
+  linen_module = linen_namespace['FlaxTinyAttentionOutput']()
+  variables = linen_module.init(jax.random.key(0), TOKENS)
+  sizes = {} if derived else {'out_proj_in_features': 12}
+  model = namespace['FlaxTinyAttentionOutput'](value_in_features=6, **sizes, rngs=nnx.Rngs(0))
+  assert nnx_bridge.compare(linen_module, variables, model, TOKENS).ok
