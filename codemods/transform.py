@@ -90,9 +90,10 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
   not the file: the class is kept as Linen (with a TODO saying so) and the rules run again.
 
   A result where a Linen class now builds a converted one through `nnx_bridge.to_linen` is migrated
-  once more, as a second run would: the Linen classes that run would change again (a TODO of theirs
-  depended on what the bridge replaced) build their classes as before, and the rules run again, so
-  that a run on its own output changes nothing.
+  once more, as a second run would (from no classes left unbridged): the Linen classes that run would
+  change again (a TODO of theirs depended on what the bridge replaced) build their classes as before,
+  and the rules run again; when that does not settle them, no class of the file bridges. So a run on
+  its own output changes nothing.
   """
   try:
     tree = cst.parse_module(source)
@@ -114,13 +115,15 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
       first = cst.parse_module(result.source)
       try:
         again = _transform(result.source, first, rules, options, hierarchy, filename, kept, imported_classes,
-                           unbridged)
+                           frozenset())  # as a second run starts: it has found no users to leave unbridged yet
       except (_ClassFailed, MigrationError):  # a converter bug the second run would report: not the bridges' doing
         return result
-      changed = _changed_classes(first, cst.parse_module(again.source)) - unbridged
+      changed = _changed_classes(first, cst.parse_module(again.source))
       if not changed:
         return result
-      unbridged |= changed
+      # Leaving the changed classes' bridges out did not settle them: no class of the file bridges, so that a
+      # second run plans the same classes as this one.
+      unbridged |= changed if not changed <= unbridged else _changed_classes(first, cst.Module([]))
 
 
 @contextlib.contextmanager

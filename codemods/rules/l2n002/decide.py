@@ -9,9 +9,11 @@ until no class left as Linen uses a converted one unwrapped (the set of kept cla
 this ends). A converted class that builds a kept one wraps it with `nnx_bridge.from_linen`, as it
 does for any class kept as Linen.
 
-A kept class keeps the reason it was first left for, except a class that builds converted classes
-through to_linen: a second run sees those as NNX code it builds as Linen modules, so its reason is
-asked again that way (`_settled_reason`), or that run would write another TODO.
+A kept class keeps the reason it was first left for, except one that builds converted classes
+through to_linen: a second run starts from the final decisions (those classes are NNX code it builds
+as Linen modules, the kept ones Linen code), so its reason is asked again that way
+(`_settled_reason`), or that run would write another TODO. What this does not settle,
+`transform_source` does: it runs the rules once more, as a second run would.
 """
 
 from __future__ import annotations
@@ -116,10 +118,12 @@ def _used_by_linen(facts: FileFacts, file: FileRewrite,
 
 def _bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user: str, built: str,
              left: dict[str, LeftLinen]) -> list[ToLinenBridge] | str:
-  """The to_linen bridges of `built` in the Linen class `user`, or why there are none."""
-  if user in facts.unbridged:
+  """The to_linen bridges of `built` in the Linen class `user`, or why there are none: a `user` that
+  `transform_source` found a second run would change again makes none."""
+  found = linen_parent_bridges(facts, plans, user, built, None if user in facts.kept_linen else left[user].node)
+  if user in facts.unbridged and isinstance(found, list):
     return f'with it a second run would find another reason to keep {user} Linen'
-  return linen_parent_bridges(facts, plans, user, built, None if user in facts.kept_linen else left[user].node)
+  return found
 
 
 def _used_message(user: str, why: str) -> str:
@@ -130,9 +134,9 @@ def _settled_reason(facts: FileFacts, file: FileRewrite, name: str, user: str, b
                     left: dict[str, LeftLinen]) -> LeftLinen | None:
   """Why `name`, kept because the Linen class `user` cannot wrap it, stays Linen, as a second run finds it.
 
-  `name` builds the converted classes `built` through nnx_bridge.to_linen, so in the second run they are NNX code
-  it builds as Linen modules: asked with them as Linen classes, the answer is that run's, and the TODO does not
-  change. None when the answer is not a reason."""
+  The classes below `name` that stayed Linen are Linen code in that run, and those it builds through
+  nnx_bridge.to_linen (`built`) NNX code it builds as Linen modules: asked with both as Linen classes, the answer is
+  the one that run gives. None when the answer is not a reason."""
   trial = dataclasses.replace(facts, kept_linen={k: v for k, v in facts.kept_linen.items() if k != name})
   node = facts.class_defs[name]
   position = {n.name.value: i for i, n in enumerate(facts.module.body) if isinstance(n, cst.ClassDef)}
@@ -141,7 +145,8 @@ def _settled_reason(facts: FileFacts, file: FileRewrite, name: str, user: str, b
     plan = plan_class(trial, before, node, file.variable_classes)
   except Unsupported as error:
     return LeftLinen(error.node, f'class {name} left as Linen: {error.message}')
-  found = _bridges(trial, {**file.plans, name: plan}, user, name, left)
+  found = linen_parent_bridges(trial, {**file.plans, name: plan}, user, name,  # that run has not found unbridged
+                               None if user in facts.kept_linen else left[user].node)  # users yet
   if not isinstance(found, str):
     return None
   return LeftLinen(node, _kept_message(name, _used_message(user, found)))
