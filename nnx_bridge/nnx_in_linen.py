@@ -107,7 +107,14 @@ def _build_structure(
   jax.eval_shape(record_names)
   stream_names = tuple(sorted(names))
   build = lambda seed: nnx_class(*args, **dict(kwargs), rngs=nnx.Rngs(**dict.fromkeys(stream_names, seed)))
-  module = nnx.eval_shape(lambda: build(0))
+
+  def without_plain_arrays() -> nnx.Module:  # a static array in its output would fail nnx.eval_shape
+    module = build(0)
+    for path in plain:
+      _set_attribute(module, path, nnx.data(None))
+    return module
+
+  module = nnx.eval_shape(without_plain_arrays)
   for path, value in _constants(nnx_class, build, plain).items():
     _set_attribute(module, path, nnx.data(value))
   slots = _none_slots(module)

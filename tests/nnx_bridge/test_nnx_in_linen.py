@@ -746,6 +746,25 @@ def test_a_plain_array_constant_is_recomputed_not_stored():
   np.testing.assert_allclose(out, native(X), rtol=1e-6)
 
 
+class NumpyPlainArray(nnx.Module):
+  """transformers' GPT-J rotary table: `create_sinusoidal_positions` returns a numpy array, static in NNX's graph."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(3, 3, rngs=rngs)
+    self.table = np.tril(np.ones((2, 3), np.float32)) * np.arange(3.0, dtype=np.float32)
+
+  def __call__(self, x):
+    return self.linear(x) + self.table
+
+
+def test_a_numpy_constant_is_recomputed_too_and_gradients_flow():
+  variables = to_linen(NumpyPlainArray).init(KEY, X)
+  native = load(NumpyPlainArray(rngs=nnx.Rngs(1)), variables)
+  np.testing.assert_allclose(to_linen(NumpyPlainArray).apply(variables, X), native(X), rtol=1e-6)
+  grads = jax.grad(lambda p: to_linen(NumpyPlainArray).apply({'params': p}, X).sum())(variables['params'])
+  np.testing.assert_allclose(grads['linear']['bias'], np.full(3, 2.0), rtol=1e-6)
+
+
 class RandomPlainArray(nnx.Module):
   """A plain array drawn from the rngs: neither a Linen variable nor something apply could recompute."""
 

@@ -265,6 +265,23 @@ def self_assignment(statement: cst.CSTNode) -> str | None:
   return None
 
 
+def self_tuple_assignment(statement: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]] | None:
+  """`self.a, self.b = x, y` (transformers' `self.q_proj, self.k_proj, self.v_proj = dense(), dense(), dense()`): each
+  attribute with its value; None for other statements."""
+  if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+          and isinstance(assign := statement.body[0], cst.Assign) and len(assign.targets) == 1):
+    return None
+  targets, values = assign.targets[0].target, assign.value
+  if not (isinstance(targets, (cst.Tuple, cst.List)) and isinstance(values, (cst.Tuple, cst.List))
+          and len(targets.elements) == len(values.elements)):
+    return None
+  pairs = [(t.value, v.value) for t, v in zip(targets.elements, values.elements)
+           if isinstance(t, cst.Element) and isinstance(v, cst.Element)]
+  if len(pairs) != len(targets.elements) or not all(isinstance(t, cst.Attribute) and is_self_attr(t) for t, _ in pairs):
+    return None
+  return [(t.attr.value, v) for t, v in pairs]
+
+
 def has_call(node: cst.CSTNode) -> bool:
   return any(isinstance(sub, cst.Call) for sub in (node, *descendants(node)))
 

@@ -42,6 +42,7 @@ from codemods.rules.l2n002.nodes import (
   is_straight_statement,
   scope_api,
   self_assignment,
+  self_tuple_assignment,
   snake,
 )
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
@@ -269,6 +270,15 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
     child = _build_child(ctx, ctx.loops.setup_list(ctx, value, target), counts, target)
   elif (appended := ctx.loops.appended(ctx, value, target)) is not None:  # `self.layers = layers` (appended)
     child = _build_child(ctx, appended, counts, target)
+  elif (pairs := self_tuple_assignment(statement)) is not None \
+      and any(isinstance(v, cst.Call) and constructions.constructed(ctx, v) is not None for _, v in pairs):
+    for attr, value in pairs:  # `self.q_proj, self.k_proj = dense(), dense()`: each converted in place
+      if not (isinstance(value, cst.Call) and constructions.constructed(ctx, value) is not None):
+        raise Unsupported(value, f'self.{attr} is assigned beside submodules in one statement')
+      if attr in {c.attr for c in plan.children}:
+        raise Unsupported(statement, f'self.{attr} assigned twice')
+      plan.children.append(_build_child(ctx, value, counts, attr))
+    return
   elif isinstance(statement, cst.If) and all(isinstance(arm, (cst.IndentedBlock, type(None))) for arm in if_arms(statement)):
     for test in if_tests(statement):  # `if self.config.add_pooling_layer: self.pooler = ...`: the same `if` in __init__
       _plain_setup_code(ctx, plan, test)
@@ -318,6 +328,11 @@ def _plain_setup_code(ctx: ClassContext, plan: ClassRewrite, node: cst.CSTNode) 
   blocker = setup_code_blocker(ctx.facts, ctx.facts.class_defs[plan.name], node)
   if blocker is not None:
     raise Unsupported(*blocker)
+  built = next((c for c in (node, *descendants(node)) if isinstance(c, cst.Call) and constructions.constructed(ctx, c)),
+               None)
+  if built is not None:  # `layers = {'q': dense()}`: a submodule only `self.<attr> = <construction>` converts
+    raise Unsupported(built, f'{ctx.facts.code(built)} builds a submodule in setup() code other than '
+                             '`self.<attr> = <construction>`')
   ctx.plain_attributes |= plain_attributes(node)
 
 

@@ -31,8 +31,10 @@ def test_every_converted_class_of_bert_matches_its_linen_original():
 
 @pytest.mark.slow
 def test_linen_classes_that_build_converted_classes_through_to_linen_run_on_their_own_variables():
-  """ViT's module stays Linen and builds its converted embeddings through nnx_bridge.to_linen: the migrated module
-  creates the original's variables and, on them, gives the original's outputs and gradients."""
-  (result,), _ = hf_zoo.run(['vit'], jobs=2)
-  assert [c.name for c in result.linen_parents] == ['FlaxViTModule']
+  """GPT-J's block stays Linen and builds its converted attention (decode cache, causal mask and rotary table
+  included) and MLP through nnx_bridge.to_linen: the migrated block creates the original's variables and, on them,
+  gives the original's outputs and gradients."""
+  (result,), _ = hf_zoo.run(['gptj'], jobs=2)
+  assert {c.name for c in result.classes if c.status == 'verified'} == {'FlaxGPTJAttention'}
+  assert [c.name for c in result.linen_parents] == ['FlaxGPTJBlock']
   assert [(c.status, c.reason) for c in result.linen_parents] == [('verified', '')]
