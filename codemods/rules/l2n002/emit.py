@@ -32,7 +32,7 @@ def class_body(plan: ClassRewrite, updated: cst.ClassDef) -> cst.ClassDef:
     else:
       body.append(statement)
   if plan.helpers_only:
-    return updated.with_changes(bases=[cst.Arg(cst.parse_expression('nnx.Module'))])
+    return updated.with_changes(bases=_bases(plan, updated, 'nnx.Module'))
   init = init_method(plan, setup_body).with_changes(leading_lines=leading)
   if init_index is None and body and is_docstring(body[0]):
     init_index, init = 1, init.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
@@ -43,7 +43,14 @@ def class_body(plan: ClassRewrite, updated: cst.ClassDef) -> cst.ClassDef:
     body.insert(init_index, init_cache_method(plan).with_changes(leading_lines=[cst.EmptyLine(indent=False)]))
   if init_index + 1 < len(body) and not body[init_index + 1].leading_lines:  # a blank line after __init__
     body[init_index + 1] = body[init_index + 1].with_changes(leading_lines=[cst.EmptyLine(indent=False)])
-  return updated.with_changes(bases=[cst.Arg(cst.parse_expression(plan.base))], body=updated.body.with_changes(body=body))
+  return updated.with_changes(bases=_bases(plan, updated, plan.base), body=updated.body.with_changes(body=body))
+
+
+def _bases(plan: ClassRewrite, updated: cst.ClassDef, base: str) -> list[cst.Arg]:
+  """The class's bases with the Linen one replaced by `base`; the others (mixins, `abc.ABC`) kept as they are."""
+  bases = list(updated.bases)
+  bases[plan.base_index] = bases[plan.base_index].with_changes(value=cst.parse_expression(base))
+  return bases
 
 
 def init_method(plan: ClassRewrite, setup_body: list[cst.BaseStatement]) -> cst.FunctionDef:

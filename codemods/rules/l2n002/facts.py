@@ -128,16 +128,28 @@ class FileFacts:
 
   # --- classes ---------------------------------------------------------------------------------
 
+  def run_base(self, base: cst.BaseExpression) -> str | None:
+    """The fully qualified name of the Linen class of the run that `base` names, else None."""
+    return next((found for q in self.qualified_names(base) if (found := self.hierarchy.resolve(q.name)) is not None), None)
+
+  def linen_bases(self, node: cst.ClassDef) -> list[int]:
+    """The positions of the bases of `node` that make it a Linen class: flax.linen.Module or a Linen class of the
+    run (`codemods/analysis/hierarchy.py`)."""
+    return [i for i, base in enumerate(node.bases) if base.keyword is None
+            and (self.has_name(base.value, MODULE_NAMES) or self.run_base(base.value) is not None)]
+
+  def linen_base(self, node: cst.ClassDef) -> cst.Arg:
+    """The (first) base of `node` that makes it a Linen class; the others are plain Python, kept as they are."""
+    return node.bases[(self.linen_bases(node) or [0])[0]]
+
   def project_base(self, node: cst.ClassDef) -> str | None:
-    """The fully qualified name of the only base of `node`, when it is a Linen class of the run, else None."""
-    if len(node.bases) != 1:
-      return None
-    names = self.qualified_names(node.bases[0].value)
-    return next((found for q in names if (found := self.hierarchy.resolve(q.name)) is not None), None)
+    """The fully qualified name of the Linen base of `node` when it is a Linen class of the run, else None."""
+    indices = self.linen_bases(node)
+    return self.run_base(node.bases[indices[0]].value) if indices else None
 
   def is_linen_class(self, node: cst.ClassDef) -> bool:
-    """Whether a base is flax.linen.Module or, with one base, a Linen class of the run (`codemods/analysis/hierarchy.py`)."""
-    return any(self.has_name(base.value, MODULE_NAMES) for base in node.bases) or self.project_base(node) is not None
+    """Whether a base is flax.linen.Module or a Linen class of the run (`codemods/analysis/hierarchy.py`)."""
+    return bool(self.linen_bases(node))
 
 
 def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, options: MigrationOptions,

@@ -118,6 +118,7 @@ class ClassRewrite:
   cache_input: str | None = None  # the `__call__` argument whose shape init_cache takes
   example_params: list[str] = dataclasses.field(default_factory=list)  # example inputs of bridged Linen children
   base: str = 'nnx.Module'  # the NNX base class: a project base class of the run keeps its name
+  base_index: int = 0  # the position of the Linen base among the class's bases (the others stay as they are)
   flags: list[str] = dataclasses.field(default_factory=list)  # keyword-only `bool = False` arguments (tied layers)
   helpers_only: bool = False  # a base class holding only helpers: no __init__ of its own
   init_lines: list[str] = dataclasses.field(default_factory=list)  # __init__ statements before the hoisted layers

@@ -27,12 +27,12 @@ from codemods.rules.l2n002 import (
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.example_shapes import add_shape_formulas
 from codemods.rules.l2n002.facts import FileFacts
+from codemods.rules.l2n002.head import check_field, check_head
 from codemods.rules.l2n002.loops import Loops
 from codemods.rules.l2n002.nodes import (
   cache_read,
   DEFERRING,
   field_name,
-  has_call,
   has_scope_call,
   if_arms,
   if_tests,
@@ -70,8 +70,7 @@ def plan_class(facts: FileFacts, converted: tp.Mapping[str, ClassRewrite], node:
 
 def _run(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
   """The class's plan; raises Unsupported (the class stays Linen) with the first thing that keeps it so."""
-  if node.decorators or node.keywords or len(node.bases) != 1:
-    raise Unsupported(node, 'class decorators, keywords or several bases')
+  ctx.plan.base_index = check_head(ctx.facts, node)
   base = ctx.facts.project_base(node)
   if base is not None and base not in ctx.facts.hierarchy.plain_bases:
     where = 'this file' if base.rpartition('.')[0] == ctx.facts.hierarchy.module else 'another file'
@@ -90,9 +89,7 @@ def _run(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
       raise Unsupported(statement, 'only annotated fields and methods are converted')
   field_names = [field_name(f) for f in fields]
   for field, name in zip(fields, field_names):
-    value = field.body[0].value
-    if name in ('name', 'parent', 'rngs') or (value is not None and has_call(value)):
-      raise Unsupported(field, f'field {name} (a reserved name or a computed default)')
+    check_field(ctx.facts, field, name)
   mode_fields = {name: MODE_PARAMS[name] for field, name in zip(fields, field_names)
                  if name in MODE_PARAMS and field.body[0].value is None
                  and ctx.facts.code(field.body[0].annotation.annotation) == 'bool'}
@@ -121,7 +118,7 @@ def _run(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
   plan.params, plan.field_names, plan.call_params, plan.compact = params, field_names, call_params, method is not None
   plan.linen_fields, plan.mode_fields = linen_field_names, mode_fields
   if base is not None:  # a subclass of a project base class keeps it (converted in its own file)
-    plan.base = ctx.facts.code(node.bases[0].value)
+    plan.base = ctx.facts.code(ctx.facts.linen_base(node).value)
   ctx.plan.switches = {name: MODE_PARAMS[name] for name in mode.values()}
   ctx.plan.traced = ctx.facts.options.example_sizes.of_class(ctx.facts.filename, node.name.value)
   ctx.plan.traced_codes = set()
@@ -184,7 +181,7 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
     if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in plan.mode_fields \
         and sub not in ctx.plan.mode_uses:
       raise Unsupported(sub, f'the train/eval field {sub.attr.value} is used other than to set train/eval arguments')
-  allowed = {node.bases[0].value} | {d.decorator for d in (method.decorators if method else ())}
+  allowed = {ctx.facts.linen_base(node).value} | {d.decorator for d in (method.decorators if method else ())}
   allowed |= {child.ctor.func for child in plan.children if child.api is None and not child.bridged} | ctx.plan.lifted
   allowed |= {child.cell.ctor.func for child in plan.children if child.cell is not None}
   allowed |= lifted.plan_control_flow(ctx, node)
@@ -497,5 +494,6 @@ def _plain_base_plan(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
       raise Unsupported(sub, f'self.{sub.attr.value} in a helper of a base class')
   plan = ctx.plan
   plan.helpers_only = True
-  plan.linen_nodes = [node.bases[0].value, *children.convert_linen_refs(ctx, node, {node.bases[0].value})]
+  base = ctx.facts.linen_base(node).value
+  plan.linen_nodes = [base, *children.convert_linen_refs(ctx, node, {base})]
   return plan

@@ -155,7 +155,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   # --- report ----------------------------------------------------------------------------------
 
   def _report(self, node: cst.ClassDef, plan: ClassRewrite) -> None:
-    for message in entries.class_changes(plan, self.facts.code(node.bases[0].value), self.file.variable_classes):
+    for message in entries.class_changes(plan, self.facts.code(self.facts.linen_base(node).value), self.file.variable_classes):
       self.report_change(node, message)
     if plan.helpers_only:
       return
