@@ -63,16 +63,24 @@ def snake(name: str) -> str:
 
 
 class Replace(cst.CSTTransformer):
-  """Replaces given nodes of the original tree with code."""
+  """Replaces given nodes of the original tree with code, or with another node of the tree (a local's value, itself
+  rewritten by the same replacements, in parentheses where it is not atomic)."""
 
-  def __init__(self, replacements: dict[cst.CSTNode, str]) -> None:
+  def __init__(self, replacements: tp.Mapping[cst.CSTNode, str | cst.BaseExpression]) -> None:
     super().__init__()
     self._replacements = replacements
 
   def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:
-    if original_node in self._replacements:
-      return cst.parse_expression(self._replacements[original_node])
-    return updated_node
+    if original_node not in self._replacements:
+      return updated_node
+    replacement = self._replacements[original_node]
+    if isinstance(replacement, str):
+      return cst.parse_expression(replacement)
+    value = replacement.visit(self)
+    if isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.SimpleString, cst.Integer,
+                          cst.Float, cst.Tuple, cst.List, cst.Dict)) or value.lpar:
+      return value
+    return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
 def linen_class(child: Child) -> str | None:

@@ -139,7 +139,7 @@ class ClassRewrite:
   imports: list[tuple[str, str | None, str | None]] = dataclasses.field(default_factory=list)  # (module, obj, asname)
   variable_classes: dict[str, str] = dataclasses.field(default_factory=dict)  # collection -> Variable type, file's
   # what the passes learn of the class on the way
-  aliases: dict[cst.Name, str] = dataclasses.field(default_factory=dict)  # `cfg` -> `self.config` in __init__ code
+  aliases: dict[cst.Name, str | cst.BaseExpression] = dataclasses.field(default_factory=dict)  # `cfg` -> `self.config`, `init` -> its value, in __init__ code
   switches: dict[str, bool] = dataclasses.field(default_factory=dict)  # __call__ train/eval switches -> inverted
   switch_defaults: dict[str, bool] = dataclasses.field(default_factory=dict)  # switches with a literal default
   mode_uses: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # uses of switches that set train/eval args

@@ -36,7 +36,6 @@ from codemods.rules.l2n002.nodes import (
   has_scope_call,
   if_arms,
   if_tests,
-  is_docstring,
   is_plain_if,
   is_self_attr,
   is_straight_statement,
@@ -85,8 +84,7 @@ def _run(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
       fields.append(statement)
     elif isinstance(statement, cst.FunctionDef):
       methods[statement.name.value] = statement
-    elif not is_docstring(statement):
-      raise Unsupported(statement, 'only annotated fields and methods are converted')
+    # any other statement (a class attribute, a nested class, a docstring) is plain Python: the NNX class keeps it
   field_names = [field_name(f) for f in fields]
   for field, name in zip(fields, field_names):
     check_field(ctx.facts, field, name)

@@ -16,6 +16,7 @@ from codemods.nodes import descendants
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.nodes import (
   Replace,
+  has_scope_call,
   is_self_attr,
   last_axis_of_name,
   nnx_counterpart,
@@ -23,6 +24,7 @@ from codemods.rules.l2n002.nodes import (
 )
 from codemods.rules.l2n002.plan import Unsupported
 from codemods.vocabulary import LINEN_ARRAY_FUNCTIONS
+from nnx_bridge.layer_table import find_layer
 
 
 def code(ctx: ClassContext, node: cst.CSTNode, replacements: dict[cst.CSTNode, str] | None = None) -> str:
@@ -49,9 +51,7 @@ def check_hoistable(ctx: ClassContext, value: cst.CSTNode, skip: tp.Collection[c
     assignments = list(scope[value.value]) if scope is not None else []
     if scope is not None and not isinstance(scope, outer) and any(not isinstance(a.scope, outer) for a in assignments) \
         and not _setup_local(ctx, assignments) and not _lambda_parameter(ctx, assignments):
-      alias = _self_alias(ctx, assignments)
-      if alias is None:
-        raise Unsupported(value, f'a constructor argument uses the local {value.value}')
+      alias = _self_alias(ctx, assignments) or _value_alias(ctx, value, assignments)
       ctx.plan.aliases[value] = alias
   for child in value.children:
     check_hoistable(ctx, child, skip, linen)
@@ -92,6 +92,52 @@ def _self_alias(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignment
   scope = ctx.facts.scope(chain)  # `p = cfg.patch_size` after `cfg = self.config`
   base = _self_alias(ctx, list(scope[chain.value])) if scope is not None and chain.value in scope else None
   return None if base is None else base + code[len(chain.value):]
+
+
+def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metadata.BaseAssignment]) -> cst.BaseExpression:
+  """The value of a local bound once, by a statement of its method's own body, to code that may move to __init__
+  (`initializer = nn.initializers.xavier_uniform()`, `features = self.width * 2`): __init__ evaluates it where
+  the construction goes, and the statement stays where it is for the rest of the body. Raises Unsupported, naming
+  the local and what it reads, for any other local."""
+  assign = _single_assign(ctx, assignments)
+  if assign is None:
+    raise Unsupported(name, f'a constructor argument uses the local {name.value}, which is bound more than once or '
+                            'inside a block: bind it once, at the top of the method, to code of fields and constants')
+  if has_scope_call(assign.value) or _builds_module(ctx, assign.value):
+    raise Unsupported(name, f'a constructor argument uses the local {name.value}, bound to a submodule or a variable: '
+                            'pass the submodule or variable itself')
+  try:
+    check_hoistable(ctx, assign.value)
+  except Unsupported as e:
+    what = e.node.value if isinstance(e.node, cst.Name) else ctx.facts.code(e.node)
+    raise Unsupported(name, f'a constructor argument uses the local {name.value}, whose value reads {what}, which '
+                            'only the call knows: make it a field, or a constructor argument') from None
+  return assign.value
+
+
+def _single_assign(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignment]) -> cst.Assign | None:
+  """The `local = value` statement that alone binds a local, directly in its function's body, else None."""
+  if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
+    return None
+  target = ctx.facts.parent(assignments[0].node)
+  assign = ctx.facts.parent(target) if isinstance(target, cst.AssignTarget) else None
+  if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and target.target is assignments[0].node):
+    return None
+  line = ctx.facts.parent(assign)
+  body = ctx.facts.parent(line)
+  function = ctx.facts.parent(body) if isinstance(body, cst.IndentedBlock) else None
+  return assign if isinstance(function, cst.FunctionDef) and assignments[0].scope.node is function else None
+
+
+def _builds_module(ctx: ClassContext, value: cst.CSTNode) -> bool:
+  """Whether `value` calls a Linen layer or a Linen class of the file."""
+  for sub in (value, *descendants(value)):
+    if isinstance(sub, cst.Call):
+      if isinstance(sub.func, cst.Name) and sub.func.value in ctx.facts.linen_classes:
+        return True
+      if any(find_layer(q.name) is not None for q in ctx.facts.qualified_names(sub.func)):
+        return True
+  return False
 
 
 def nnx_name_for(ctx: ClassContext, node: cst.CSTNode) -> str | None:
