@@ -409,7 +409,7 @@ def _straight_line(ctx: ClassContext, body: cst.BaseSuite, built: set[cst.Call])
   """Simple statements, and conditionals of plain code: no loops, and a construction (`built`) only in an
   `if <test>: ... else: ...` of simple statements whose test __init__ can evaluate (see _conditions)."""
   for statement in body.body:
-    if is_straight_statement(statement):
+    if is_straight_statement(statement) or _plain_block(ctx, statement, built):
       continue
     if isinstance(statement, cst.For):  # layers built in a loop: nnx.List attributes (loops.py)
       ctx.loops.plan(ctx, statement, built)
@@ -420,6 +420,20 @@ def _straight_line(ctx: ClassContext, body: cst.BaseSuite, built: set[cst.Call])
     if any(s in built for s in descendants(statement)):
       ctx.plan.conditions.update(_construction_conditions(ctx, statement, built))
     ctx.plan.branches.update(branches)
+
+
+def _plain_block(ctx: ClassContext, statement: cst.BaseStatement, built: set[cst.Call]) -> bool:
+  """A block of plain Python (a loop, `with`, `try`, nested conditionals) that builds nothing, reaches no scope
+  API and calls no method of the class (which may build layers): it stays in the body as it is, and the size walk
+  forgets what it assigns."""
+  methods = {s.name.value for s in ctx.facts.class_defs[ctx.plan.name].body.body if isinstance(s, cst.FunctionDef)}
+  for sub in descendants(statement):
+    if sub in built or (isinstance(sub, cst.Call) and scope_api(sub)):
+      return False
+    if isinstance(sub, cst.Call) and isinstance(sub.func, cst.Attribute) and is_self_attr(sub.func) \
+        and sub.func.attr.value in methods:
+      return False
+  return True
 
 
 def _construction_conditions(ctx: ClassContext, statement: cst.If, built: set[cst.Call]) -> dict[cst.Call, str]:
