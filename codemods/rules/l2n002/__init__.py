@@ -8,9 +8,13 @@ Converts each module-level Linen class of a file into an NNX class: an `__init__
 from the code or become keyword-only constructor arguments, each reported with its source;
 train/eval switches go (`model.train()` / `model.eval()` set them); decode caches get an
 `init_cache`; `nn.scan` / `nn.vmap` / `nn.remat` / `nn.jit` over classes of the file, control
-flow, layers built in loops, module factories and tied weights have NNX counterparts. A class left
-as Linen builds the classes it uses that were converted through `nnx_bridge.to_linen`, on the same
-variables, where it can. docs/migrate.md describes each case.
+flow, layers built in loops, module factories and tied weights have NNX counterparts. Everything else
+of the class is kept as it is: its decorators (`@gin.configurable`), class keywords (`metaclass=`), plain
+extra bases (a mixin of the file, `abc.ABC`), computed field defaults, class attributes, and plain blocks
+of the body that build nothing; a local of the method bound once to code of fields and constants
+(`initializer = nn.initializers.xavier_uniform()`) is evaluated in `__init__` where a construction reads
+it (`head.py`). A class left as Linen builds the classes it uses that were converted through
+`nnx_bridge.to_linen`, on the same variables, where it can. docs/migrate.md describes each case.
 
 ## Why
 NNX modules are plain Python objects that own their state: variables exist from `__init__` on,
@@ -38,7 +42,9 @@ class MLP(nnx.Module):
 ```
 
 ## What stays a TODO
-A class the rule cannot convert whole is left as Linen, with a TODO saying why: scope APIs other
+A class the rule cannot convert whole is left as Linen, with a TODO at the line that keeps it so, saying
+what to write instead where there is one (a Linen transform or a dataclass decorator over the class, a
+base out of sight, `kw_only=`, a `dataclasses.field(...)` default, a local bound twice): scope APIs other
 than param / variable / make_rng / sow / is_initializing and the decode-cache pattern, Linen names
 without an NNX counterpart, constructions NNX cannot build in `__init__` (under conditions on the
 call, in loops other than the converted ones, in nested functions), sizes or shapes the code does
@@ -48,7 +54,7 @@ on the same variables (`linen_parents.py` says when).
 
 ## Layout
 Analyse: `facts.py` (`FileFacts`, once per file, with `factory_fields.scan_factories`). Decide:
-`planner.py` fills a fresh `plan.ClassRewrite` per class with the planning passes, functions of a
+`head.py` checks the class head and fields (what stays as it is), then `planner.py` fills a fresh `plan.ClassRewrite` per class with the planning passes, functions of a
 `context.ClassContext` (`scope.py`, `children.py`, `lifted.py`, `modes.py`, `decode_cache.py`, `loops.py`,
 `factories.py`, `tied.py`, `example_shapes.py`), which share through modules that import no pass: `queries.py`,
 `constructions.py` (what a construction builds), `init_code.py` (a child's `__init__` code), `sizes.py` over the
