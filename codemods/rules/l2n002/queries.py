@@ -99,6 +99,9 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
   (`initializer = nn.initializers.xavier_uniform()`, `features = self.width * 2`): __init__ evaluates it where
   the construction goes, and the statement stays where it is for the rest of the body. Raises Unsupported, naming
   the local and what it reads, for any other local."""
+  if any(isinstance(a.node, (cst.FunctionDef, cst.ClassDef)) for a in assignments):
+    raise Unsupported(name, f'a constructor argument uses {name.value}, defined in the method: define it at module '
+                            'level or as a method, reading only fields and constants, and pass it in')
   assign = _single_assign(ctx, assignments)
   if assign is None:
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, which is bound more than once or '

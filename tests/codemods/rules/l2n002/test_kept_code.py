@@ -78,6 +78,13 @@ def __call__(self, x):
        width = x.shape[0] * 2
        return nn.Dense(width)(x)
      ''', '', r'^9:21 .*the local width, whose value reads x, which only the call knows'),
+    ('class M(nn.Module):', '''
+     @nn.compact
+     def __call__(self, x):
+       def init(key, shape, dtype=jnp.float32):
+         return jnp.ones(shape, dtype) / x.shape[-1]
+       return nn.Dense(3, kernel_init=init)(x)
+     ''', '', r'^10:36 .*uses init, defined in the method: define it at module level'),
 ])
 def test_what_cannot_stay_keeps_the_class_linen_with_a_todo_at_its_line(head, body, prelude, todo):
   source, todos = _migrate(body, head, prelude)
