@@ -44,19 +44,24 @@ def check_head(facts: FileFacts, node: cst.ClassDef) -> int:
                             'submodules into it')
   for i, base in enumerate(node.bases):
     if i != linen[0] and not _plain_base(facts, base.value):
-      raise Unsupported(base, f'the base {facts.code(base.value)} is out of sight (another file or a library) and '
-                              'may run the class the Linen way (init, apply, variables): convert it with the class, '
-                              'or move what the class needs from it into the class')
+      local = isinstance(base.value, cst.Name) and base.value.value in facts.class_defs
+      why = ('defines a hook Linen runs (setup, __post_init__, __init__) or calls Linen\'s API on self' if local else
+             'is out of sight (another file or a library) and may run the class the Linen way (init, apply, variables)')
+      raise Unsupported(base, f'the base {facts.code(base.value)} {why}: convert it with the class, or move what the '
+                              'class needs from it into the class')
   return linen[0]
 
 
 def _plain_base(facts: FileFacts, base: cst.BaseExpression) -> bool:
-  """A base that cannot reach Linen's API: from `abc` / `typing`, or a class of this file that is no Linen class
-  and calls no Linen scope API on self."""
+  """A base that cannot reach Linen's API: from `abc` / `typing`, or a class of this file that is no Linen class,
+  defines no hook Linen's dataclass runs (`setup`, `__post_init__`, `__init__`) and calls no scope API on self."""
   if any(q.name.startswith(_PLAIN_BASE_MODULES) or q.name in ('object', 'builtins.object')
          for q in facts.qualified_names(base)):
     return True
   if not isinstance(base, cst.Name) or base.value not in facts.class_defs or base.value in facts.linen_classes:
+    return False
+  hooks = {'setup', '__post_init__', '__init__'}  # run by Linen's dataclass machinery, not by NNX
+  if any(isinstance(s, cst.FunctionDef) and s.name.value in hooks for s in facts.class_defs[base.value].body.body):
     return False
   return not any(isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS
                  for sub in descendants(facts.class_defs[base.value]))

@@ -54,6 +54,8 @@ def __call__(self, x):
     ('@nn.jit\nclass M(nn.Module):', CALL, '', r'^4:1 .*the class decorator @nn\.jit is a Linen transform: apply it'),
     ('@dataclasses.dataclass\nclass M(nn.Module):', CALL, '', r'^4:1 .*@dataclasses\.dataclass writes an __init__'),
     ('class M(nn.Module, Mixin):', CALL, '', r'^4:20 .*the base Mixin is out of sight .*convert it with the class'),
+    ('class M(nn.Module, Hooks):', CALL, 'class Hooks:\n  def setup(self):\n    self.ready = True\n',
+     r'^7:20 .*the base Hooks defines a hook Linen runs \(setup'),
     ('class M(nn.Module, kw_only=True):', CALL, '', r'^4:20 .*kw_only= has no NNX counterpart: remove it'),
     ('class M(nn.Module):', '''
      features: list = dataclasses.field(default_factory=list)
