@@ -187,8 +187,6 @@ def make_inputs(linen_class: type, config: tp.Any) -> tuple[tuple, dict[str, tp.
 
 def verify_class(family: str, name: str, original: tp.Any, migrated: tp.Any, report_path: str) -> ClassResult:
   """Builds the Linen class and its port, and compares them (`linen2nnx verify --migrate-report`'s check)."""
-  from codemods.commands.verify import check_port
-  from codemods.ports import migrate_report
   from codemods.ports import model_refs
 
   linen_class, nnx_class = getattr(original, name), getattr(migrated, name)
@@ -197,34 +195,52 @@ def verify_class(family: str, name: str, original: tp.Any, migrated: tp.Any, rep
     return built
   linen, args, kwargs = built
   try:
-    port = migrate_report.load_port(report_path, nnx_class, linen, args, kwargs)
-    measured, unused = port.measured_sizes(), {}
-    for size, measure in measured.items():
-      try:
-        measure()
-      except migrate_report.ReportError as error:
-        if 'is not called on these inputs' not in str(error):
-          raise
-        unused[size] = 1  # a size of a submodule Linen does not create here: the port must not build it either
-    nnx_kwargs, _ = model_refs.nnx_constructor_kwargs(nnx_class, linen, (*args, *kwargs.values()), unused, 0,
-                                                       measured=measured)
+    port, nnx_kwargs = load_port(report_path, nnx_class, linen, args, kwargs)
   except Exception as error:  # the Linen class fails on these inputs, or a size cannot be measured
     return ClassResult(family, name, 'not built', _short(error))
-  streams: list[str] = []  # the Linen model's other rng streams (BEiT's 'droppath'), named as the error names them
+  return compare_port(family, name, model_refs.Example(linen, args, kwargs), lambda: nnx_class(**nnx_kwargs), port)
+
+
+def load_port(report_path: str, nnx_class: type, linen: tp.Any, args: tuple, kwargs: dict) -> tuple[tp.Any, dict]:
+  """The port of `nnx_class` from its migrate record, and the keyword arguments that build it for these inputs;
+  a size of a submodule Linen does not create here is given as 1: the port must not build it either."""
+  from codemods.ports import migrate_report
+  from codemods.ports import model_refs
+
+  port = migrate_report.load_port(report_path, nnx_class, linen, args, kwargs)
+  measured, unused = port.measured_sizes(), {}
+  for size, measure in measured.items():
+    try:
+      measure()
+    except migrate_report.ReportError as error:
+      if 'is not called on these inputs' not in str(error):
+        raise
+      unused[size] = 1
+  nnx_kwargs, _ = model_refs.nnx_constructor_kwargs(nnx_class, linen, (*args, *kwargs.values()), unused, 0,
+                                                     measured=measured)
+  return port, nnx_kwargs
+
+
+def compare_port(where: str, name: str, example: tp.Any, build: tp.Callable[[], tp.Any], port: tp.Any,
+                 **options: tp.Any) -> ClassResult:
+  """`verify`'s check of the NNX model `build()` makes against the Linen `example`, as one result; the Linen
+  model's other rng streams (BEiT's 'droppath') are added as the errors name them."""
+  from codemods.commands.verify import check_port
+
+  streams: list[str] = []
   while True:
     try:
-      model = nnx_class(**nnx_kwargs)
-      result, _ = check_port(model_refs.Example(linen, args, kwargs), model, port, rng_streams=streams)
+      result, _ = check_port(example, build(), port, rng_streams=streams, **options)
       break
     except Exception as error:
       stream = re.search(r'needs PRNG for "(\w+)"', str(error))
       if stream is None or stream[1] in streams:
-        return ClassResult(family, name, 'failed', _short(error))
+        return ClassResult(where, name, 'failed', _short(error))
       streams.append(stream[1])
   forward = max((d.max_abs for d in result.differences if d.check == 'output'), default=0.0)
   gradient = max((d.max_abs for d in result.differences if d.check == 'gradient'), default=0.0)
   failed = sorted({d.check for d in result.failures if hasattr(d, 'check')})
-  return ClassResult(family, name, 'verified' if result.ok else 'failed',
+  return ClassResult(where, name, 'verified' if result.ok else 'failed',
                      '' if result.ok else f'differs: {", ".join(failed) or "partition specs"}', forward, gradient)
 
 

@@ -359,8 +359,11 @@ def compare(
   )
   eval_module, eval_kwargs = modes.for_mode(linen_module, None, arguments, **modes.EVAL)
   differences = _compare_eval_outputs(eval_module, eval_kwargs, variables, model, call)
-  differences += _compare_gradients(eval_module, eval_kwargs, variables, model, mapping, by_nnx, call)
   notes: list[str] = []
+  if 'params' in variables:
+    differences += _compare_gradients(eval_module, eval_kwargs, variables, model, mapping, by_nnx, call)
+  else:
+    notes.append('the Linen model has no parameters: no gradients to compare')
   if train and arguments:
     differences += _compare_train_call(linen_module, arguments, variables, model, mapping, by_nnx, dropout_seed, call)
     notes.append('the train-mode call runs with dropout off on both sides')

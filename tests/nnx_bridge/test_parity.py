@@ -197,3 +197,29 @@ def test_partition_specs_on_a_simulated_8_device_mesh():
   result = subprocess.run([sys.executable, '-c', _MESH_SCRIPT], env=env, capture_output=True, text=True)
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.strip().endswith('ok')
+
+
+class LinenScaledSiLU(nn.Module):
+  """jax-md's ScaledSiLU: a module without parameters."""
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.silu(x) * 1.6791767923989418
+
+
+class NNXScaledSiLU(nnx.Module):
+  def __init__(self, scale: float = 1.6791767923989418):
+    self.scale = scale
+
+  def __call__(self, x):
+    return nnx.silu(x) * self.scale
+
+
+def test_a_module_without_parameters_compares_its_outputs():
+  variables = LinenScaledSiLU().init(jax.random.key(0), X)
+  report = parity.compare(LinenScaledSiLU(), variables, NNXScaledSiLU(), X)
+  assert report.ok, report.to_text()
+  assert {d.check for d in report.differences} == {'output'}
+  assert 'the Linen model has no parameters: no gradients to compare' in report.notes
+  wrong = parity.compare(LinenScaledSiLU(), variables, NNXScaledSiLU(scale=1.5), X)
+  assert {(d.check, d.path) for d in wrong.failures} == {('output', 'output')}
