@@ -3,6 +3,9 @@
 The rules decide one file at a time; `find_seams` (`analysis/seams.py`) then reads the migrated run
 for uses of NNX classes that would break. `decide_run` turns them into decisions:
 
+- a class this run converted that a Linen class of another file builds: that file is migrated again with the
+  converted class's record (`imported_classes`), so that its class can build the NNX class in turn; only a
+  class still Linen then keeps the converted class Linen, as below;
 - a class this run converted that a Linen class builds or subclasses (in any file), or that a
   class attribute holds for code out of sight (`module_class = Block`, which transformers'
   PreTrainedModel builds with Linen's arguments and runs with `.init` / `.apply`), is kept as
@@ -38,22 +41,29 @@ _KEPT_BY = {  # the uses of a class this run converted that keep it Linen -> how
 
 @dataclasses.dataclass(frozen=True)
 class RunDecision:
-  """What to do next: classes to keep Linen (by file, with why), else the TODOs to add and report (by file)."""
+  """What to do next: files to migrate again with the records of other files' converted classes that their Linen
+  classes build (by file: those files), else classes to keep Linen (by file, with why), else the TODOs to add and
+  report (by file)."""
 
   keep: dict[str, dict[str, str]]
   todos: dict[str, list[Seam]]
+  retry: dict[str, set[str]] = dataclasses.field(default_factory=dict)
 
 
 def decide_run(sources: tp.Mapping[str, str], converted: tp.Mapping[str, tp.Collection[str]],
-               roots: tp.Sequence[str] = ()) -> RunDecision:
+               roots: tp.Sequence[str] = (), given: tp.Mapping[str, tp.Collection[str]] = {}) -> RunDecision:
   """The decision for the migrated .py `sources` (path -> code); `converted`: the classes this run converted,
-  by file."""
+  by file; `given`: the files whose records each file was last migrated with."""
   keep: dict[str, dict[str, str]] = {}
   todos: dict[str, list[Seam]] = {}
+  retry: dict[str, set[str]] = {}
   for seam in find_seams(sources, roots):
     name = seam.target.rpartition('.')[2]
     ours = name in converted.get(seam.target_path, ())
-    if seam.kind in _KEPT_BY and ours:
+    if seam.kind == LINEN_BUILDS_NNX and ours and seam.path != seam.target_path \
+        and seam.target_path not in given.get(seam.path, ()):  # its file has not seen the converted class yet
+      retry.setdefault(seam.path, set()).add(seam.target_path)
+    elif seam.kind in _KEPT_BY and ours:
       keep.setdefault(seam.target_path, {}).setdefault(
           name, f'the class {seam.user} of {seam.path}, {_KEPT_BY[seam.kind]}')
     elif seam.kind == HELD_FOR_LINEN_CODE:  # an NNX class the user wrote, held on purpose
@@ -62,6 +72,8 @@ def decide_run(sources: tp.Mapping[str, str], converted: tp.Mapping[str, tp.Coll
       continue
     else:
       todos.setdefault(seam.path, []).append(seam)
+  if retry:
+    return RunDecision({}, {}, retry)
   return RunDecision(keep, {} if keep else todos)
 
 

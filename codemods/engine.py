@@ -122,7 +122,9 @@ def migrate(
       candidates.append(path)
     else:
       outcomes[path] = FileOutcome(path, SKIPPED)
-  roots = [os.getcwd(), *(path for path in paths if os.path.isdir(path))]
+  # where imports resolve from: a folder of the run that is no package (a package imports from above its top)
+  roots = [os.getcwd(), *(path for path in paths
+                          if os.path.isdir(path) and not os.path.isfile(os.path.join(path, '__init__.py')))]
   hierarchy = build_hierarchy(sources, roots)
   for path in sorted(hierarchy.files - set(candidates)):  # subclasses of a Linen class, never saying flax
     candidates.append(path)
@@ -156,10 +158,11 @@ def _outcomes(run: tp.Iterator[FileOutcome], bar: tp.Any = None) -> dict[str, Fi
 
 def _settle(outcomes: dict[str, FileOutcome], originals: tp.Mapping[str, bytes], roots: tp.Sequence[str],
             rerun: tp.Callable[[list[Task]], dict[str, FileOutcome]]) -> dict[str, FileOutcome]:
-  """The run-wide decisions (`decisions.py`): classes some Linen class of another file uses are kept Linen (their
-  files migrated again); files whose call sites use a class another file converted are migrated again with its
-  record (`imported_classes`), so that `train.py` builds what `models.py` now defines; then the broken uses
-  left get their TODO."""
+  """The run-wide decisions (`decisions.py`): files whose Linen classes build a class another file converted are
+  migrated again with its record (`imported_classes`), so that they build the NNX class in turn; classes some
+  Linen class of another file still uses are kept Linen (their files migrated again); files whose call sites use
+  a class another file converted are migrated again with its record, so that `train.py` builds what `models.py`
+  now defines; then the broken uses left get their TODO."""
   kept: dict[str, dict[str, str]] = {}
   sources_of: dict[str, set[str]] = {}  # file -> the files whose converted classes its call sites use
   given: dict[str, dict[str, ConvertedClass]] = {}  # file -> the records it was last migrated with
@@ -171,12 +174,14 @@ def _settle(outcomes: dict[str, FileOutcome], originals: tp.Mapping[str, bytes],
              for path, outcome in outcomes.items()
              if path.endswith('.py') and outcome.status != FAILED
              and (outcome.status != SKIPPED or any(word in originals[path] for word in words))}
-    decision = decide_run(texts, converted, roots)
+    decision = decide_run(texts, converted, roots, sources_of)
     for path, names in decision.keep.items():
       kept[path] = {**kept.get(path, {}), **names}
     for path, seams in decision.todos.items():
       sources_of.setdefault(path, set()).update(
           s.target_path for s in seams if s.kind in IMPORTABLE_SEAMS and s.target_path != path)
+    for path, targets in decision.retry.items():
+      sources_of.setdefault(path, set()).update(targets)
     wanted = {path: _records(outcomes, sources, roots) for path, sources in sources_of.items()}
     stale = sorted({*decision.keep, *(path for path, records in wanted.items() if records != given.get(path, {}))})
     if not stale:

@@ -73,6 +73,8 @@ class ConvertedClass:
   cache_input: str | None = None  # the `__call__` argument whose shape `init_cache(input_shape, dtype=jnp.float32)` takes; None: no init_cache
   input_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # INPUT_SIZE_SOURCES -> layer sites
   mode_defaults: dict[str, bool] = dataclasses.field(default_factory=dict)  # of mode_arguments with a literal default
+  # what a class of another file needs to build it as a submodule (L2N002's `ClassInterface`); not in the JSON report
+  interface: tp.Any = dataclasses.field(default=None, repr=False, compare=False)
 
   def sort_key(self) -> tuple[int, int, str]:
     return (-1 if self.cell is None else self.cell, self.line, self.linen_name)
@@ -152,7 +154,8 @@ class MigrationResult:
                 'error': outcome.error or None,
                 'todos': outcome.todos,
                 'entries': [dataclasses.asdict(entry) for entry in outcome.entries],
-                'classes': [dataclasses.asdict(record) for record in outcome.classes],
+                'classes': [{k: v for k, v in dataclasses.asdict(record).items() if k != 'interface'}
+                            for record in outcome.classes],
             }
             for outcome in self.files
         ],

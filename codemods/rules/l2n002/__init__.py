@@ -13,7 +13,9 @@ of the class is kept as it is: its decorators (`@gin.configurable`), class keywo
 extra bases (a mixin of the file, `abc.ABC`), computed field defaults, class attributes, and plain blocks
 of the body that build nothing; a local of the method bound once to code of fields and constants
 (`initializer = nn.initializers.xavier_uniform()`) is evaluated in `__init__` where a construction reads
-it (`head.py`). A class left as Linen builds the classes it uses that were converted through
+it (`head.py`). A class of another file of the run that was converted is built as one of the file
+(`interface.py`: its record carries what a construction of it needs). A class left as Linen builds the classes
+it uses that were converted through
 `nnx_bridge.to_linen`, on the same variables, where it can. docs/migrate.md describes each case.
 
 ## Why
@@ -60,7 +62,8 @@ Analyse: `facts.py` (`FileFacts`, once per file, with `factory_fields.scan_facto
 `constructions.py` (what a construction builds), `init_code.py` (a child's `__init__` code), `sizes.py` over the
 size/shape interpreter `dims.py`, and `nodes.py`; a class that fails is dropped whole; `decide.py` decides the
 file's classes together (`linen_parents.py`: the to_linen bridges of classes left as Linen). Rewrite: `rule.py`
-applies the converted classes' `plan.FileRewrite`, with `emit.py` (the NNX code) and `entries.py` (the report).
+applies the converted classes' `plan.FileRewrite`, with `emit.py` (the NNX code) and `entries.py` (the report);
+`interface.py` carries a converted class to the other files of the run that build it.
 """
 
 from codemods.rules.l2n002.rule import (

@@ -68,6 +68,10 @@ def constructed(ctx: ClassContext, call: cst.Call) -> tuple[str, LayerSpec | Non
   if not isinstance(func, (cst.Name, cst.Attribute)):
     return None
   for qualified in ctx.facts.qualified_names(func):
+    imported = ctx.facts.imported.get(ctx.facts.hierarchy.resolve(qualified.name) or qualified.name)
+    if imported is not None:  # a class another file of the run converted: built as it is named here
+      ctx.plan.factory_callee[call] = ctx.facts.code(func)
+      return imported.name, None, imported
     spec = find_layer(qualified.name)
     if spec is not None and spec.nnx is not None:
       return spec.linen, spec, None

@@ -35,6 +35,7 @@ from codemods.vocabulary import (
 
 if tp.TYPE_CHECKING:
   from codemods.rules.l2n002.factory_fields import FactoryFields
+  from codemods.rules.l2n002.plan import ClassRewrite
 
 Metadata = tp.Callable[..., tp.Any]
 """`MetadataDependent.get_metadata`: (provider, node, default) -> the node's metadata."""
@@ -56,6 +57,7 @@ class FileFacts:
   kept_linen: tp.Mapping[str, str] = dataclasses.field(default_factory=dict)  # classes that stay Linen -> why
   unbridged: frozenset[str] = frozenset()  # Linen classes that wrap no converted class with nnx_bridge.to_linen
   factories: FactoryFields | None = None  # ModuleDef / partial factory fields and what they make
+  imported: tp.Mapping[str, ClassRewrite] = dataclasses.field(default_factory=dict)  # other files' converted classes
 
   # --- metadata --------------------------------------------------------------------------------
 
@@ -154,15 +156,17 @@ class FileFacts:
 
 def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, options: MigrationOptions,
                  hierarchy: LinenHierarchy, kept: tp.Mapping[str, str] = {},
-                 unbridged: tp.Collection[str] = ()) -> FileFacts:
+                 unbridged: tp.Collection[str] = (), imported: tp.Mapping[str, ClassRewrite] = {}) -> FileFacts:
   """The facts of one file, with its factory fields (`factory_fields.scan_factories`).
 
   `kept`: classes of the file the run has decided to keep as Linen (`MigrationRule.kept_classes`), with why.
   `unbridged`: Linen classes that must not wrap converted classes with to_linen (`MigrationRule.unbridged_classes`).
+  `imported`: the classes other files of the run converted, by qualified name, as plans that stand in for them
+  (`interface.sibling_plan`).
   """
   from codemods.rules.l2n002.factory_fields import scan_factories
 
-  facts = FileFacts(module, metadata, filename, options, hierarchy, unbridged=frozenset(unbridged))
+  facts = FileFacts(module, metadata, filename, options, hierarchy, unbridged=frozenset(unbridged), imported=imported)
   linen = frozenset(s.name.value for s in module.body if isinstance(s, cst.ClassDef) and facts.is_linen_class(s))
   scanned = frozenset(
       target.value for sub in descendants(module)

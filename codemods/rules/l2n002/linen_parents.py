@@ -84,6 +84,8 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
 
 def _plan_blocker(facts: FileFacts, plan: ClassRewrite) -> str | None:
   """Why `plan`'s NNX `__init__` takes more than a Linen construction gives, or None."""
+  if plan.origin:
+    return f'{plan.name} is a class of {plan.origin}'
   if plan.example_params:
     return f'{plan.name} wraps Linen children with nnx_bridge.from_linen, which need example inputs'
   if plan.cache_input is not None:

@@ -46,7 +46,7 @@ def nnx_counterpart(qualified: str) -> str | None:
 def draws_rngs(plan: ClassRewrite) -> bool:
   """Whether a converted class draws random numbers in its call: a layer the table says draws dropout keys,
   make_rng, or a child that does."""
-  return bool(plan.streams) or any(
+  return plan.draws or bool(plan.streams) or any(
       c.spec is not None and c.spec.draws_dropout is not None
       and (c.spec.draws_dropout == 'always' or c.spec.draws_dropout in c.kwargs)
       or c.sibling is not None and draws_rngs(c.sibling) for c in plan.children)

@@ -123,6 +123,8 @@ class ClassRewrite:
   helpers_only: bool = False  # a base class holding only helpers: no __init__ of its own
   init_lines: list[str] = dataclasses.field(default_factory=list)  # __init__ statements before the hoisted layers
   tie_flags: dict[str, str] = dataclasses.field(default_factory=dict)  # __call__ argument tying a layer -> its flag
+  origin: str = ''  # a class another file converted, built here from its record (`interface.py`): that file
+  draws: bool = False  # for such a class: whether its call draws random numbers (its own children are not here)
   # edits of the class's code (original node -> what replaces it)
   exprs: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
   statements: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)

@@ -14,6 +14,7 @@ from codemods.rules.l2n002 import emit, entries
 from codemods.rules.l2n002.decide import LeftLinen, decide_classes
 from codemods.rules.l2n002.factory_fields import unconverted_suppliers
 from codemods.rules.l2n002.facts import FileFacts, analyse_file
+from codemods.rules.l2n002.interface import interface_of, sibling_plan
 from codemods.rules.l2n002.linen_parents import ToLinenBridge
 from codemods.rules.l2n002.plan import ClassRewrite, FileRewrite
 from codemods.vocabulary import COMPACT_NAMES
@@ -35,8 +36,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     self.bridges: dict[str, list[ToLinenBridge]] = {}  # Linen class -> its to_linen constructions
 
   def visit_Module(self, node: cst.Module) -> None:
+    imported = {name: sibling_plan(record.interface, name.rpartition('.')[0])  # by qualified name, of its module
+                for name, record in self.imported_classes.items() if record.interface is not None}
     facts = analyse_file(node, self.get_metadata, self.context.filename, self.options, self.hierarchy,
-                         self.kept_classes, self.unbridged_classes)
+                         self.kept_classes, self.unbridged_classes, imported)
     decisions = decide_classes(facts)
     self.facts, self.file, self.left = decisions.facts, decisions.file, decisions.left
     for bridge in decisions.bridges:
@@ -164,4 +167,5 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     records = self.context.scratch[CLASSES_KEY]  # the record report_class just made
     records[-1] = dataclasses.replace(records[-1], cache_input=plan.cache_input, input_sizes=entries.input_sizes(plan),
                                       mode_defaults={name: plan.switch_defaults[name] for _, name, _ in plan.mode_params
-                                                     if name in plan.switch_defaults})
+                                                     if name in plan.switch_defaults},
+                                      interface=interface_of(plan))

@@ -1,0 +1,192 @@
+"""A Linen class that builds a class of another file of the run converts with it (`interface.py`,
+`decisions.decide_run`'s retry): a package laid out as dopamine's networks, an encoder module and an agents module
+that builds its classes through `from networks import encoders` and `from .encoders import Stack`. The ports run
+against their Linen originals on transferred parameters; where the building class stays Linen, the class it builds
+is kept Linen with why, and the program runs as before."""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+import nnx_bridge
+from codemods import rules as registry
+from codemods.engine import migrate
+
+ENCODERS = '''\
+"""Encoders shared by the agents' networks."""
+import flax.linen as nn
+
+
+class Stack(nn.Module):
+  """A convolution, a max-pool and a residual block."""
+  num_ch: int
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Conv(self.num_ch, kernel_size=(3, 3), strides=1, padding='SAME')(x)
+    x = nn.max_pool(x, window_shape=(3, 3), padding='SAME', strides=(2, 2))
+    block_input = x
+    x = nn.relu(x)
+    x = nn.Conv(self.num_ch, kernel_size=(3, 3), strides=1, padding='SAME')(x)
+    return x + block_input
+
+
+class ImpalaEncoder(nn.Module):
+  nn_scale: int = 1
+
+  @nn.compact
+  def __call__(self, x):
+    x = Stack(num_ch=4 * self.nn_scale)(x)
+    x = Stack(num_ch=8 * self.nn_scale)(x)
+    return nn.relu(x)
+'''
+
+AGENTS = '''\
+"""The agents' Q-networks."""
+import flax.linen as nn
+import jax.numpy as jnp
+
+from networks import encoders
+from .encoders import Stack
+
+
+class QNetwork(nn.Module):
+  num_actions: int
+  inputs_preprocessed: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    if not self.inputs_preprocessed:
+      x = x.astype(jnp.float32) / 255.
+    x = encoders.ImpalaEncoder()(x)
+    x = x.reshape((x.shape[0], -1))
+    x = nn.Dense(16)(x)
+    return nn.Dense(self.num_actions)(nn.relu(x))
+
+
+{small_head}
+class SmallQNetwork(nn.Module):
+  num_actions: int
+
+  @nn.compact
+  def __call__(self, x):
+    x = Stack(num_ch=4)(x)
+    return nn.Dense(self.num_actions)(x.mean(axis=(1, 2)))
+'''
+
+X = jax.random.uniform(jax.random.key(1), (2, 8, 8, 3), maxval=255.0)
+
+
+def _project(root: pathlib.Path, small_head: str = '') -> pathlib.Path:
+  package = root / 'networks'
+  package.mkdir(parents=True)
+  (package / '__init__.py').write_text('')
+  (package / 'encoders.py').write_text(ENCODERS)
+  (package / 'agents.py').write_text(AGENTS.format(small_head=small_head))
+  return package
+
+
+def _migrated(tmp_path: pathlib.Path, monkeypatch, small_head: str = ''):
+  """The migrate result over the package, written, and the module `networks.agents` of each tree."""
+  linen_root, nnx_root = tmp_path / 'linen', tmp_path / 'nnx'
+  _project(linen_root, small_head), _project(nnx_root, small_head)
+  monkeypatch.chdir(nnx_root)
+  result = migrate(['networks'], rules=registry.ALL_RULES, write=True, jobs=1)
+  again = migrate(['networks'], rules=registry.ALL_RULES, write=False, jobs=1)
+  assert [o.path for o in again.files if o.status == 'changed'] == []  # a second run changes nothing
+  return result, _agents(linen_root, monkeypatch), _agents(nnx_root, monkeypatch)
+
+
+def _agents(root: pathlib.Path, monkeypatch):
+  for name in [m for m in sys.modules if m == 'networks' or m.startswith('networks.')]:
+    monkeypatch.delitem(sys.modules, name)
+  monkeypatch.syspath_prepend(str(root))
+  return importlib.import_module('networks.agents')
+
+
+def test_classes_that_build_classes_of_another_file_convert_with_them(tmp_path, monkeypatch):
+  result, linen, ported = _migrated(tmp_path, monkeypatch)
+  assert result.fates()['converted'] == 4 and result.fates()['kept_linen'] == 0
+  agents = (tmp_path / 'nnx' / 'networks' / 'agents.py').read_text()
+  assert 'self.impala_encoder = encoders.ImpalaEncoder(stack1_conv1_in_features=' in agents
+  assert 'self.stack = Stack(4, conv1_in_features=stack_conv1_in_features, rngs=rngs)' in agents
+
+  model = ported.QNetwork(3, impala_encoder_stack1_conv1_in_features=3, linear1_in_features=32, rngs=nnx.Rngs(0))
+  variables = linen.QNetwork(3).init(jax.random.key(0), X)
+  report = nnx_bridge.compare(linen.QNetwork(3), variables, model, X)
+  assert report.ok, report.to_text()
+  assert {d.path for d in report.differences if d.check == 'gradient'} >= {
+      'impala_encoder/stack1/conv1/kernel', 'impala_encoder/stack2/conv2/bias', 'linear2/kernel'}
+
+  small = ported.SmallQNetwork(3, stack_conv1_in_features=3, linear_in_features=4, rngs=nnx.Rngs(0))
+  small_variables = linen.SmallQNetwork(3).init(jax.random.key(0), X)
+  assert nnx_bridge.compare(linen.SmallQNetwork(3), small_variables, small, X).ok
+
+
+def test_the_comparison_of_classes_built_across_files_rejects_a_wrong_port(tmp_path, monkeypatch):
+  _, linen, ported = _migrated(tmp_path, monkeypatch)
+  wrong = ported.QNetwork(3, inputs_preprocessed=True, impala_encoder_stack1_conv1_in_features=3,
+                          linear1_in_features=32, rngs=nnx.Rngs(0))  # skips the scaling of the inputs
+  variables = linen.QNetwork(3).init(jax.random.key(0), X)
+  report = nnx_bridge.compare(linen.QNetwork(3), variables, wrong, X)
+  assert not report.ok and ('output', 'output') in {(d.check, d.path) for d in report.failures}
+
+
+JITTED = textwrap.dedent('''\
+    @nn.jit
+    class JittedHead(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return Stack(num_ch=2)(x)
+
+''')
+
+
+def test_a_class_of_another_file_built_by_a_class_that_stays_linen_is_kept_linen(tmp_path, monkeypatch):
+  result, linen, ported = _migrated(tmp_path, monkeypatch, small_head=JITTED)
+  kept = {o.path: [e.message for e in o.entries if e.kind == 'todo'] for o in result.files}
+  assert any('class Stack kept as Linen: the class JittedHead of networks/agents.py, which stays Linen, builds it'
+             in message for message in kept['networks/encoders.py'])
+  converted = {c.linen_name for o in result.files for c in o.classes}
+  assert {'ImpalaEncoder', 'QNetwork'} <= converted and not {'Stack', 'JittedHead'} & converted
+  head = ported.JittedHead()
+  assert head.apply(head.init(jax.random.key(0), X), X).shape == (2, 4, 4, 2)
+  want = linen.JittedHead().apply(linen.JittedHead().init(jax.random.key(0), X), X)
+  assert jnp.allclose(head.apply(head.init(jax.random.key(0), X), X), want)
+
+
+def test_a_package_given_as_the_folder_is_no_import_root_for_its_subpackages(tmp_path, monkeypatch):
+  """dopamine's layout: `dopamine/jax/networks.py` imports the real jax; migrating the folder `dopamine` must not
+  take `dopamine/jax` for the module `jax` (and `jnp.array` for code of the project)."""
+  package = tmp_path / 'dopamine' / 'jax'
+  package.mkdir(parents=True)
+  (tmp_path / 'dopamine' / '__init__.py').write_text('')
+  (package / '__init__.py').write_text('')
+  (package / 'networks.py').write_text(textwrap.dedent('''\
+      import flax.linen as nn
+      import jax.numpy as jnp
+
+
+      class ClassicControlDQNNetwork(nn.Module):
+        num_actions: int
+        min_vals: tuple = (-1.0, -2.0)
+
+        def setup(self):
+          self.offset = jnp.array(self.min_vals)
+          self.head = nn.Dense(self.num_actions)
+
+        def __call__(self, x):
+          return self.head(x - self.offset)
+      '''))
+  monkeypatch.chdir(tmp_path)
+  result = migrate(['dopamine'], rules=registry.ALL_RULES, write=False, jobs=1)
+  assert [c.linen_name for o in result.files for c in o.classes] == ['ClassicControlDQNNetwork'], \
+      [e.message for o in result.files for e in o.entries if e.kind == 'todo']
