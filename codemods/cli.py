@@ -18,13 +18,29 @@ COMMANDS = (migrate, verify, convert, layers, demo)
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141  # as a shell reports SIGINT and SIGPIPE
 
 
+class CommandParser(argparse.ArgumentParser):
+  """A subcommand's parser: an argument it does not know is its own usage error (exit 2).
+
+  argparse hands a subcommand's unknown arguments up to the top-level parser, whose error shows the
+  top-level usage (`linen2nnx [-h] [--version] COMMAND ...`) for `linen2nnx migrate --wirte`; the
+  subcommand's usage is the one that says what it takes.
+  """
+
+  def parse_known_args(self, args: tp.Sequence[str] | None = None,
+                       namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+    namespace, unknown = super().parse_known_args(args, namespace)
+    if unknown:
+      self.error(f'unrecognized arguments: {" ".join(unknown)}')
+    return namespace, unknown
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='linen2nnx',
       description='Linen-to-NNX migration and interop toolkit for Flax.',
   )
   parser.add_argument('--version', action='version', version='%(prog)s ' + importlib.metadata.version('linen2nnx'))
-  subparsers = parser.add_subparsers(dest='command', metavar='COMMAND')
+  subparsers = parser.add_subparsers(dest='command', metavar='COMMAND', parser_class=CommandParser)
   for command in COMMANDS:
     command.add_parser(subparsers)
   return parser

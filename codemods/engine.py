@@ -94,9 +94,9 @@ def migrate(
   `jobs` worker processes (default: all cores) share the files that mention flax, each file under `limits`
   (default: `workers.Limits.from_environment()`); `jobs=1` migrates them in this process. `progress` shows a
   tqdm bar on stderr; `options` are the user's choices for the generated code. A directory that cannot be read
-  is a failed outcome. Raises FileNotFoundError for a path that does not exist, and ValueError('no Python files
-  found under PATH') when `paths` hold no .py or .ipynb file (but for .gitignore'd ones; none left by the globs is
-  an empty result).
+  is a failed outcome. Raises FileNotFoundError for a path that does not exist, and ValueError for a path that
+  holds no Python file (`files.NoPythonFiles`: .gitignore'd ones do not count; none left by the globs is an empty
+  result) or for no `paths` at all.
   """
   rules = tuple(rules)
   paths = [os.fspath(path) for path in paths]
@@ -319,7 +319,7 @@ def nesting_depth(source: bytes) -> int:
         chained[-1] = 0
       deepest = max(deepest, len(chained) - 1 + total)
       previous = token
-  except (tokenize.TokenError, SyntaxError):
+  except (tokenize.TokenError, SyntaxError, UnicodeDecodeError):  # not text in its encoding: check_encoding says so
     pass
   return deepest
 
@@ -354,8 +354,15 @@ def _run(tasks: list[Task], rules: tuple[type[MigrationRule], ...], jobs: int,
 
 
 def _encoding(data: bytes) -> str:
-  """The source encoding, keeping a UTF-8 BOM in the text so that diffs apply to the bytes."""
-  encoding, _ = tokenize.detect_encoding(iter(data.splitlines(keepends=True)).__next__)
+  """The source encoding, keeping a UTF-8 BOM in the text so that diffs apply to the bytes.
+
+  UTF-8 when the coding comment cannot be read (an unknown encoding, lines 1-2 not UTF-8): such a file fails
+  with `transform.check_encoding`'s message, and a skipped one is decoded with surrogateescape, byte for byte.
+  """
+  try:
+    encoding, _ = tokenize.detect_encoding(iter(data.splitlines(keepends=True)).__next__)
+  except SyntaxError:
+    return 'utf-8'
   return 'utf-8' if encoding == 'utf-8-sig' else encoding
 
 

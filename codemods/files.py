@@ -12,6 +12,15 @@ import pathspec
 
 SUFFIXES = ('.py', '.ipynb')
 MENTIONS = (b'flax', b'linen')
+# Named on the command line, these are Python too: what pre-commit's `python` type passes besides .py files (its
+# `identify` table), so that the hooks of .pre-commit-hooks.yaml never hand migrate a file it refuses.
+SCRIPT_SUFFIXES = ('.pyw', '.wsgi', '.tac', '.gyp', '.gypi', '.pdbrc')
+ACCEPTED = 'migrate takes .py and .ipynb files, Python scripts (a #! line naming python) and folders that hold them'
+_SHEBANG_BYTES = 256  # of a file's first line, read to tell a Python script
+
+
+class NoPythonFiles(ValueError):
+  """A path given to migrate that holds no Python file at all: a usage error (exit 2), not an empty run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +44,10 @@ def find_files(
   gitignore-style globs matched against the path relative to the directory being walked
   (`*_test.py`, `build/`, `src/**/legacy.py`); with `include`, a file must match one. A file found
   twice (a symlink and its target) is taken once, under the target's name when it is found too.
+
+  Raises FileNotFoundError for a path that does not exist, and NoPythonFiles for one that holds no
+  Python file at all, before the globs (a file that is not .py, .ipynb or a Python script, a folder
+  without .py or .ipynb files but .gitignore'd ones): the command line is wrong, not the code.
   """
   include_spec = pathspec.GitIgnoreSpec.from_lines(include) if include else None
   exclude_spec = pathspec.GitIgnoreSpec.from_lines(exclude)
@@ -44,9 +57,11 @@ def find_files(
   for path in paths:
     path = os.path.normpath(os.fspath(path))
     if os.path.isdir(path):
-      candidates = ((file, os.path.relpath(file, path)) for file in _walk(path, unreadable))
-    elif os.path.isfile(path):
+      candidates = _walked(path, unreadable)
+    elif os.path.isfile(path) and is_python_file(path):
       candidates = [(path, os.path.basename(path))]
+    elif os.path.isfile(path):
+      raise NoPythonFiles(f'{path}: not a Python file; {ACCEPTED}')
     else:
       raise FileNotFoundError(f'no such file or directory: {path}')
     for file, relative in candidates:
@@ -56,6 +71,31 @@ def find_files(
       else:
         found.add(pathlib.PurePath(file).as_posix())
   return FoundFiles(_once(found), tuple(sorted(unreadable.items())), left_out)
+
+
+def _walked(folder: str, unreadable: dict[str, str]) -> list[tuple[str, str]]:
+  """The migratable files under `folder`, each with its path relative to it; raises NoPythonFiles when there are
+  none and every directory could be listed (one that could not goes into `unreadable`, a failed outcome)."""
+  denied: dict[str, str] = {}
+  found = [(file, os.path.relpath(file, folder)) for file in _walk(folder, denied)]
+  if not found and not denied:
+    raise NoPythonFiles(f"{folder}: a folder without .py or .ipynb files (.gitignore'd ones do not count); {ACCEPTED}")
+  unreadable.update(denied)
+  return found
+
+
+def is_python_file(path: str) -> bool:
+  """A file migrate takes when it is named: a .py or .ipynb file, a script whose `#!` line runs python, or another
+  file pre-commit's `python` type passes (`SCRIPT_SUFFIXES`). One that cannot be read is taken, for the run to
+  report it."""
+  if path.endswith(SUFFIXES + SCRIPT_SUFFIXES):
+    return True
+  try:
+    with open(path, 'rb') as file:
+      first = file.readline(_SHEBANG_BYTES)
+  except OSError:
+    return True
+  return first.startswith(b'#!') and b'python' in first
 
 
 def _once(paths: set[str]) -> tuple[str, ...]:
@@ -161,3 +201,47 @@ def write_atomic(path: str, data: bytes) -> None:
     if os.path.exists(temporary):
       os.unlink(temporary)
     raise
+
+
+def check_output(option: str, path: str | os.PathLike[str] | None, *, new_folder: bool = False) -> None:
+  """Raises ValueError('OPTION PATH: what is wrong; how to fix it') when the output `path` cannot be written.
+
+  Commands call it for every output they take before they write anything, so that a wrong output path costs
+  neither a run nor files already rewritten. A file: its folder must exist and be writable (or the file
+  itself, when it exists), and it must not be a folder. A `new_folder` (created with its parents): it must
+  not exist, and its nearest existing parent must be a writable folder. Nothing for None (not given).
+  """
+  if path is None:
+    return
+  path = os.fspath(path)
+  problem = _new_folder_problem(path) if new_folder else _output_file_problem(path)
+  if problem:
+    raise ValueError(f'{option} {path}: {problem}')
+
+
+def _output_file_problem(path: str) -> str | None:
+  folder = os.path.dirname(path) or '.'
+  if os.path.isdir(path):
+    return 'is a folder; give the path of a file, in it or elsewhere'
+  if not os.path.exists(folder):
+    return f'the folder {folder} does not exist; create it first (mkdir -p {folder}) or give a path in another folder'
+  if not os.path.isdir(folder):
+    return f'{folder} is a file, not a folder; give a path in a folder'
+  if os.path.exists(path):
+    return None if os.access(path, os.W_OK) else 'the file is read-only; make it writable or give another path'
+  if not os.access(folder, os.W_OK | os.X_OK):
+    return f'the folder {folder} is not writable; give a path in a folder you can write to'
+  return None
+
+
+def _new_folder_problem(path: str) -> str | None:
+  if os.path.lexists(path):
+    return 'already exists; give a new path'
+  parent = os.path.dirname(os.path.abspath(path))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    return f'{parent} is a file, not a folder; give a path in a folder'
+  if not os.access(parent, os.W_OK | os.X_OK):
+    return f'the folder {parent} is not writable; give a path in a folder you can write to'
+  return None

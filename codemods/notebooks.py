@@ -32,12 +32,12 @@ _INDENT = re.compile(r'^\{\n( +)"', re.MULTILINE)
 def transform_notebook(data: bytes, rules: tp.Sequence[type[MigrationRule]],
                        options: MigrationOptions = MigrationOptions(),
                        hierarchy: LinenHierarchy = LinenHierarchy(), filename: str | None = None) -> Transformed[bytes]:
-  """The notebook with its code cells migrated; byte-identical when nothing changes."""
-  try:
-    notebook = json.loads(data)
-    cells = notebook['cells']
-  except (ValueError, KeyError, TypeError) as error:
-    raise MigrationError(f'not a notebook (no JSON with "cells"), left untouched: {error}') from None
+  """The notebook with its code cells migrated; byte-identical when nothing changes.
+
+  Raises MigrationError, in one line saying what is wrong, for data that is not a notebook this can read.
+  """
+  notebook = _load(data)
+  cells = notebook['cells']
   indices = [i for i, cell in enumerate(cells) if _is_python(cell)]
   magics: list[str] = []
   parts = []
@@ -57,6 +57,41 @@ def transform_notebook(data: bytes, rules: tp.Sequence[type[MigrationRule]],
   new_text = json.dumps(notebook, indent=len(indent.group(1)) if indent else 1, ensure_ascii=False)
   new_data = (new_text + ('\n' if text.endswith('\n') else '')).encode('utf-8')
   return Transformed(new_data, _in_cells(result.entries, module, indices), _in_cells(result.classes, module, indices))
+
+
+def _load(data: bytes) -> dict[str, tp.Any]:
+  """The notebook's JSON, checked as far as the migration reads it: a top-level object with a list of cells,
+  each an object whose `source` (in a code cell) is a string or a list of strings, as nbformat requires."""
+  try:
+    notebook = json.loads(data.decode('utf-8-sig'))
+  except UnicodeDecodeError as error:
+    line = data.count(b'\n', 0, error.start) + 1
+    raise MigrationError(f'not a notebook: line {line} is not UTF-8 (byte 0x{data[error.start]:02x}); save it as '
+                         'UTF-8, as Jupyter does') from None
+  except json.JSONDecodeError as error:
+    raise MigrationError(f'not a notebook: not valid JSON at line {error.lineno} column {error.colno} ({error.msg}); '
+                         'fix the file or --exclude it') from None
+  if not isinstance(notebook, dict) or not isinstance(notebook.get('cells'), list):
+    raise MigrationError('not a notebook: no "cells" list at the top of its JSON; give a Jupyter notebook or '
+                         '--exclude the file')
+  for index, cell in enumerate(notebook['cells']):
+    if not isinstance(cell, dict):
+      raise MigrationError(f'cell {index}: must be a JSON object, not {_json_type(cell)}; fix the notebook')
+    source = cell.get('source', '')
+    text = isinstance(source, str) or isinstance(source, list) and all(isinstance(line, str) for line in source)
+    if cell.get('cell_type') == 'code' and not text:
+      raise MigrationError(f'cell {index}: source must be a string or a list of strings, not {_json_type(source)}; '
+                           'fix the notebook')
+  return notebook
+
+
+def _json_type(value: tp.Any) -> str:
+  """How JSON calls the type of a value `json.loads` made: 'a number', 'a list with a number in it'."""
+  if isinstance(value, list):
+    odd = [item for item in value if not isinstance(item, str)]
+    return f'a list with {_json_type(odd[0])} in it' if odd else 'a list'
+  names = {bool: 'a boolean', int: 'a number', float: 'a number', str: 'a string', dict: 'an object'}
+  return names.get(type(value), 'null')
 
 
 def _is_python(cell: dict[str, tp.Any]) -> bool:

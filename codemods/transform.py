@@ -15,9 +15,12 @@ the results are the same), without the work that cannot change them:
 from __future__ import annotations
 
 import ast
+import codecs
 import contextlib
 import dataclasses
 import gc
+import io
+import tokenize
 import typing as tp
 
 import libcst as cst
@@ -89,16 +92,42 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
   A rule that fails inside a class, or whose code for a class does not parse, costs that class,
   not the file: the class is kept as Linen (with a TODO saying so) and the rules run again.
 
+  Rules that only tidy (`MigrationRule.TIDYING`: L2N001's initializers) are left out of a source whose Linen
+  classes all stay Linen (the other rules converted nothing and left TODOs), which then changes only by its TODOs.
+
   A result where a Linen class now builds a converted one through `nnx_bridge.to_linen` is migrated
   once more, as a second run would (from no classes left unbridged): the Linen classes that run would
   change again (a TODO of theirs depended on what the bridge replaced) build their classes as before,
   and the rules run again; when that does not settle them, no class of the file bridges. So a run on
   its own output changes nothing.
   """
+  if isinstance(source, bytes):
+    check_encoding(source)
   try:
     tree = cst.parse_module(source)
   except (cst.ParserSyntaxError, UnicodeDecodeError, SyntaxError) as error:
     raise MigrationError(f'does not parse, left untouched: {_one_line(error)}') from None
+  result = _transform_settled(source, tree, rules, options, hierarchy, filename, kept_classes, imported_classes)
+  tidying = {rule.CODE for rule in rules if rule.TIDYING}
+  if tidying and _only_tidied(result, tidying):  # its Linen classes all stay Linen: the TODO lines only
+    rules = [rule for rule in rules if not rule.TIDYING]
+    result = _transform_settled(source, tree, rules, options, hierarchy, filename, kept_classes, imported_classes)
+  return result
+
+
+def _only_tidied(result: Transformed[Source], tidying: tp.Collection[str]) -> bool:
+  """Whether the tidying rules changed the code while the others converted nothing and left TODOs."""
+  ours = [e for e in result.entries if e.code not in tidying]
+  return not result.classes and any(e.code in tidying and e.kind == 'change' for e in result.entries) \
+      and any(e.kind == 'todo' for e in ours) and not any(e.kind == 'change' for e in ours)
+
+
+def _transform_settled(source: Source, tree: cst.Module, rules: tp.Sequence[type[MigrationRule]],
+                       options: MigrationOptions, hierarchy: LinenHierarchy, filename: str | None,
+                       kept_classes: tp.Mapping[str, str],
+                       imported_classes: tp.Mapping[str, ConvertedClass]) -> Transformed[Source]:
+  """The rules over `tree`, again with a class kept Linen when a rule fails inside it, and with the to_linen bridges
+  settled as a second run would find them (`transform_source`)."""
   kept = dict(kept_classes)
   unbridged: frozenset[str] = frozenset()
   with _collections_between_rules():
@@ -124,6 +153,37 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
       # Leaving the changed classes' bridges out did not settle them: no class of the file bridges, so that a
       # second run plans the same classes as this one.
       unbridged |= changed if not changed <= unbridged else _changed_classes(first, cst.Module([]))
+
+
+def check_encoding(source: bytes) -> None:
+  """Raises MigrationError, naming the line and how to fix it, when `source` is not text in its encoding.
+
+  The encoding is what Python reads the file in (PEP 263): a coding comment on line 1 or 2, else UTF-8 (a
+  byte-order mark says UTF-8 too). A Latin-1 file without a coding comment is the usual case; libcst's own
+  error would be a codec message with an offset into the file, which says neither the line nor the fix.
+  """
+  try:
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+  except SyntaxError as error:
+    if str(error).startswith('unknown encoding'):
+      name = str(error).rpartition(': ')[2]
+      raise MigrationError(f'its coding comment names an unknown encoding ({name}); name one Python knows, '
+                           'such as utf-8 or latin-1') from None
+    if str(error).startswith('encoding problem'):
+      raise MigrationError('it starts with a UTF-8 byte-order mark but its coding comment names another '
+                           'encoding; remove the mark or the comment') from None
+    encoding = 'utf-8'  # line 1 or 2 is not UTF-8, so no coding comment could be read
+  try:
+    source.decode(encoding)
+  except UnicodeDecodeError as error:
+    before = source[:error.start]
+    line = len(before.splitlines()) + (not before or before.endswith((b'\n', b'\r')))
+    byte = f'byte 0x{source[error.start]:02x}'
+    if codecs.lookup(encoding).name == 'utf-8':
+      raise MigrationError(f'line {line} is not UTF-8 ({byte}); save the file as UTF-8, or declare its encoding '
+                           'with a first-line comment such as # -*- coding: latin-1 -*-') from None
+    raise MigrationError(f'line {line} is not {encoding} ({byte}), the encoding its coding comment declares; save '
+                         'the file in that encoding, or declare the one it is in') from None
 
 
 @contextlib.contextmanager

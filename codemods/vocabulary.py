@@ -20,6 +20,8 @@ from nnx_bridge.layer_table import MODE_ARGUMENTS
 
 MODULE_NAMES = frozenset({'flax.linen.Module', 'flax.linen.module.Module'})
 COMPACT_NAMES = frozenset({'flax.linen.compact', 'flax.linen.module.compact'})
+NOWRAP_NAMES = frozenset({'flax.linen.nowrap', 'flax.linen.module.nowrap'})
+"""A method Linen does not wrap (no scope of its own): NNX wraps no method, so the decorator goes."""
 SCOPE_APIS = frozenset({
     'param', 'variable', 'make_rng', 'sow', 'has_variable', 'is_initializing', 'is_mutable_collection',
     'put_variable', 'get_variable', 'has_rng', 'scope', 'variables', 'perturb', 'bind', 'apply', 'init',

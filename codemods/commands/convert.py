@@ -25,8 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           'leaf mapping and check every leaf before anything is written. Arrays are converted a '
           'few at a time; DST appears only when complete, and staging folders that killed runs '
           'left beside it are removed. Exit 0 on success, 1 when the checkpoint does not fit the '
-          'models, 2 on usage errors (including inputs the Linen model fails on, and a SRC that '
-          'is not a readable orbax checkpoint).'
+          'models, 2 on usage errors (including inputs the Linen model fails on, a SRC that '
+          'is not a readable orbax checkpoint, and a DST that exists or is inside SRC, checked first).'
       ),
       epilog=(
           'With --migrate-report, the NNX class is constructed from its record (sizes measured on '
@@ -35,9 +35,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
       ),
   )
   parser.add_argument('src', metavar='SRC', help='the checkpoint to read')
-  parser.add_argument('dst', metavar='DST', help='the checkpoint to write (must not exist)')
+  parser.add_argument('dst', metavar='DST', help='the checkpoint to write (must not exist, nor be inside SRC)')
   parser.add_argument('--linen', metavar='REF', help='the Linen class, path/to/file.py:Class (or use --examples)')
-  parser.add_argument('--nnx', metavar='REF', required=True, help='the NNX class, path/to/file.py:Class')
+  parser.add_argument('--nnx', metavar='REF', help='the NNX class, path/to/file.py:Class (required)')
   parser.add_argument('--to', choices=('nnx', 'linen'), default='nnx', help='the layout to write (default nnx)')
   parser.add_argument(
       '--linen-collection', metavar='NAME',
@@ -67,6 +67,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+  try:
+    _check_paths(args)
+  except ValueError as error:
+    print(f'linen2nnx convert: {error}', file=sys.stderr)
+    return EXIT_USAGE
   from flax import nnx
 
   from codemods.commands import verify
@@ -81,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
   if not isinstance(sys.unraisablehook, _DropAbandonedReadReports):
     sys.unraisablehook = _DropAbandonedReadReports(sys.unraisablehook)
   try:
+    if not args.nnx:
+      raise model_refs.UsageError('name the NNX class: --nnx path/to/file.py:Class')
     if args.train_state and args.linen_collection:
       raise model_refs.UsageError('--train-state and --linen-collection describe different checkpoints; give one')
     if args.optimizer and not args.train_state:
@@ -140,11 +147,37 @@ def run(args: argparse.Namespace) -> int:
   except BridgeError as error:
     print(f'linen2nnx convert: nothing written: {error}', file=sys.stderr)
     return EXIT_MISMATCH
+  except OSError as error:  # a read or write that failed although the paths were checked: a full disk, a folder gone
+    print(f'linen2nnx convert: {error.filename or args.dst}: {error.strerror or error}; check the path and run again',
+          file=sys.stderr)
+    return EXIT_USAGE
   if args.train_state:
     print(f'wrote {args.dst} ({written} leaves: the model, the optimizer state and the step)')
   else:
     print(f'wrote {args.dst} ({len(mapping.rules)} {args.to.upper() if args.to == "nnx" else "Linen"} leaves)')
   return EXIT_OK
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+  """Raises ValueError, saying what is wrong and how to fix it, when SRC, DST or --write-mapping cannot be used.
+
+  Checked before anything else (the models are built from the user's code, which takes a while) and before
+  anything is written: SRC exists, DST is neither SRC nor inside it (a conversion would write into the checkpoint
+  it reads) nor holds it, and each output can be written where it is asked for.
+  """
+  from codemods import files
+
+  if not os.path.exists(args.src):
+    raise ValueError(f'SRC {args.src}: no such folder; give the folder an orbax checkpointer saved')
+  src, dst = os.path.realpath(args.src), os.path.realpath(args.dst)
+  if dst == src:
+    raise ValueError(f'DST {args.dst} is SRC; convert into a new path')
+  if os.path.commonpath([src, dst]) == src:
+    raise ValueError(f'DST {args.dst} is inside SRC {args.src}; convert into a new path outside SRC')
+  if os.path.commonpath([src, dst]) == dst:
+    raise ValueError(f'SRC {args.src} is inside DST {args.dst}; convert into a new path outside SRC')
+  files.check_output('DST', args.dst, new_folder=True)
+  files.check_output('--write-mapping', args.write_mapping)
 
 
 def _load_optimizer(ref: str) -> tp.Any:

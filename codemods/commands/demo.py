@@ -89,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     except FileExistsError:
       print(f'linen2nnx demo: --keep {work}: already exists (give a new folder)', file=sys.stderr)
       return EXIT_USAGE
+    except OSError as error:  # a parent that is a file, or a folder this user cannot write to
+      print(f'linen2nnx demo: --keep {work}: cannot be created ({error.strerror or error}); give a new folder in a '
+            'folder you can write to', file=sys.stderr)
+      return EXIT_USAGE
     return _demo(project, work, args)
   with tempfile.TemporaryDirectory(prefix='linen2nnx-demo-') as folder:
     return _demo(project, pathlib.Path(folder), args)

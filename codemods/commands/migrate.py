@@ -26,12 +26,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           '`patch -p1` from this directory) and write nothing; the report goes to stderr. '
           'Exit 0 when done, 1 with --check when a file would change or with --fail-on-todo when a '
           'TODO is left, 2 when a file could not be processed (the other files are still processed) or '
-          'on usage errors. Defaults come from [tool.linen2nnx] in the nearest pyproject.toml (include, '
-          'exclude, select, jobs, train-state, step-style, fail-on-todo); command-line globs add to them, '
-          'the other options replace them.'
+          'on usage errors, among them a PATH that holds no Python file at all (a file that is not .py, '
+          '.ipynb or a Python script, a folder without .py or .ipynb files) and an output path that cannot be '
+          'written (checked before anything is written); a .py file that never mentions flax is skipped (exit 0). '
+          'Defaults come from [tool.linen2nnx] in the nearest pyproject.toml (include, exclude, select, jobs, '
+          'train-state, step-style, fail-on-todo); command-line globs add to them, the other options replace them.'
       ),
   )
-  parser.add_argument('paths', nargs='+', metavar='PATH', help='files or directories')
+  parser.add_argument('paths', nargs='+', metavar='PATH',
+                      help='.py and .ipynb files, Python scripts (#! line naming python), and folders holding them')
   mode = parser.add_mutually_exclusive_group()
   mode.add_argument('--write', action='store_true', help='rewrite the files in place (atomically)')
   mode.add_argument('--check', action='store_true', help='write nothing, print no diff; exit 1 if a file would change')
@@ -73,10 +76,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
   from codemods import engine
+  from codemods import files
   from codemods import rules as registry
   from codemods import settings as project_settings
 
   try:
+    files.check_output('--report-json', args.report_json)  # before anything is written
     settings = project_settings.load_settings()
     select = args.select.split(',') if args.select else settings.select
     rules = registry.select_rules(select) if select else registry.ALL_RULES
@@ -132,14 +137,26 @@ def run(args: argparse.Namespace) -> int:
         f'example traces, {sizes["arguments"]} left as constructor arguments ({derived / total:.0%} derived)',
         file=sys.stderr,
     )
-  if args.report_json:
-    with open(args.report_json, 'w', encoding='utf-8') as file:
-      file.write(result.to_json())
+  if args.report_json and not _write_report(args.report_json, result.to_json()):
+    return EXIT_FAILED
   if result.failed:
     return EXIT_FAILED
   if args.check and result.changed:
     return EXIT_WOULD_CHANGE
   return EXIT_WOULD_CHANGE if (args.fail_on_todo or settings.fail_on_todo) and fates['todos'] else EXIT_OK
+
+
+def _write_report(path: str, text: str) -> bool:
+  """Writes the JSON report; False, with one line on stderr, when that fails although the path was checked
+  before the run (the folder went away or filled up meanwhile)."""
+  try:
+    with open(path, 'w', encoding='utf-8') as file:
+      file.write(text)
+  except OSError as error:
+    print(f'linen2nnx migrate: --report-json {path}: the report could not be written ({error.strerror or error}); '
+          'give a path in a folder you can write to', file=sys.stderr)
+    return False
+  return True
 
 
 def _example_sizes(path: str | None) -> ExampleSizes:

@@ -65,11 +65,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
   import flax.errors
 
+  from codemods import files
   from codemods.ports import model_refs
   from nnx_bridge.errors import BridgeError
   from nnx_bridge.treemap import TreeMapping
 
   try:
+    files.check_output('--write-mapping', args.write_mapping)  # before the models are built and compared
     example = model_refs.build_example(args, None if args.linen == '-' else args.linen)
     abstract_linen(example, args.examples)
     nnx_model, origins, port = model_refs.build_nnx(args, args.nnx, example)
@@ -94,7 +96,12 @@ def run(args: argparse.Namespace) -> int:
     print(f'linen2nnx verify: {_rng_stream_message(error)}', file=sys.stderr)
     return EXIT_USAGE
   if args.write_mapping:
-    mapping.save(args.write_mapping)
+    try:
+      mapping.save(args.write_mapping)
+    except OSError as error:  # the path was checked before the run: the folder went away or filled up since
+      print(f'linen2nnx verify: --write-mapping {args.write_mapping}: the mapping could not be written '
+            f'({error.strerror or error}); give a path in a folder you can write to', file=sys.stderr)
+      return EXIT_USAGE
   if args.json:
     print(json.dumps({**report.to_dict(), 'nnx_constructor': origins}, indent=2))
   else:

@@ -1,5 +1,5 @@
-"""`codemods.files`: unreadable directories are reported, symlinks written through, owner and mode kept,
-and a run that finds no Python file says so."""
+"""`codemods.files`: unreadable directories are reported, symlinks written through, owner and mode kept, a
+path that holds no Python file is a usage error, and an output path that cannot be written is refused."""
 
 import json
 import os
@@ -95,18 +95,82 @@ def test_a_rewritten_file_keeps_its_mode_owner_and_group(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ['a.py']  # no temporary file left
 
 
-@pytest.mark.parametrize('names', [[], ['notes.txt', 'sub/data.json']], ids=['empty', 'no_python'])
-def test_a_run_that_finds_no_python_file_says_so(tmp_path, names, capsys):
+FOLDER_WITHOUT_PYTHON = ("a folder without .py or .ipynb files (.gitignore'd ones do not count); "
+                         f'{files.ACCEPTED}')
+
+
+@pytest.mark.parametrize('names', [[], ['notes.txt', 'sub/data.json'], ['.gitignore', 'build/a.py']],
+                         ids=['empty', 'no_python', 'only_ignored'])
+def test_a_folder_without_python_files_is_a_usage_error(tmp_path, names, capsys):
   for name in names:
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-    (tmp_path / name).write_text('x')
-  with pytest.raises(ValueError, match=f'^no Python files found under {tmp_path}$'):
+    (tmp_path / name).write_text('build/\n' if name == '.gitignore' else LINEN)
+  with pytest.raises(files.NoPythonFiles, match=f"^{tmp_path}: a folder without .py or .ipynb files"):
     migrate([tmp_path], rules=RULES)
   assert cli.main(['migrate', str(tmp_path)]) == 2
-  assert capsys.readouterr().err == f'linen2nnx migrate: no Python files found under {tmp_path}\n'
+  assert capsys.readouterr().err == f'linen2nnx migrate: {tmp_path}: {FOLDER_WITHOUT_PYTHON}\n'
+
+
+def test_a_path_without_python_is_a_usage_error_beside_good_ones_and_nothing_is_written(tmp_path, capsys):
+  _tree(tmp_path, ['src/a.py', 'empty/.keep'])
+  (tmp_path / 'notes.txt').write_text(LINEN)
+  for argv, wrong, message in [
+      (['src', 'notes.txt'], 'notes.txt', f'not a Python file; {files.ACCEPTED}'),
+      (['src', 'empty'], 'empty', FOLDER_WITHOUT_PYTHON),
+  ]:
+    assert cli.main(['migrate', '--write', *(str(tmp_path / path) for path in argv)]) == 2
+    assert capsys.readouterr().err == f'linen2nnx migrate: {tmp_path / wrong}: {message}\n'
+    assert (tmp_path / 'src' / 'a.py').read_text() == LINEN
+
+
+def test_a_python_file_without_flax_and_python_scripts_are_taken(tmp_path, capsys):
+  """What pre-commit's `python` type passes is taken: the hooks never get a usage error for a file it staged."""
+  (tmp_path / 'plain.py').write_text('import os\n')
+  (tmp_path / 'train').write_text('#!/usr/bin/env python3\n' + LINEN)
+  (tmp_path / 'app.wsgi').write_text(LINEN)
+  assert cli.main(['migrate', '--write', *(str(tmp_path / name) for name in ('plain.py', 'train', 'app.wsgi'))]) == 0
+  assert 'linen2nnx migrate: 2 changed, 0 unchanged, 1 skipped (no flax), 0 failed' in capsys.readouterr().err
+  assert (tmp_path / 'train').read_text() == '#!/usr/bin/env python3\n' + MIGRATED
+  assert (tmp_path / 'app.wsgi').read_text() == MIGRATED
 
 
 def test_a_run_whose_globs_leave_out_every_file_is_an_empty_result(tmp_path):
   _tree(tmp_path, ['a.py'])
   assert files.find_files([tmp_path], exclude=['*.py']) == files.FoundFiles((), (), 1)
   assert migrate([tmp_path], rules=RULES, exclude=['*.py']).files == ()
+
+
+@pytest.mark.parametrize('make, path, problem', [
+    (None, 'missing/r.json', 'the folder {root}/missing does not exist; create it first (mkdir -p {root}/missing) or '
+                             'give a path in another folder'),
+    ('folder', 'out', 'is a folder; give the path of a file, in it or elsewhere'),
+    ('file', 'out/r.json', '{root}/out is a file, not a folder; give a path in a folder'),
+], ids=['no_folder', 'a_folder', 'under_a_file'])
+def test_an_output_file_that_cannot_be_written_is_refused(tmp_path, make, path, problem):
+  if make == 'folder':
+    (tmp_path / 'out').mkdir()
+  elif make == 'file':
+    (tmp_path / 'out').write_text('')
+  with pytest.raises(ValueError) as error:
+    files.check_output('--report-json', str(tmp_path / path))
+  assert str(error.value) == f'--report-json {tmp_path / path}: {problem.format(root=tmp_path)}'
+  files.check_output('--report-json', str(tmp_path / 'ok.json'))
+  files.check_output('--report-json', None)
+
+
+@pytest.mark.skipif(os.name != 'posix' or os.geteuid() == 0, reason='root writes anywhere')
+def test_an_output_in_a_read_only_folder_is_refused(tmp_path):
+  (tmp_path / 'ro').mkdir(mode=0o555)
+  with pytest.raises(ValueError, match='the folder .*/ro is not writable; give a path in a folder you can write to'):
+    files.check_output('--report-json', str(tmp_path / 'ro' / 'r.json'))
+  with pytest.raises(ValueError, match='the folder .*/ro is not writable'):
+    files.check_output('DST', str(tmp_path / 'ro' / 'new' / 'ckpt'), new_folder=True)
+
+
+def test_a_new_folder_must_not_exist_and_may_need_its_parents(tmp_path):
+  files.check_output('DST', str(tmp_path / 'a' / 'b' / 'new'), new_folder=True)
+  with pytest.raises(ValueError, match=f'^DST {tmp_path}: already exists; give a new path$'):
+    files.check_output('DST', str(tmp_path), new_folder=True)
+  (tmp_path / 'f').write_text('')
+  with pytest.raises(ValueError, match='f is a file, not a folder'):
+    files.check_output('DST', str(tmp_path / 'f' / 'new'), new_folder=True)

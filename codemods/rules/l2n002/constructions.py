@@ -16,7 +16,7 @@ import libcst as cst
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.factory_fields import Factory
-from codemods.rules.l2n002.nodes import is_self_attr, literal_dict, literal_ints
+from codemods.rules.l2n002.nodes import is_self_attr, literal_dict, literal_ints, renumbered
 from codemods.rules.l2n002.plan import ClassRewrite, Stacked, Unsupported
 from codemods.vocabulary import (
   BROADCAST_NAMES,
@@ -314,7 +314,7 @@ def _wrapping_options(ctx: ClassContext, lifted: cst.Call, sibling: ClassRewrite
   codes = {k: queries.code(ctx, kwargs[k], {}) for k in accepted if k in kwargs}
   modes = {i + 1 for i, _, _ in sibling.mode_params}
   for key, given_numbers in numbers.items():
-    kept = [n - sum(m < n for m in modes) for n in given_numbers if n not in modes]
+    kept = renumbered(given_numbers, modes)
     if under and kept and key == 'static_argnums':
       raise Unsupported(lifted, f'{func}({name}, {given}) under nn.{under}: static arguments other than '
                                  f'train/eval switches (traced inside nnx.{under})')

@@ -11,7 +11,7 @@ import libcst as cst
 
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
-from codemods.rules.l2n002.nodes import scope_api
+from codemods.rules.l2n002.nodes import scope_api, scope_arguments
 from codemods.rules.l2n002.plan import Child, Unsupported
 from nnx_bridge.layer_table import nnx_arguments
 
@@ -72,8 +72,8 @@ def variable_code(ctx: ClassContext, call: cst.Call, var_type: str, size_codes: 
   creates, of type `var_type` (a param: `nnx.Param`, its init given `rngs.params()`); `size_codes` replace parts of
   the arguments."""
   param = scope_api(call) == 'param'
-  lead = 2 if param else 3
-  init, rest = call.args[lead - 1].value, call.args[lead:]
+  leading, rest = scope_arguments(call)
+  init = leading[-1]
   code = lambda node: queries.code(ctx, node, size_codes)
   args = [f'{a.keyword.value}={code(a.value)}' if a.keyword else code(a.value) for a in rest]
   # an initializer that is not a name, attribute or call (HF's `lambda _, shape: jnp.ones(shape)`) is called in

@@ -1,5 +1,6 @@
-"""Lifted transforms over classes of the file (nn.scan, nn.vmap, nn.remat, nn.jit) and control flow
-(nn.cond, nn.switch, nn.while_loop): the calls of a lifted submodule, and the Linen control-flow functions.
+"""Lifted transforms over classes of the file (nn.scan, nn.vmap, nn.remat, nn.jit) and over methods (decorators),
+and control flow (nn.cond, nn.switch, nn.while_loop): the calls of a lifted submodule, the decorators of the
+class's methods, and the Linen control-flow functions.
 What a lifted construction builds is read by `constructions.py`.
 
 Planning functions over a `context.ClassContext`, run by `planner.plan_class`: they read the file's facts and
@@ -8,18 +9,83 @@ fill the class's plan.
 
 from __future__ import annotations
 
+import typing as tp
+
 import libcst as cst
 
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
-from codemods.rules.l2n002.nodes import draws_rngs
+from codemods.rules.l2n002.nodes import draws_rngs, literal_ints, renumbered
 from codemods.rules.l2n002.plan import Child, Unsupported
 from codemods.vocabulary import (
+  COMPACT_NAMES,
   CONTROL_FLOW,
+  NOWRAP_NAMES,
+  PARTIAL_NAMES,
   SCOPE_APIS,
   WHILE_OPTIONS,
+  WRAPPING,
 )
+
+
+def plan_method_decorators(ctx: ClassContext, node: cst.ClassDef,
+                           dropped: tp.Mapping[cst.FunctionDef, tp.Collection[str]]) -> set[cst.CSTNode]:
+  """The Linen decorators of the class's methods: `@nn.remat` / `@nn.jit`, bare or as `@functools.partial(nn.remat,
+  static_argnums=...)` -> `nnx.remat` / `nnx.jit`, whose argument numbers count `self` as Linen's do (renumbered
+  for the train/eval arguments `dropped` from the method); `@nn.nowrap` goes (NNX wraps no method); `@nn.compact`
+  is left for the rule to drop. Returns the decorators handled; raises Unsupported at any other Linen decorator."""
+  handled: set[cst.CSTNode] = set()
+  for method in node.body.body:
+    if not isinstance(method, cst.FunctionDef):
+      continue
+    gone = {i for i, p in enumerate(method.params.params) if p.name.value in dropped.get(method, ())}
+    for decorator in method.decorators:
+      expr = decorator.decorator
+      if ctx.facts.has_name(expr, COMPACT_NAMES):
+        handled.add(expr)
+      elif ctx.facts.has_name(expr, NOWRAP_NAMES):
+        ctx.plan.removed.add(decorator)
+        ctx.plan.pending.append((expr, f'@{ctx.facts.code(expr)} removed: NNX wraps no method'))
+        handled.add(expr)
+      elif _method_transform(ctx, method, expr, gone):
+        handled.add(expr)
+  return handled
+
+
+def _method_transform(ctx: ClassContext, method: cst.FunctionDef, expr: cst.BaseExpression, gone: set[int]) -> bool:
+  """Plans `@nn.remat` / `@functools.partial(nn.jit, ...)` over `method` as its NNX transform; False for a
+  decorator that is no Linen code."""
+  partial = isinstance(expr, cst.Call) and ctx.facts.has_name(expr.func, PARTIAL_NAMES) and bool(expr.args) \
+      and expr.args[0].keyword is None
+  target = expr.args[0].value if partial else expr
+  kind = next((k for k, (names, *_) in WRAPPING.items() if ctx.facts.has_name(target, names)), None)
+  code, name = ctx.facts.code(expr), method.name.value
+  if kind is None:
+    if any(ctx.facts.is_linen_name(sub) for sub in (expr, *descendants(expr)) if isinstance(sub, (cst.Name, cst.Attribute))):
+      raise Unsupported(expr, f'@{code} is a Linen transform over the method {name}: write its NNX counterpart '
+                               '(nnx.vmap, nnx.scan, ...) over the method by hand; @nn.remat and @nn.jit convert')
+    return False
+  _, transform, accepted, _ = WRAPPING[kind]
+  options = expr.args[1:] if partial else ()
+  numbers = {a.keyword.value: literal_ints(a.value) for a in options if a.keyword is not None}
+  if any(a.keyword is None or a.keyword.value not in accepted for a in options) or None in numbers.values():
+    raise Unsupported(expr, f'@{code} over {name} is converted with the options {", ".join(accepted)} given by name '
+                             f'(argnums literal), which {transform} takes')
+  kept = []
+  for arg in options:
+    queries.check_hoistable(ctx, arg.value)
+    key = arg.keyword.value
+    if key.endswith('argnums'):
+      left = renumbered(numbers[key], gone)
+      if left:
+        kept.append(f'{key}=({", ".join(map(str, left))},)')
+    else:
+      kept.append(f'{key}={queries.code(ctx, arg.value, {})}')
+  new = f'{ctx.facts.code(expr.func)}({", ".join([transform, *kept])})' if kept else transform
+  ctx.plan.exprs[expr] = new
+  ctx.plan.pending.append((expr, f'@{code} -> @{new}: the NNX transform over the method {name}'))
+  return True
 
 
 def plan_control_flow(ctx: ClassContext, node: cst.ClassDef) -> set[cst.CSTNode]:

@@ -311,6 +311,31 @@ def literal_ints(node: cst.BaseExpression) -> list[int] | None:
   return None
 
 
+SCOPE_LEADS = {'param': ('name', 'init_fn'), 'variable': ('col', 'name', 'init_fn')}
+"""The leading parameters of Linen's `self.param` / `self.variable`, before the init function's own arguments."""
+
+
+def scope_arguments(call: cst.Call) -> tuple[list[cst.BaseExpression], list[cst.Arg]] | None:
+  """The leading arguments of a `self.param(...)` / `self.variable(...)` call in Linen's order, by position or
+  by name (`init_fn=`), and the arguments its init function gets; None with `*args` / `**kwargs` or one missing."""
+  names = SCOPE_LEADS[scope_api(call)]
+  if any(a.star for a in call.args):
+    return None
+  positional = [a.value for a in call.args if a.keyword is None]
+  keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+  leading = positional[:len(names)] + [keywords.get(name) for name in names[len(positional):]]
+  if None in leading:
+    return None
+  given = set(names[len(positional):])
+  return leading, [a for a in call.args[len(names):] if a.keyword is None] + [
+      a for a in call.args if a.keyword is not None and a.keyword.value not in given]
+
+
+def renumbered(numbers: tp.Iterable[int], dropped: tp.Collection[int]) -> list[int]:
+  """Argument positions (`static_argnums`) once the positions `dropped` are gone from the signature."""
+  return [n - sum(m < n for m in dropped) for n in numbers if n not in dropped]
+
+
 def is_plain_if(statement: cst.If) -> bool:
   """An `if` whose arms hold only simple statements and ifs, none testing a scope API (but `is_initializing`)."""
   branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]

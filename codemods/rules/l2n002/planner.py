@@ -179,7 +179,7 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
     if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in plan.mode_fields \
         and sub not in ctx.plan.mode_uses:
       raise Unsupported(sub, f'the train/eval field {sub.attr.value} is used other than to set train/eval arguments')
-  allowed = {ctx.facts.linen_base(node).value} | {d.decorator for d in (method.decorators if method else ())}
+  allowed = {ctx.facts.linen_base(node).value} | lifted.plan_method_decorators(ctx, node, {call: set(mode.values())})
   allowed |= {child.ctor.func for child in plan.children if child.api is None and not child.bridged} | ctx.plan.lifted
   allowed |= {child.cell.ctor.func for child in plan.children if child.cell is not None}
   allowed |= lifted.plan_control_flow(ctx, node)
@@ -436,13 +436,16 @@ def _plain_block(ctx: ClassContext, statement: cst.BaseStatement, built: set[cst
   return True
 
 
-def _construction_conditions(ctx: ClassContext, statement: cst.If, built: set[cst.Call]) -> dict[cst.Call, str]:
-  """`if self.config.use_norm: x = nn.LayerNorm()(x)`: each construction in it, with the condition (code for
-  __init__) under which it exists; a test that depends on the call (an input, a train/eval switch) is refused."""
-  arms = if_arms(statement)
-  if len(arms) > 2 or isinstance(statement.orelse, cst.If) \
-      or any(arm is not None and not all(is_straight_statement(s) for s in arm.body) for arm in arms):
-    raise Unsupported(statement, 'submodules created in an elif chain or a nested block')
+Tests = tuple[tuple[str, bool], ...]
+"""The tests of the arms a construction is in, as (code for __init__, whether it needs no parentheses in `and`)."""
+
+
+def _construction_conditions(ctx: ClassContext, statement: cst.If, built: set[cst.Call],
+                             path: Tests = ()) -> dict[cst.Call, str]:
+  """`if self.config.use_norm: x = nn.LayerNorm()(x)`, also in elif chains and nested conditionals: each
+  construction in it, with the condition (code for __init__) under which it exists, the tests of the arms it is
+  in joined (`not (self.norm == 'batch') and self.norm == 'layer'`); a test that depends on the call (an input, a
+  train/eval switch) is refused."""
   test = statement.test
   if any(isinstance(n, cst.Name) and n.value in ctx.plan.switches for n in (test, *descendants(test))):
     raise Unsupported(test, 'a submodule created under a train/eval switch (in NNX it exists in both modes)')
@@ -452,12 +455,25 @@ def _construction_conditions(ctx: ClassContext, statement: cst.If, built: set[cs
     raise Unsupported(test, 'a submodule created under a condition on the call (its inputs or locals): NNX '
                              'creates submodules in __init__') from None
   code = queries.code(ctx, test)
+  atomic = isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
+  conditions = _arm_conditions(ctx, statement.body, built, (*path, (code, atomic)))
+  negated = (*path, (f'not {code}' if atomic else f'not ({code})', True))  # `not` binds tighter than `and`
+  if isinstance(statement.orelse, cst.If):  # elif
+    conditions.update(_construction_conditions(ctx, statement.orelse, built, negated))
+  elif statement.orelse is not None:
+    conditions.update(_arm_conditions(ctx, statement.orelse.body, built, negated))
+  return conditions
+
+
+def _arm_conditions(ctx: ClassContext, arm: cst.BaseSuite, built: set[cst.Call], path: Tests) -> dict[cst.Call, str]:
+  """The constructions of one arm of a conditional, each with the tests `path` leads to it through."""
+  condition = path[0][0] if len(path) == 1 else ' and '.join(code if atomic else f'({code})' for code, atomic in path)
   conditions = {}
-  negated = f'not {code}' if isinstance(test, (cst.Name, cst.Attribute)) else f'not ({code})'
-  for arm, condition in zip(arms, (code, negated)):
-    for sub in (descendants(arm) if arm is not None else ()):
-      if sub in built:
-        conditions[sub] = condition
+  for statement in arm.body:
+    if isinstance(statement, cst.If):  # the arms of a plain if hold simple statements and ifs (`is_plain_if`)
+      conditions.update(_construction_conditions(ctx, statement, built, path))
+    else:
+      conditions.update((sub, condition) for sub in descendants(statement) if sub in built)
   return conditions
 
 

@@ -121,8 +121,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
         and all(line.comment is None for line in body.body[0].leading_lines):  # the statement above it went
       first = body.body[0].with_changes(leading_lines=[])
       updated_node = updated_node.with_changes(body=body.with_changes(body=[first, *body.body[1:]]))
-    decorators = [
-        new for old, new in zip(original_node.decorators, updated_node.decorators)
+    decorators = [  # @nn.nowrap is gone already (`removed`)
+        new for old, new in zip([d for d in original_node.decorators if d not in self.file.removed], updated_node.decorators)
         if not self.facts.has_name(old.decorator, COMPACT_NAMES)
     ]
     parameters = parameters.with_changes(params=params, kwonly_params=keyword_only, star_arg=star)

@@ -16,9 +16,11 @@ from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.nodes import (
   HAS_VARIABLE_HINT,
+  SCOPE_LEADS,
   is_self_attr,
   literal_identifier,
   scope_api,
+  scope_arguments,
 )
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 from codemods.variable_types import flax_variable_type
@@ -31,25 +33,26 @@ def variable_child(ctx: ClassContext, call: cst.Call, attr: str | None, hoisted:
   A decode cache (`cache`) is made by init_cache, from shapes `_plan_init_cache` derives.
   """
   api = scope_api(call)
-  if any(a.star for a in call.args) or any(a.keyword is not None for a in call.args[:3 if api == 'variable' else 2]):
-    raise Unsupported(call, f'self.{api} with *args, **kwargs or keyword leading arguments')
   if any(a.keyword is not None and a.keyword.value == 'unbox' for a in call.args):
     raise Unsupported(call, f'self.{api} with unbox=')
-  lead = 3 if api == 'variable' else 2
-  if len(call.args) < lead:
-    raise Unsupported(call, f'self.{api} without an init function')
+  arguments = scope_arguments(call)
+  if arguments is None:
+    raise Unsupported(call, f'self.{api} with *args or **kwargs, or without an init function: give its '
+                             f'{", ".join(SCOPE_LEADS[api])} by position or by name')
+  leading, rest = arguments
   if api == 'variable':
-    if not isinstance(call.args[0].value, cst.SimpleString):
+    if not isinstance(leading[0], cst.SimpleString):
       raise Unsupported(call, 'self.variable with a collection that is not a literal string')
-    collection = call.args[0].value.evaluated_value
-    name = call.args[1].value
+    collection = leading[0].evaluated_value
+    name = leading[1]
   else:
-    collection, name = 'params', call.args[0].value
+    collection, name = 'params', leading[0]
   if not literal_identifier(name):
     raise Unsupported(call, f'self.{api} with a name that is not a literal identifier')
-  refs = {} if not hoisted or cache else queries.size_refs(ctx, (arg.value for arg in call.args[lead - 1:]))
-  for arg in call.args[lead - 1:] if not cache else ():
-    queries.check_hoistable(ctx, arg.value, skip=set(refs))
+  values = [leading[-1], *(arg.value for arg in rest)]  # the init function and its arguments
+  refs = {} if not hoisted or cache else queries.size_refs(ctx, values)
+  for value in values if not cache else ():
+    queries.check_hoistable(ctx, value, skip=set(refs))
   if api == 'param':
     var_type = 'nnx.Param'
   else:

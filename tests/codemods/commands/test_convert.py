@@ -100,6 +100,26 @@ def test_a_folder_that_is_not_a_checkpoint_is_a_usage_error(tmp_path, capsys):
   assert not (tmp_path / 'nnx').exists()
 
 
+@pytest.mark.parametrize('src, dst, extra, message', [
+    ('missing', 'nnx', [], 'SRC {root}/missing: no such folder; give the folder an orbax checkpointer saved'),
+    ('linen', 'linen/nnx', MODELS,
+     'DST {root}/linen/nnx is inside SRC {root}/linen; convert into a new path outside SRC'),
+    ('linen', 'linen', MODELS, 'DST {root}/linen is SRC; convert into a new path'),
+    ('linen/inner', 'linen', MODELS,
+     'SRC {root}/linen/inner is inside DST {root}/linen; convert into a new path outside SRC'),
+    ('linen', 'nnx', [*MODELS, '--write-mapping', '{root}/no/m.json'],
+     '--write-mapping {root}/no/m.json: the folder {root}/no does not exist; create it first (mkdir -p {root}/no) or '
+     'give a path in another folder'),
+    ('linen', 'nnx', [], 'name the NNX class: --nnx path/to/file.py:Class'),
+], ids=['missing_src_before_models', 'dst_in_src', 'dst_is_src', 'src_in_dst', 'mapping_folder', 'no_nnx'])
+def test_paths_are_checked_first_in_one_line_and_nothing_is_written(tmp_path, capsys, src, dst, extra, message):
+  (tmp_path / 'linen' / 'inner').mkdir(parents=True)
+  argv = [str(tmp_path / src), str(tmp_path / dst), *(arg.format(root=tmp_path) for arg in extra)]
+  err = _one_line_error(['convert', *argv], capsys)
+  assert err == f'linen2nnx convert: {message.format(root=tmp_path)}\n'
+  assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob('*')) == ['linen', 'linen/inner']
+
+
 def test_inputs_the_linen_model_does_not_take_are_a_usage_error(tmp_path, linen_checkpoint, capsys):
   src, _ = linen_checkpoint
   argv = ['convert', str(src), str(tmp_path / 'nnx'), *MODELS[:2], '--input', 'y=float32[3,8]']

@@ -169,3 +169,10 @@ def test_a_project_without_examples_is_a_usage_error(tmp_path, capsys):
   assert 'has no examples.py' in capsys.readouterr().err
   assert cli.main(['demo', '--keep', str(tmp_path)]) == 2  # an existing folder is never written into
   assert 'already exists' in capsys.readouterr().err
+
+
+def test_a_keep_folder_that_cannot_be_created_is_one_line_and_exit_2(tmp_path, capsys):
+  (tmp_path / 'file').write_text('')
+  assert cli.main(['demo', '--keep', str(tmp_path / 'file' / 'work')]) == 2
+  assert capsys.readouterr().err == (f'linen2nnx demo: --keep {tmp_path}/file/work: cannot be created (Not a '
+                                     'directory); give a new folder in a folder you can write to\n')

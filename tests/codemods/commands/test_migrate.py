@@ -112,6 +112,31 @@ def test_usage_errors_exit_2(tree, capsys, argv, message):
   assert f'linen2nnx migrate: {message}' in capsys.readouterr().err
 
 
+@pytest.mark.parametrize('report, problem', [
+    ('missing/r.json', 'the folder missing does not exist; create it first (mkdir -p missing) or give a path in '
+                       'another folder'),
+    ('src', 'is a folder; give the path of a file, in it or elsewhere'),
+    ('src/a.py/r.json', 'src/a.py is a file, not a folder; give a path in a folder'),
+], ids=['no_folder', 'a_folder', 'under_a_file'])
+def test_a_report_path_that_cannot_be_written_is_refused_before_anything_is_written(tree, capsys, report, problem):
+  before = _snapshot()
+  assert _main('src', '--write', '-j', '1', '--report-json', report) == 2
+  out, err = capsys.readouterr()
+  assert (out, err) == ('', f'linen2nnx migrate: --report-json {report}: {problem}\n')
+  assert _snapshot() == before and not pathlib.Path('missing').exists()
+
+
+def test_a_report_that_cannot_be_written_after_the_run_is_one_line_and_exit_2(tree, capsys, monkeypatch):
+  from codemods import files
+
+  monkeypatch.setattr(files, 'check_output', lambda *args, **kwargs: None)  # as if its folder went away meanwhile
+  assert _main('src', '--write', '-j', '1', '--report-json', 'gone/r.json') == 2
+  last = capsys.readouterr().err.splitlines()[-1]
+  assert last == ('linen2nnx migrate: --report-json gone/r.json: the report could not be written (No such file or '
+                  'directory); give a path in a folder you can write to')
+  assert pathlib.Path('src/a.py').read_text() == MIGRATED
+
+
 def test_select_and_globs(tree, capsys):
   assert _main('src', '--check', '--select', 'L2N', '--exclude', '*.py') == 0
   assert _main('src', '--check', '--select', 'l2n001', '--include', 'a.py') == 1

@@ -91,6 +91,17 @@ def test_usage_errors_exit_2_in_one_line(argv, message, capsys, monkeypatch):
   assert message in err and err.count('\n') == 1, err
 
 
+def test_a_mapping_path_that_cannot_be_written_is_refused_before_the_models_are_built(tmp_path, capsys):
+  argv = [f'{EXAMPLES}/mlp_linen.py:MLP', f'{EXAMPLES}/mlp_nnx.py:MLP', *MLP_INPUT]
+  assert verify(*argv, '--write-mapping', str(tmp_path / 'no' / 'm.json')) == 2
+  assert capsys.readouterr() == ('', f'linen2nnx verify: --write-mapping {tmp_path}/no/m.json: the folder '
+                                     f'{tmp_path}/no does not exist; create it first (mkdir -p {tmp_path}/no) or give '
+                                     'a path in another folder\n')
+  assert verify(*argv, '--write-mapping', str(tmp_path)) == 2
+  assert capsys.readouterr().err == (f'linen2nnx verify: --write-mapping {tmp_path}: is a folder; give the path of a '
+                                     'file, in it or elsewhere\n')
+
+
 def test_inputs_from_an_examples_file_that_the_linen_model_fails_on(tmp_path, capsys):
   examples = tmp_path / 'head_examples.py'
   examples.write_text(

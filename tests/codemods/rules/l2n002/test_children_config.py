@@ -51,8 +51,8 @@ class M(nn.Module):
     ('    if x.shape[-1] > 4:\n      x = nn.Dense(self.width)(x)\n    return x',
      'a submodule created under a condition on the call'),
     ('    if train:\n      x = nn.Dense(self.width)(x)\n    return x', 'a submodule created under a train/eval switch'),
-    ('    if self.deep:\n      x = nn.Dense(self.width)(x)\n    elif self.width > 2:\n      x = nn.Dense(2)(x)\n    return x',
-     'submodules created in an elif chain'),
+    ('    if self.deep:\n      x = nn.Dense(self.width)(x)\n    elif x.ndim > 2:\n      x = nn.Dense(2)(x)\n    return x',
+     'a submodule created under a condition on the call'),  # in an elif chain too
     ('    dense = functools.partial(nn.Dense, use_bias=False)\n    layers = [dense]\n    return dense(self.width)(x)',
      'the partial dense used other than by calling it'),
 ])

@@ -87,6 +87,12 @@ def __call__(self, x):
          return jnp.ones(shape, dtype) / x.shape[-1]
        return nn.Dense(3, kernel_init=init)(x)
      ''', '', r'^10:36 .*uses init, defined in the method: define it at module level'),
+    ('class M(nn.Module):', '''
+     @nn.compact
+     def __call__(self, x):
+       return x * self.param('w')
+     ''', '', r'^8:16 .*self\.param with \*args or \*\*kwargs, or without an init function: give its name, '
+               r'init_fn by position or by name'),
 ])
 def test_what_cannot_stay_keeps_the_class_linen_with_a_todo_at_its_line(head, body, prelude, todo):
   source, todos = _migrate(body, head, prelude)
