@@ -15,7 +15,7 @@ migrated tree or the working directory, under a per-file time and memory limit (
 worker that crashes is replaced. With `jobs=1`, or a single file to migrate, the files are migrated in this
 process, under the time limit only;
 in both modes a file nested deeper than `MAX_NESTING` is failed before libcst parses it, since libcst's
-recursive parser overflows the C stack (a segfault) on such input.
+recursive parser overflows the C stack (a segfault) on such input, and so is a file bigger than `MAX_KB`.
 """
 
 from __future__ import annotations
@@ -64,6 +64,11 @@ MAX_NESTING = 500
 stack overflow from about 1,500 nested brackets, and runs for minutes on a 10,000-term sum; Python's recursion
 limit fails the file (a RecursionError, reported) from about 200 nested brackets or 500 chained operators anyway.
 Hand-written code stays far below: a few tens."""
+MAX_KB_ENV = 'LINEN2NNX_FILE_MAX_KB'
+MAX_KB = 1024
+"""The biggest file `migrate` parses, in KB (LINEN2NNX_FILE_MAX_KB overrides it): the codemod takes about a second
+per 3 KB of Linen code (benchmarks/big_files.py), so a bigger file, generated code mostly, would take minutes
+before the time limit fails it; it is failed at once instead."""
 # Tokens that nest one more expression node in libcst's tree when they chain: a + b + c, a.b.c, not not a.
 _CHAIN_OPERATORS = frozenset({'.', '+', '-', '*', '/', '//', '%', '@', '**', '<<', '>>', '&', '|', '^', '~'})
 _CHAIN_KEYWORDS = frozenset({'and', 'or', 'not', 'if', 'else', 'lambda', 'await'})
@@ -253,6 +258,10 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]],
   try:
     with open(path, 'rb') as file:
       old = file.read()
+    limit = int(os.environ.get(MAX_KB_ENV, MAX_KB))
+    if len(old) > limit * 1024:
+      raise MigrationError(f'too big to migrate ({len(old) / 1024:,.0f} KB > {limit:,} KB): split the file, '
+                           f'--exclude it, or set {MAX_KB_ENV} higher')
     depth = max(map(nesting_depth, _code(path, old)), default=0)
     if depth > MAX_NESTING:
       raise MigrationError(f'too deeply nested to parse safely (nesting depth {depth} > {MAX_NESTING}): split '

@@ -44,6 +44,9 @@ LAYER_MODE_KWARGS = frozenset(m.name for m in MODE_ARGUMENTS if m.name == m.nnx_
 """The train/eval keywords an NNX layer keeps as a constructor attribute of the same name."""
 EVAL_VALUE = {m.name: not m.inverted for m in MODE_ARGUMENTS}
 """The value of each Linen train/eval argument that means eval mode (`training=False`, `deterministic=True`)."""
+EVAL_ATTRIBUTES = ', '.join(f'{m.nnx_attribute}=True' for m in MODE_ARGUMENTS if m.name == m.nnx_attribute) \
+    + ', raise_if_not_found=False'
+"""The keyword arguments of `nnx.with_attributes` that set what `nnx.Module.eval()` sets."""
 
 # --- lifted transforms and control flow ----------------------------------------------------------
 

@@ -151,7 +151,9 @@ def trace_linen(
 
   def init(*xs):
     rngs = {stream: jax.random.key(index) for index, stream in enumerate(RNG_STREAMS)}
-    with nn.intercept_methods(interceptor):
+    # jit off: a method under `nn.jit` traced before (same module hash) is a cache hit that runs none of its
+    # calls, so the interceptor would miss the layers inside it
+    with nn.intercept_methods(interceptor), jax.disable_jit():
       return module.init(rngs, *xs, method=method, **mode_kwargs, **call_kwargs)
 
   variables = jax.eval_shape(init, *inputs)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import typing as tp
 
 from codemods.analysis.hierarchy import absolute_import
@@ -108,7 +109,8 @@ def find_seams(sources: tp.Mapping[str, str], roots: tp.Sequence[str] = ()) -> l
       trees[path] = ast.parse(source)
     except (SyntaxError, ValueError):
       continue
-  aliases = {path: _aliases(tree, path, roots) for path, tree in trees.items()}
+  scripts = {os.path.normpath(path): path for path in trees}
+  aliases = {path: _aliases(tree, path, roots, scripts) for path, tree in trees.items()}
   classes = _classify([c for path, tree in trees.items() for c in _classes(tree, path, roots, aliases[path])])
   by_name = {name: c for c in classes for name in c.names}
   partials = {name: alias for path, tree in trees.items()
@@ -121,17 +123,31 @@ def find_seams(sources: tp.Mapping[str, str], roots: tp.Sequence[str] = ()) -> l
   return sorted(seams, key=lambda s: (s.path, s.line, s.column, s.kind))
 
 
-def _aliases(tree: ast.Module, path: str, roots: tp.Sequence[str]) -> dict[str, str]:
-  """The names the file's imports bind (anywhere in the file) -> what they denote; its own classes under its names."""
+def _file_key(path: str) -> str:
+  """A module name no import spells: the file itself, told apart from a file of the same name in another folder."""
+  return f'<{os.path.normpath(path)}>'
+
+
+def _aliases(tree: ast.Module, path: str, roots: tp.Sequence[str], files: tp.Mapping[str, str]) -> dict[str, str]:
+  """The names the file's imports bind (anywhere in the file) -> what they denote; its own classes under its names.
+
+  A module of a file that is no package's (a script, `train.py`) is first looked for beside it, as Python puts a
+  script's folder first on `sys.path`: `import models` in `beta/train.py` is `beta/models.py` (`files`: the run's
+  files by normalised path), whatever other folder of the run has a `models.py`."""
   own = module_names(path, roots)[0]
   package = package_of(path)
+  beside = lambda module: files.get(os.path.join(os.path.dirname(os.path.normpath(path)), f'{module}.py')) \
+      if not package and module and '.' not in module else None
   found: dict[str, str] = {}
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       for alias in node.names:
-        found[alias.asname or alias.name.partition('.')[0]] = alias.name if alias.asname else alias.name.partition('.')[0]
+        local = beside(alias.name)
+        module = _file_key(local) if local else alias.name.partition('.')[0] if not alias.asname else alias.name
+        found[alias.asname or alias.name.partition('.')[0]] = module
     elif isinstance(node, ast.ImportFrom):
-      module = absolute_import(package, node.module, node.level)
+      local = beside(node.module) if node.level == 0 else None
+      module = _file_key(local) if local else absolute_import(package, node.module, node.level)
       if module is not None:
         found.update({a.asname or a.name: f'{module}.{a.name}' for a in node.names if a.name != '*'})
   for node in tree.body:
@@ -152,7 +168,7 @@ def _dotted(node: ast.AST, aliases: tp.Mapping[str, str]) -> str | None:
 
 
 def _classes(tree: ast.Module, path: str, roots: tp.Sequence[str], aliases: tp.Mapping[str, str]) -> list[_Class]:
-  names = module_names(path, roots)
+  names = [*module_names(path, roots), _file_key(path)]
   return [_Class(tuple(f'{name}.{node.name}' for name in names),
                  tuple(d for base in node.bases if (d := _dotted(base, aliases)) is not None), node, path)
           for node in tree.body if isinstance(node, ast.ClassDef)]
@@ -174,7 +190,7 @@ def _class_aliases(tree: ast.Module, path: str, roots: tp.Sequence[str],
     elif isinstance(value, (ast.Name, ast.Attribute)) and (target := _dotted(value, aliases)) is not None:
       alias = _Alias(target)
     if alias is not None:
-      found.update({f'{module}.{node.targets[0].id}': alias for module in module_names(path, roots)})
+      found.update({f'{module}.{node.targets[0].id}': alias for module in [*module_names(path, roots), _file_key(path)]})
   return found
 
 

@@ -471,3 +471,14 @@ def test_a_file_whose_linen_classes_all_stay_linen_changes_only_by_its_todo_line
   assert [c.linen_name for c in converted.classes] == ['Tower']
   assert 'default_init = nnx.initializers.xavier_uniform()' in converted.source
   assert 'flax.linen' not in converted.source
+
+
+def test_a_file_over_the_size_limit_fails_before_it_is_parsed(tmp_path, monkeypatch):
+  big = LINEN + '#' * 3000 + '\n'
+  _tree(tmp_path, {'big.py': big, 'good.py': LINEN})
+  monkeypatch.setenv('LINEN2NNX_FILE_MAX_KB', '2')
+  result = migrate([tmp_path], rules=RULES, write=True, jobs=1)
+  assert _status(result) == {'big.py': 'failed', 'good.py': 'changed'}
+  assert result.failed[0].error == 'too big to migrate (3 KB > 2 KB): split the file, --exclude it, or set ' \
+                                   'LINEN2NNX_FILE_MAX_KB higher'
+  assert (tmp_path / 'big.py').read_text() == big

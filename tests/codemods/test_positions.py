@@ -1,7 +1,11 @@
 """Report entries point at the line and column of the user's source, whatever imports earlier rules add."""
 
+import difflib
 import json
+import pathlib
+import random
 
+from codemods import positions
 from codemods import rules as registry
 from codemods.notebooks import transform_notebook
 from codemods.positions import PositionMap
@@ -60,3 +64,46 @@ def test_position_map_follows_inserted_removed_and_changed_lines():
   assert positions.original(1, 1) == (1, 1)  # the inserted import: the line after it
   assert PositionMap(old, old).original(2, 7) == (2, 7)
   assert PositionMap(new, old).original(1, 1) == (2, 1)  # a removed line: what follows moves up
+
+
+def _edited(lines: list[str], seed: int) -> list[str]:
+  """`lines` with random lines inserted, deleted, changed and duplicated, as rules and people edit code."""
+  rng = random.Random(seed)
+  edited = list(lines)
+  for _ in range(rng.randint(1, 40)):
+    at = rng.randrange(len(edited) + 1)
+    kind = rng.choice(['insert', 'delete', 'change', 'repeat'])
+    if kind == 'insert':
+      edited.insert(at, f'  x_{rng.randrange(5)} = nnx.y(x)')
+    elif kind == 'delete' and at < len(edited):
+      del edited[at]
+    elif kind == 'change' and at < len(edited):
+      edited[at] = edited[at].replace('nn.', 'nnx.') + '  # changed'
+    elif kind == 'repeat' and at < len(edited):
+      edited[at:at] = edited[at:at + rng.randint(1, 6)]
+  return edited
+
+
+def test_matching_blocks_are_difflibs_on_code():
+  """On code (this package's own files, edited at random) the linear-time match is difflib's over the whole texts."""
+  files = sorted(pathlib.Path(positions.__file__).parent.rglob('*.py'))[:25]
+  for seed, path in enumerate(files):
+    old = path.read_text().splitlines()
+    new = _edited(old, seed)
+    want = [tuple(b) for b in difflib.SequenceMatcher(None, old, new, autojunk=False).get_matching_blocks() if b.size]
+    assert positions.matching_blocks(old, new) == want, path
+
+
+def test_matching_blocks_of_a_big_repetitive_file_are_equal_runs_in_order():
+  """A gap too big for difflib and without unique lines (generated code: one block repeated) still maps: every
+  block is equal lines, in order, and the unchanged head and tail of the file are matched."""
+  block = ['class Layer(nn.Module):', '  @nn.compact', '  def __call__(self, x):', '    return nn.Dense(4)(x)', '']
+  old = block * 2000
+  new = ['from flax import nnx', *block[:3], '    return nnx.Linear(4, 4, rngs=rngs)(x)', *(block * 1999), '# end']
+  blocks = positions.matching_blocks(old, new)
+  for start, new_start, size in blocks:
+    assert old[start:start + size] == new[new_start:new_start + size]
+  assert all(a[0] + a[2] <= b[0] and a[1] + a[2] <= b[1] for a, b in zip(blocks, blocks[1:]))
+  assert sum(size for *_, size in blocks) >= len(old) - len(block)
+  mapped = PositionMap('\n'.join(old), '\n'.join(new))
+  assert mapped.original(len(new) - 2, 5) == (len(old) - 1, 5)  # the last `return`: the text drops the last empty line

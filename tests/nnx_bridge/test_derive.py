@@ -545,3 +545,22 @@ def test_a_wrapper_pairs_with_the_linen_module_of_its_own_name_before_a_look_ali
   mapping = nnx_bridge.derive_mapping(LinenModel(), Model(nnx.Rngs(0)), x, layer_pairs=pairs)
   rules = {tuple(rule.linen[0][1:]): rule.nnx for rule in mapping.rules}
   assert rules[('norm', 'weight')][0] == 'norm' and rules[('layers', 'norm', 'weight')][0] == 'layers'
+
+
+def test_layers_under_nn_jit_are_traced_on_every_run():
+  """`nn.jit` caches on the module's hash: a second trace of an equal module is a cache hit that runs none of its
+  calls, and the layers inside would vanish from the trace (a mapping with "no NNX counterpart" for them)."""
+  from nnx_bridge.linen_trace import trace_linen
+
+  class Head(nn.Module):
+
+    @nn.jit
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(3)(nn.LayerNorm()(x))
+
+  first = trace_linen(Head(), (X,), {})
+  second = trace_linen(Head(), (X,), {})
+  expected = {('Dense_0',): nn.Dense, ('LayerNorm_0',): nn.LayerNorm}
+  assert {p: c for p, c in first.classes.items() if p in expected} == expected
+  assert {p: c for p, c in second.classes.items() if p in expected} == expected

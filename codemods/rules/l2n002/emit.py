@@ -15,6 +15,7 @@ from codemods.rules.l2n002.nodes import (
   stream_access,
 )
 from codemods.rules.l2n002.plan import Call, Child, ClassRewrite
+from codemods.vocabulary import EVAL_ATTRIBUTES
 
 
 def class_body(plan: ClassRewrite, updated: cst.ClassDef) -> cst.ClassDef:
@@ -134,6 +135,14 @@ def while_loop_call(updated: cst.Call) -> cst.BaseExpression:
   cond, body = (f if isinstance(a.value, cst.Name) else f'({f})' for f, a in zip((cond, body), updated.args))
   return cst.parse_expression(
       f'nnx.while_loop(lambda state: {cond}(*state), lambda state: (state[0], {body}(*state)), (self, {init}))[1]')
+
+
+def eval_view_call(updated: cst.Call) -> cst.Call:
+  """A call of a submodule that Linen ran in eval mode whatever the caller's mode (its train/eval arguments left to
+  their defaults): through a copy of it in eval mode (`nnx.with_attributes`, the attributes `.eval()` sets, the
+  same arrays), for this call only."""
+  view = f'nnx.with_attributes({cst.Module([]).code_for_node(updated.func)}, {EVAL_ATTRIBUTES})'
+  return updated.with_changes(func=cst.parse_expression(view))
 
 
 def submodule_call(call: Call, updated: cst.Call) -> cst.Call:

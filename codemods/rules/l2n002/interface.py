@@ -27,6 +27,7 @@ class ClassInterface:
   call_params: tuple[str, ...]
   mode_params: tuple[tuple[int, str, bool], ...]
   mode_fields: tuple[tuple[str, bool], ...]
+  switch_defaults: tuple[tuple[str, bool], ...]
   size_params: tuple[tuple[str, Dim], ...]
   output: Dim
   carry_output: Dim
@@ -42,9 +43,9 @@ def interface_of(plan: ClassRewrite) -> ClassInterface:
   """The interface of the converted class `plan`."""
   return ClassInterface(
       plan.name, tuple(plan.field_names), tuple(plan.linen_fields), tuple(plan.call_params), tuple(plan.mode_params),
-      tuple(plan.mode_fields.items()), tuple(plan.size_params), plan.output, plan.carry_output, plan.first_output,
-      plan.output_shape, tuple(plan.example_params), tuple(plan.tie_flags.items()), plan.cache_input,
-      draws_rngs(plan))
+      tuple(plan.mode_fields.items()), tuple(plan.switch_defaults.items()), tuple(plan.size_params), plan.output,
+      plan.carry_output, plan.first_output, plan.output_shape, tuple(plan.example_params),
+      tuple(plan.tie_flags.items()), plan.cache_input, draws_rngs(plan))
 
 
 def sibling_plan(interface: ClassInterface, origin: str) -> ClassRewrite:
@@ -53,7 +54,8 @@ def sibling_plan(interface: ClassInterface, origin: str) -> ClassRewrite:
   return ClassRewrite(
       interface.name, field_names=list(interface.field_names), linen_fields=list(interface.linen_fields),
       call_params=list(interface.call_params), mode_params=list(interface.mode_params),
-      mode_fields=dict(interface.mode_fields), size_params=list(interface.size_params), output=interface.output,
+      mode_fields=dict(interface.mode_fields), switch_defaults=dict(interface.switch_defaults),
+      size_params=list(interface.size_params), output=interface.output,
       carry_output=interface.carry_output, first_output=interface.first_output, output_shape=interface.output_shape,
       example_params=list(interface.example_params), tie_flags=dict(interface.tie_flags),
       cache_input=interface.cache_input, draws=interface.draws_rngs, origin=origin)

@@ -14,7 +14,7 @@ from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.nodes import is_written
 from codemods.rules.l2n002.plan import Child, Unsupported
-from codemods.vocabulary import LAYER_MODE_KWARGS, MODE_PARAMS
+from codemods.vocabulary import EVAL_ATTRIBUTES, EVAL_VALUE, LAYER_MODE_KWARGS, MODE_PARAMS
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 
 MODE_ARGUMENTS_BY_NAME = {m.name: m for m in MODE_ARGUMENTS}
@@ -134,9 +134,28 @@ def call_modes(ctx: ClassContext, call: cst.Call, child: Child) -> set[int]:
         _mode_default(ctx, child, key, default)
       dropped.add(position)
       seen.add(key)
-  if child.sibling is not None and any(i not in seen and n not in seen for i, n, _ in child.sibling.mode_params):
-    raise Unsupported(call, f'a train/eval argument of {child.sibling.name} left to its default')
+  missing = [n for i, n, _ in child.sibling.mode_params if i not in seen and n not in seen] \
+      if child.sibling is not None else []
+  if missing:
+    _eval_view(ctx, call, child, missing, bool(seen))
   return dropped
+
+
+def _eval_view(ctx: ClassContext, call: cst.Call, child: Child, missing: list[str], given: bool) -> None:
+  """A class of the run called without its train/eval arguments (transformers' `self.layers(hidden_states, ...)`
+  with no `deterministic=`): Linen runs it in the mode of their defaults whatever the caller's mode. When that is
+  eval mode, NNX calls an eval-mode copy of it (`emit.eval_view_call`); any other default keeps the class Linen."""
+  name = child.sibling.name
+  defaults = {n: child.sibling.switch_defaults.get(n) for n in missing}
+  if given or child.remat or child.stacked or child.scan \
+      or any(value is None or value != EVAL_VALUE[n] for n, value in defaults.items()):
+    raise Unsupported(call, f'a train/eval argument of {name} left to its default, which is not eval mode or '
+                             f'goes with others given: pass {", ".join(missing)} in the call')
+  ctx.plan.eval_views.add(call)
+  given_as = ', '.join(f'{n}={v}' for n, v in defaults.items())
+  ctx.plan.pending.append((call, f'{name} is called without {", ".join(missing)}: Linen runs it in eval mode '
+                                 f'({given_as}) whatever the mode of the caller, so NNX calls an eval-mode copy, '
+                                 f'nnx.with_attributes(..., {EVAL_ATTRIBUTES})'))
 
 
 def _built_class(ctor: cst.Call) -> str | None:

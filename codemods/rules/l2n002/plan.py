@@ -131,6 +131,7 @@ class ClassRewrite:
   removed: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # statements that go (now in __init__)
   ifs: dict[cst.If, bool] = dataclasses.field(default_factory=dict)  # `if [not] self.is_initializing():` -> kept
   calls: dict[cst.Call, Call] = dataclasses.field(default_factory=dict)
+  eval_views: set[cst.Call] = dataclasses.field(default_factory=set)  # a class's call without its switches: eval mode
   methods: dict[cst.FunctionDef, set[str]] = dataclasses.field(default_factory=dict)  # -> parameters dropped
   scan_calls: dict[cst.Call, Child] = dataclasses.field(default_factory=dict)  # run by nnx.scan over a cell
   scan_names: dict[cst.Name, Child] = dataclasses.field(default_factory=dict)  # `rnn` of `rnn.initial_state(...)`
@@ -175,6 +176,7 @@ class FileRewrite:
   removed: set[cst.CSTNode] = dataclasses.field(default_factory=set)
   ifs: dict[cst.If, bool] = dataclasses.field(default_factory=dict)
   calls: dict[cst.Call, Call] = dataclasses.field(default_factory=dict)
+  eval_views: set[cst.Call] = dataclasses.field(default_factory=set)
   methods: dict[cst.FunctionDef, set[str]] = dataclasses.field(default_factory=dict)
   scan_calls: dict[cst.Call, Child] = dataclasses.field(default_factory=dict)
   scan_names: dict[cst.Name, Child] = dataclasses.field(default_factory=dict)
@@ -190,6 +192,7 @@ class FileRewrite:
     self.statements.update(plan.statements)
     self.ifs.update(plan.ifs)
     self.calls.update(plan.calls)
+    self.eval_views |= plan.eval_views
     self.methods.update(plan.methods)
     self.scan_calls.update(plan.scan_calls)
     self.scan_names.update(plan.scan_names)

@@ -99,7 +99,9 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if original_node in file.while_loops:
       return emit.while_loop_call(updated_node)
     if original_node in file.calls:
-      return emit.submodule_call(file.calls[original_node], updated_node)
+      updated_node = emit.submodule_call(file.calls[original_node], updated_node)
+    if original_node in file.eval_views:
+      return emit.eval_view_call(updated_node)
     return updated_node
 
   def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:

@@ -183,3 +183,28 @@ def test_a_class_looked_up_by_name_in_a_module_of_nnx_classes_is_a_seam(tmp_path
   assert [(s.path, s.line, s.kind, s.target) for s in found] == [
       ('pkg/train.py', 5, seams.LOOKUP_BY_NAME, 'pkg.layers.Block')]
   assert found[0].message.startswith('getattr(layers, ...) looks up a class of ')
+
+
+TWO_FOLDERS_TRAIN = '''import jax
+import jax.numpy as jnp
+import models
+
+params = models.Net(features=8).init(jax.random.key(0), jnp.ones((1, 4)))
+'''
+
+
+def test_a_script_imports_the_module_beside_it_not_a_namesake_of_another_folder(tmp_path):
+  """Issue 35: `import models` in beta/train.py is beta/models.py (a plain class with init/apply), not alpha's
+  Linen Net that the run converted: no seam, so no TODO and no rewrite in beta; alpha's use still has its seam."""
+  sources = {
+      'alpha/models.py': 'from flax import nnx\n\n\nclass Net(nnx.Module):\n  def __init__(self, features, *, rngs):\n'
+                         '    self.features = features\n',
+      'beta/models.py': 'class Net:\n  def __init__(self, features=8):\n    self.features = features\n\n'
+                        '  def init(self, key, x):\n    return {"w": x.sum()}\n',
+      'alpha/train.py': TWO_FOLDERS_TRAIN,
+      'beta/train.py': TWO_FOLDERS_TRAIN,
+  }
+  paths = {name: str(tmp_path / name) for name in sources}
+  found = find_seams({paths[name]: text for name, text in sources.items()},
+                     [str(tmp_path), str(tmp_path / 'alpha'), str(tmp_path / 'beta')])
+  assert {(s.path, s.target_path) for s in found} == {(paths['alpha/train.py'], paths['alpha/models.py'])}
