@@ -19,7 +19,7 @@ import typing as tp
 import libcst as cst
 
 from codemods.nodes import descendants
-from codemods.rules.l2n002.nodes import is_self_attr, self_assignment
+from codemods.rules.l2n002.nodes import assigned_name, is_self_attr, self_assignment
 from codemods.vocabulary import ACTIVATION_TABLES, CALLABLE, PARTIAL_NAMES
 from nnx_bridge.layer_table import find_layer
 
@@ -85,7 +85,7 @@ class _FileScan:
                if isinstance(s, cst.ClassDef) and s.name.value in facts.linen_classes}
     fields = {name: _fields(node) for name, node in classes.items()}
     self.activations = {
-        name: {f for f, (annotation, _) in fields[name].items() if CALLABLE.match(facts.code(annotation))}
+        name: {f for f, (annotation, _) in fields[name].items() if _callable(facts, annotation)}
         | _table_activations(facts, node) for name, node in classes.items()}
     used = {(name, built.func.attr.value) for name, node in classes.items() for built in factory_calls(node)
             if _self_field(built.func, fields[name])}
@@ -218,6 +218,17 @@ def factory_calls(node: cst.ClassDef) -> tp.Iterator[cst.Call]:
         if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 \
             and isinstance(statement.body[0], cst.Assign) and isinstance(statement.body[0].value, cst.Call):
           yield statement.body[0].value
+
+
+def _callable(facts: FileFacts, annotation: cst.BaseExpression) -> bool:
+  """Whether a field's annotation names a callable: `Callable[...]`, or a module-level alias of one (brax's
+  `ActivationFn = Callable[[jnp.ndarray], jnp.ndarray]`)."""
+  if isinstance(annotation, cst.Name):
+    values = [s.body[0].value for s in facts.module.body if isinstance(s, cst.SimpleStatementLine)
+              and assigned_name(s) == annotation.value]
+    if len(values) == 1:
+      return bool(CALLABLE.match(facts.code(values[0])))
+  return bool(CALLABLE.match(facts.code(annotation)))
 
 
 def _table_activations(facts: FileFacts, node: cst.ClassDef) -> set[str]:

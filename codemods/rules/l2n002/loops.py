@@ -1,11 +1,14 @@
 """Layers built in `for` loops, for rule L2N002.
 
-An `@nn.compact` loop over `range(<fields, config, literals>)`, `enumerate(<field>)` or a field
-(`for f in self.features[:-1]:`) whose body is simple statements constructing table layers or
-classes of the file, called where they are built (`x = nn.Dense(f)(x)`), becomes one `nnx.List`
+An `@nn.compact` loop over `range(<fields, config, literals>)`, `enumerate(<field>)`, a field
+(`for f in self.features[:-1]:`) or `zip(<fields>)` (`for a, b in zip(...)`, `for i, (a, b) in
+enumerate(zip(...))`) whose body is simple statements and `if`s of them, constructing table layers or
+classes of the file called where they are built (`x = nn.Dense(f)(x)`), becomes one `nnx.List`
 attribute per construction site, built in `__init__` by a list comprehension over the same
 iterator, and the same loop in `__call__` indexing it (`x = self.linears[i](x)`; the loop gets an
-index through `enumerate` when it has none).
+index through `enumerate` when it has none). A construction under an `if` is built where the tests of
+its arms hold (`conditions.py`, evaluated in the comprehension) and is None in the other iterations;
+the `if`s are walked arm by arm for sizes.
 
 Sizes: the planner's size walk goes through the body twice, first with what the code says
 before the loop (the first iteration), then with what the first pass left, shifted back one iteration (`f` -> `S[i - 1]`,
@@ -17,7 +20,8 @@ assumed to run at least once.
 
 Linen names: auto-named layers count across iterations (`Dense_0`, `Dense_1`, ...: `Dense_{i}`, or
 `Dense_{2 * i + 1}` for the second of two per iteration) and shift the ones after the loop;
-`name=f'layer_{i}'` gives `layer_{i}` (the attribute: `layers`).
+`name=f'layer_{i}'` gives `layer_{i}` (the attribute: `layers`). Conditional ones count only the
+iterations that built one: their names are left to the call order (`LayerNorm_{number built before}`).
 
 setup() lists: `self.layers = [nn.Dense(f) for f in self.features]`, or `layers = []`, `for f in ...:
 layers.append(nn.Dense(f))`, `self.layers = layers` (Linen's `layers_0`, `layers_1`, ...), become
@@ -29,7 +33,6 @@ other use of the list (`self.layers[-1]`, a slice) keeps the class Linen. A list
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import typing as tp
 
@@ -38,81 +41,17 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.report import ChildName
 from codemods.rules.l2n002 import constructions, queries, sizes
+from codemods.rules.l2n002.conditions import construction_conditions
 from codemods.rules.l2n002.dims import Dim, Known
+from codemods.rules.l2n002.loop_headers import (
+    Loop, Site, enclosing, is_builtin, loop_header, pair, paren, unbalanced, wrapped,
+)
 from codemods.rules.l2n002.nodes import assigned_name, is_plain_if
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
 if tp.TYPE_CHECKING:
   from codemods.rules.l2n002.context import ClassContext
 LOOP_STOPS = (cst.Break, cst.Continue, cst.Return, cst.Yield, cst.Await)
-
-
-@dataclasses.dataclass(eq=False)
-class Loop:
-  """One `for` loop of an @nn.compact method that builds layers (or only runs plain code)."""
-
-  node: cst.For | cst.CompFor  # the loop that builds the layers
-  index: str  # the loop's index in __call__ (after the rewrite)
-  element: str | None  # the element name of a loop over a sequence; None for range(n), whose element is the index
-  sequence: cst.BaseExpression | None  # S of `for f in S` / `enumerate(S)`; None for range(n)
-  count: cst.BaseExpression | None  # n of range(n)
-  names: frozenset[str]  # the names the original target binds
-  sites: list[Site] = dataclasses.field(default_factory=list)
-  active: bool = False
-  sequence_code: str = ''  # S / n as code valid in __init__
-  comprehension: cst.ListComp | None = None  # a setup() list's `[<layer> for ...]`
-  stop: str | None = None  # b of a sequence range(a, b), as code valid in __init__: its element shifts by 1
-
-  def _names(self) -> dict[str, str]:
-    """Loop name -> its role ('index' / 'element')."""
-    roles = {self.index: 'index'}
-    if self.element is not None:
-      roles[self.element] = 'element'
-    return roles
-
-  def uses(self, code: str, name: str | None) -> bool:
-    return name is not None and re.search(_word(name), code) is not None
-
-  def shift(self, dim: Dim) -> Dim:
-    """What the previous iteration's `dim` is, in terms of this iteration's index."""
-    if not isinstance(dim, Known):
-      return dim
-    code = dim.code
-    if self.element is not None and self.uses(code, self.element) and self.stop is not None:  # range(a, b)
-      code = re.sub(_word(self.element), f'({self.element} - 1)', code)
-    elif self.element is not None and self.uses(code, self.element):
-      code = re.sub(_word(self.element), lambda _: _item(self.sequence_code, f'{self.index} - 1'), code)
-    if self.uses(dim.code, self.index):
-      code = re.sub(_word(self.index), f'({self.index} - 1)', code)
-    return Known(code)
-
-  def last(self, dim: Dim) -> Dim:
-    """`dim` at the last iteration, for the code after the loop."""
-    if not isinstance(dim, Known):
-      return dim
-    code = dim.code
-    length = self.length()
-    if self.element is not None and self.uses(code, self.element) and self.stop is not None:  # range(a, b)
-      code = re.sub(_word(self.element), f'({self.stop} - 1)', code)
-    elif self.element is not None and self.uses(code, self.element):
-      code = re.sub(_word(self.element), lambda _: _item(self.sequence_code, '-1'), code)
-    if self.uses(dim.code, self.index):
-      code = re.sub(_word(self.index), f'({length} - 1)', code)
-    return Known(code)
-
-  def length(self) -> str:
-    return self.sequence_code if self.sequence is None else f'len({self.sequence_code})'
-
-
-@dataclasses.dataclass(eq=False)
-class Site:
-  """A construction in a loop: one nnx.List attribute."""
-
-  loop: Loop
-  ctor: cst.Call
-  pattern: str | None = None  # the Linen name an f-string name= gives, `layer_{i}` (`{i}` for `name=str(i)`)
-  setup_attr: str | None = None  # the attribute of a setup() list (`self.layers = [...]`)
-  seen: list[tuple[cst.Call, list[Dim]]] = dataclasses.field(default_factory=list)
 
 
 class Loops:
@@ -136,9 +75,11 @@ class Loops:
     if any(isinstance(s, cst.For) for s in statement.body.body):
       raise fail(statement, 'holding a nested for loop (layers built in nested loops, an nnx.List of nnx.Lists, are '
                             'not converted yet)')
-    if any(not isinstance(s, cst.SimpleStatementLine) for s in statement.body.body):
-      raise fail(statement, 'whose body holds nested blocks (if, for, while, with, try): only simple statements in '
-                            'a loop are converted')
+    blocks = [s for s in statement.body.body if not isinstance(s, cst.SimpleStatementLine)]
+    for block in blocks:  # `if self.max_pool: hidden = nn.max_pool(hidden, ...)`: plain code, walked arm by arm
+      if not (isinstance(block, cst.If) and is_plain_if(block)):
+        raise fail(block, 'whose body holds blocks other than conditionals (while, with, try): only simple statements '
+                          'and ifs of them in a loop are converted')
     for sub in descendants(statement.body):
       if isinstance(sub, LOOP_STOPS):
         raise fail(sub, f'holding {type(sub).__name__.lower()}: the number of iterations must be its iterator\'s')
@@ -152,7 +93,7 @@ class Loops:
       if isinstance(sub, cst.Call) and isinstance(sub.func, cst.Attribute) and isinstance(sub.func.value, cst.Name) \
           and sub.func.value.value == 'self' and sub.func.attr.value in methods:
         raise fail(sub, f'calling self.{sub.func.attr.value}(), which may build layers in every iteration')
-    loop = self._target(ctx, statement, bool(ctors))
+    loop = loop_header(ctx, statement, bool(ctors))
     assigned = {n.value for sub in descendants(statement.body) if isinstance(sub, (cst.AssignTarget, cst.AugAssign,
                                                                                    cst.AnnAssign))
                 for n in (sub.target, *descendants(sub.target)) if isinstance(n, cst.Name)}
@@ -165,9 +106,15 @@ class Loops:
                          'at once)')
       loop.sites.append(Site(loop, ctor))
       self.sites[ctor] = loop.sites[-1]
+    ctx.plan.branches.update(b for block in blocks for b in (block, *descendants(block)) if isinstance(b, cst.If))
     if ctors:
       self.refs |= {n for n in descendants(statement.body) if isinstance(n, cst.Name) and n.value in loop.names}
-      self._body_locals(ctx, statement, ctors)
+      building = [block for block in blocks if any(sub in built for sub in descendants(block))]
+      self._body_locals(ctx, statement, ctors, [b.test for block in building for b in (block, *descendants(block))
+                                                if isinstance(b, cst.If)])
+      for block in building:  # `if self.layer_norm: hidden = nn.LayerNorm()(hidden)`: an element where the test holds
+        for ctor, condition in construction_conditions(ctx, block, built).items():
+          self.sites[ctor].condition = condition
       try:
         queries.check_hoistable(ctx, loop.sequence if loop.sequence is not None else loop.count)
       except Unsupported:
@@ -175,10 +122,12 @@ class Loops:
                                    'evaluate (it uses an input or a local): NNX builds the layers in __init__') from None
     self.loops[statement] = loop
 
-  def _body_locals(self, ctx: ClassContext, statement: cst.For, ctors: list[cst.Call]) -> None:
-    """`strides = (2, 2) if i > 0 else (1, 1)` in the loop body, read by a construction: its value is written into
-    the comprehension in __init__ (the statement goes when only constructions read it)."""
-    method = _enclosing(ctx, statement, cst.FunctionDef)
+  def _body_locals(self, ctx: ClassContext, statement: cst.For, ctors: list[cst.Call], tests: list[cst.CSTNode]) -> None:
+    """`strides = (2, 2) if i > 0 else (1, 1)` in the loop body, read by a construction or by the test of a
+    conditional around one (`tests`), directly or through other such locals (brax's `is_last = i == n - 1`, then
+    `ki = ... if is_last else ...`): its value is written into the comprehension in __init__ (the statement goes
+    when only constructions and statements that go read it)."""
+    method = enclosing(ctx, statement, cst.FunctionDef)
     bound: dict[str, list[cst.CSTNode]] = {}
     for sub in descendants(method):
       for target in (getattr(sub, 'target', None),) if isinstance(sub, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign,
@@ -187,15 +136,24 @@ class Loops:
           if isinstance(name, cst.Name):
             bound.setdefault(name.value, []).append(sub)
     lines = list(statement.body.body)
-    inside = {n for ctor in ctors for n in descendants(ctor)}
+    local = {line: name for line in lines if (name := assigned_name(line)) is not None and len(bound[name]) == 1}
+    reads = {line: [n for n in descendants(statement.body) if isinstance(n, cst.Name) and n.value == name
+                    and n is not line.body[0].targets[0].target
+                    and not (isinstance(ctx.facts.parent(n), cst.Attribute) and ctx.facts.parent(n).attr is n)]
+             for line, name in local.items()}
+    built = {n for ctor in ctors for n in descendants(ctor)}
+    needed = built | {n for test in tests for n in (test, *descendants(test))}
+    goes = set(built)  # read here, a local can go: these move to __init__
+    for line in reversed(lines):  # the locals read where code moves to __init__, and through them, theirs
+      if line in local and any(n in needed for n in reads[line]):
+        value = {n for n in descendants(line.body[0].value)}
+        needed |= value
+        if all(n in goes for n in reads[line]):
+          goes |= value
     for line in lines:
-      name = assigned_name(line)
-      if name is None or len(bound.get(name, ())) != 1:
+      if line not in local:
         continue
-      reads = [n for n in descendants(statement.body) if isinstance(n, cst.Name) and n.value == name
-               and n is not line.body[0].targets[0].target
-               and not (isinstance(ctx.facts.parent(n), cst.Attribute) and ctx.facts.parent(n).attr is n)]
-      used = [n for n in reads if n in inside]
+      used = [n for n in reads[line] if n in needed]
       later = {n for l in lines[lines.index(line) + 1:] for n in descendants(l)}
       if not used or any(n not in later for n in used):
         continue
@@ -207,40 +165,9 @@ class Loops:
       code = queries.code(ctx, value)
       for node in used:
         self.refs.add(node)
-        ctx.plan.aliases[node] = code if re.fullmatch(r'[\w.]+', code) else f'({code})'
-      if len(used) == len(reads) and all(n in later for n in reads):
+        ctx.plan.aliases[node] = code if re.fullmatch(r'[\w.]+', code) or wrapped(code) else f'({code})'
+      if all(n in goes and n in later for n in reads[line]):
         ctx.plan.removed.add(line)
-
-  def _target(self, ctx: ClassContext, statement: cst.For | cst.CompFor, rewrite: bool) -> Loop:
-    """The loop's index, element and iterator: `for i in range(n)`, `for i, f in enumerate(S)`, `for f in S`."""
-    code = ctx.facts.code
-    target, it = statement.target, statement.iter
-    what = 'a for loop' if isinstance(statement, cst.For) else 'a list comprehension'
-    fail = lambda why: Unsupported(statement, f'{what} {why}')
-    fresh = lambda: _fresh(ctx, statement)
-    if isinstance(it, cst.Call) and _is_builtin(ctx, it.func, 'range') and len(it.args) == 1 \
-        and it.args[0].keyword is None and not it.args[0].star and isinstance(target, cst.Name):
-      index = target.value if target.value != '_' else fresh()
-      loop = Loop(statement, index, None, None, it.args[0].value, frozenset({target.value}))
-      if rewrite and target.value == '_':
-        ctx.plan.exprs[target] = index
-    elif isinstance(it, cst.Call) and _is_builtin(ctx, it.func, 'enumerate'):
-      names = _pair(target)
-      if names is None or len(it.args) != 1 or it.args[0].keyword is not None or it.args[0].star:
-        raise fail('over enumerate(...) with other than `for i, x in enumerate(<sequence>)`')
-      index = names[0] if names[0] != '_' else fresh()
-      loop = Loop(statement, index, names[1], it.args[0].value, None, frozenset(names))
-      if rewrite and names[0] == '_':
-        ctx.plan.exprs[target.elements[0].value] = index
-    elif isinstance(target, cst.Name):
-      index = fresh()
-      loop = Loop(statement, index, target.value, it, None, frozenset({target.value}))
-      if rewrite:
-        ctx.plan.exprs[target] = f'{index}, {target.value}'
-        ctx.plan.exprs[it] = f'enumerate({code(it)})'
-    else:
-      raise fail(f'with the target {code(target)} (converted: a name, or `i, x` over enumerate(...))')
-    return loop
 
   def setup_append(self, ctx: ClassContext, statement: cst.BaseStatement, setup: cst.FunctionDef) -> bool:
     """`layers = []`, `for f in <iterator>: layers.append(<layer>)`, `self.layers = layers` in setup(): the first two
@@ -289,7 +216,7 @@ class Loops:
                   what: str) -> cst.Call:
     """Registers the construction of a setup() list built by `loop_node` (a for loop or a comprehension)."""
     name = next((a.value for a in ctor.args if a.keyword is not None and a.keyword.value == 'name'), None)
-    loop = self._target(ctx, loop_node, False)
+    loop = loop_header(ctx, loop_node, False)
     loop.comprehension = value
     loop.sites.append(Site(loop, ctor, _setup_name(ctx, ctor, name, loop, attr) if name is not None else None,
                            setup_attr=attr))
@@ -310,9 +237,9 @@ class Loops:
       return False
     parent, element = ctx.facts.parent(sub), None
     if isinstance(parent, cst.Arg) and isinstance(ctx.facts.parent(parent), cst.Call) \
-        and _is_builtin(ctx, ctx.facts.parent(parent).func, 'enumerate') and len(ctx.facts.parent(parent).args) == 1:
+        and is_builtin(ctx, ctx.facts.parent(parent).func, 'enumerate') and len(ctx.facts.parent(parent).args) == 1:
       parent = ctx.facts.parent(ctx.facts.parent(parent))
-      names = _pair(parent.target) if isinstance(parent, cst.For) else None
+      names = pair(parent.target) if isinstance(parent, cst.For) else None
       element = names[1] if names is not None else None
     elif isinstance(parent, cst.For) and parent.iter is sub and isinstance(parent.target, cst.Name):
       element = parent.target.value
@@ -383,8 +310,9 @@ class Loops:
     for loop in loops:  # the iterator in __init__, without the rewrite of the loop's own header
       rewritten = ctx.plan.exprs.pop(loop.node.iter, None)
       loop.sequence_code = queries.code(ctx, loop.sequence if loop.sequence is not None else loop.count)
+      loop.zipped_code = {name: queries.code(ctx, sequence) for name, sequence in loop.zipped}
       sequence = loop.sequence
-      if isinstance(sequence, cst.Call) and _is_builtin(ctx, sequence.func, 'range') and len(sequence.args) == 2 \
+      if isinstance(sequence, cst.Call) and is_builtin(ctx, sequence.func, 'range') and len(sequence.args) == 2 \
           and all(a.keyword is None and not a.star for a in sequence.args):
         loop.stop = queries.code(ctx, sequence.args[1].value)
       if rewritten is not None:
@@ -433,11 +361,16 @@ class Loops:
         if other_site is not None and other_site.loop is loop and other_site.pattern is None:
           group.setdefault(other.linen_name.rpartition('_')[0], []).append(other)
       for name, members in group.items():
+        if any(self.sites[m.ctor].condition is not None for m in members):  # Linen counts only the ones built
+          for member in members:
+            member.linen_name = f'{name}_{{number built before}}'
+          extra.setdefault(name, []).append('number built in the loop')
+          continue
         base = [*extra.get(name, []), str(fixed.get(name, 0))]
         step = loop.index if len(members) == 1 else f'{len(members)} * {loop.index}'
         for j, member in enumerate(members):
           member.linen_name = f'{name}_{{{_sum([*base, step, str(j)])}}}'
-        size = loop.length() if len(members) == 1 else f'{len(members)} * {_paren(loop.length())}'
+        size = loop.length() if len(members) == 1 else f'{len(members)} * {paren(loop.length())}'
         extra.setdefault(name, []).append(size)
 
   def wrap(self, ctx: ClassContext, child: Child) -> str:
@@ -446,15 +379,17 @@ class Loops:
     if site is None:
       return child.text
     loop, text = site.loop, child.text
-    index, element = loop.uses(text, loop.index), loop.uses(text, loop.element)
+    if site.condition is not None:  # built in the iterations where the condition holds, None in the others
+      text = f'{text} if {site.condition} else None'
+    index, element = loop.uses(text, loop.index), loop.uses_element(text)
     if loop.sequence is None:
       header = f'{loop.index if index else "_"} in range({loop.sequence_code})'
     elif index and element:
-      header = f'{loop.index}, {loop.element} in enumerate({loop.sequence_code})'
+      header = f'{loop.index}, {loop.element_target()} in enumerate({loop.sequence_code})'
     elif index:
-      header = f'{loop.index} in range(len({loop.sequence_code}))'
+      header = f'{loop.index} in range({loop.length()})'
     else:
-      header = f'{loop.element if element else "_"} in {loop.sequence_code}'
+      header = f'{loop.element_target() if element else "_"} in {loop.sequence_code}'
     if not child.hoisted:  # a setup() list: the comprehension becomes the nnx.List
       ctx.plan.exprs[loop.comprehension] = f'nnx.List([{text} for {header}])'
       return text
@@ -586,7 +521,7 @@ def _same(left: Dim, right: Dim) -> bool:
 
 
 def _unwrap(code: str) -> str:
-  while code.startswith('(') and code.endswith(')') and not _unbalanced(code[1:-1]):
+  while code.startswith('(') and code.endswith(')') and not unbalanced(code[1:-1]):
     code = code[1:-1]
   return code.replace(' ', '')
 
@@ -597,39 +532,9 @@ def plural(name: str) -> str:
 
 def _known_after(loop: Loop, dim: Dim) -> Dim:
   """What a name the loop assigns has after it; a size using the loop's names only when __init__ can evaluate it."""
-  if isinstance(dim, Known) and not loop.sites and (loop.uses(dim.code, loop.index)
-                                                   or loop.uses(dim.code, loop.element)):
+  if isinstance(dim, Known) and not loop.sites and (loop.uses(dim.code, loop.index) or loop.uses_element(dim.code)):
     return None  # a loop building nothing: its iterator may not be valid in __init__
   return loop.last(dim)
-
-
-def _word(name: str) -> str:
-  return rf'(?<![\w.\'"]){re.escape(name)}(?![\w\'"])'
-
-
-def _item(sequence: str, index: str) -> str:
-  """`S[index]`, `X[:-1][i - 1]` written `X[i - 1]` (and `X[:-1][-1]` as `X[-2]`)."""
-  head = re.fullmatch(r'(.+)\[:(-?\d+)\]', sequence)
-  if head is not None and not _unbalanced(head.group(1)):
-    if index == '-1' and int(head.group(2)) < 0:
-      return f'{head.group(1)}[{int(head.group(2)) - 1}]'
-    if index != '-1':
-      return f'{head.group(1)}[{index}]'
-  return f'{_paren(sequence)}[{index}]'
-
-
-def _unbalanced(code: str) -> bool:
-  depth = 0
-  for char in code:
-    depth += char in '([{'
-    depth -= char in ')]}'
-    if depth < 0:
-      return True
-  return depth != 0
-
-
-def _paren(code: str) -> str:
-  return code if re.fullmatch(r'[\w.]+(\([^()]*\)|\[[^\[\]]*\])*', code) else f'({code})'
 
 
 def _sum(terms: list[str]) -> str:
@@ -661,46 +566,16 @@ def _appended(loop: cst.CSTNode | None, name: str) -> cst.Call | None:
   return None
 
 
-def _pair(target: cst.BaseExpression) -> tuple[str, str] | None:
-  if isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2 \
-      and all(isinstance(e, cst.Element) and isinstance(e.value, cst.Name) for e in target.elements):
-    return target.elements[0].value.value, target.elements[1].value.value
-  return None
-
-
-def _is_builtin(ctx: ClassContext, func: cst.BaseExpression, name: str) -> bool:
-  return isinstance(func, cst.Name) and func.value == name and name not in ctx.facts.global_names
-
-
-def _enclosing(ctx: ClassContext, node: cst.CSTNode, kind: type[cst.CSTNode]) -> tp.Any:
-  while node is not None and not isinstance(node, kind):
-    node = ctx.facts.parent(node)
-  return node
-
-
 def _class_methods(ctx: ClassContext, node: cst.CSTNode) -> set[str]:
-  cls = _enclosing(ctx, node, cst.ClassDef)
+  cls = enclosing(ctx, node, cst.ClassDef)
   return {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)} if cls is not None else set()
 
 
 def _class_fields(ctx: ClassContext, node: cst.CSTNode) -> set[str]:
-  cls = _enclosing(ctx, node, cst.ClassDef)
+  cls = enclosing(ctx, node, cst.ClassDef)
   return {s.body[0].target.value for s in (cls.body.body if cls is not None else ())
           if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.AnnAssign)
           and isinstance(s.body[0].target, cst.Name)}
-
-
-def _fresh(ctx: ClassContext, statement: cst.For) -> str:
-  """An index name the method does not use: `i`, else `j`, `k`, `index`, `index_`..."""
-  method = _enclosing(ctx, statement, cst.FunctionDef)
-  used = {n.value for n in descendants(method) if isinstance(n, cst.Name)} | ctx.facts.global_names
-  for name in ('i', 'j', 'k', 'index'):
-    if name not in used:
-      return name
-  name = 'index_'
-  while name in used:
-    name += '_'
-  return name
 
 
 def _plain_if(statement: cst.BaseStatement, element: str) -> bool:
@@ -713,7 +588,7 @@ def _setup_name(ctx: ClassContext, ctor: cst.Call, name: cst.BaseExpression, loo
   """The Linen name pattern of a setup() list's `name=str(i)` (`{i}`, transformers' layer lists) or
   `name=f'layer_{i}'` (`layer_{i}`), `i` the index of the comprehension; NNX names the elements by position."""
   code = ctx.facts.code
-  if isinstance(name, cst.Call) and _is_builtin(ctx, name.func, 'str') and len(name.args) == 1 \
+  if isinstance(name, cst.Call) and is_builtin(ctx, name.func, 'str') and len(name.args) == 1 \
       and isinstance(name.args[0].value, cst.Name) and name.args[0].value.value == loop.index:
     return f'{{{loop.index}}}'
   if isinstance(name, cst.FormattedString) and len(name.parts) in (1, 2) \

@@ -24,6 +24,7 @@ from codemods.rules.l2n002 import (
   scope,
   sizes,
 )
+from codemods.rules.l2n002.conditions import construction_conditions
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.example_shapes import add_shape_formulas
 from codemods.rules.l2n002.facts import FileFacts
@@ -418,7 +419,7 @@ def _straight_line(ctx: ClassContext, body: cst.BaseSuite, built: set[cst.Call])
     if not isinstance(statement, cst.If) or not is_plain_if(statement):
       raise Unsupported(statement, 'the @nn.compact body has loops, conditionals or nested blocks')
     if any(s in built for s in descendants(statement)):
-      ctx.plan.conditions.update(_construction_conditions(ctx, statement, built))
+      ctx.plan.conditions.update(construction_conditions(ctx, statement, built))
     ctx.plan.branches.update(branches)
 
 
@@ -434,47 +435,6 @@ def _plain_block(ctx: ClassContext, statement: cst.BaseStatement, built: set[cst
         and sub.func.attr.value in methods:
       return False
   return True
-
-
-Tests = tuple[tuple[str, bool], ...]
-"""The tests of the arms a construction is in, as (code for __init__, whether it needs no parentheses in `and`)."""
-
-
-def _construction_conditions(ctx: ClassContext, statement: cst.If, built: set[cst.Call],
-                             path: Tests = ()) -> dict[cst.Call, str]:
-  """`if self.config.use_norm: x = nn.LayerNorm()(x)`, also in elif chains and nested conditionals: each
-  construction in it, with the condition (code for __init__) under which it exists, the tests of the arms it is
-  in joined (`not (self.norm == 'batch') and self.norm == 'layer'`); a test that depends on the call (an input, a
-  train/eval switch) is refused."""
-  test = statement.test
-  if any(isinstance(n, cst.Name) and n.value in ctx.plan.switches for n in (test, *descendants(test))):
-    raise Unsupported(test, 'a submodule created under a train/eval switch (in NNX it exists in both modes)')
-  try:
-    queries.check_hoistable(ctx, test)
-  except Unsupported:
-    raise Unsupported(test, 'a submodule created under a condition on the call (its inputs or locals): NNX '
-                             'creates submodules in __init__') from None
-  code = queries.code(ctx, test)
-  atomic = isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
-  conditions = _arm_conditions(ctx, statement.body, built, (*path, (code, atomic)))
-  negated = (*path, (f'not {code}' if atomic else f'not ({code})', True))  # `not` binds tighter than `and`
-  if isinstance(statement.orelse, cst.If):  # elif
-    conditions.update(_construction_conditions(ctx, statement.orelse, built, negated))
-  elif statement.orelse is not None:
-    conditions.update(_arm_conditions(ctx, statement.orelse.body, built, negated))
-  return conditions
-
-
-def _arm_conditions(ctx: ClassContext, arm: cst.BaseSuite, built: set[cst.Call], path: Tests) -> dict[cst.Call, str]:
-  """The constructions of one arm of a conditional, each with the tests `path` leads to it through."""
-  condition = path[0][0] if len(path) == 1 else ' and '.join(code if atomic else f'({code})' for code, atomic in path)
-  conditions = {}
-  for statement in arm.body:
-    if isinstance(statement, cst.If):  # the arms of a plain if hold simple statements and ifs (`is_plain_if`)
-      conditions.update(_construction_conditions(ctx, statement, built, path))
-    else:
-      conditions.update((sub, condition) for sub in descendants(statement) if sub in built)
-  return conditions
 
 
 def _name_children(ctx: ClassContext, planned: list[Child], taken: set[str]) -> None:

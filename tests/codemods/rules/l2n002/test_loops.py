@@ -66,8 +66,10 @@ class M(nn.Module):
 
 
 @pytest.mark.parametrize('body, message', [
-    ('      x = nn.Dense(4)(x)\n      if i > 0:\n        x = nn.relu(x)',
-     'a for loop whose body holds nested blocks'),
+    ('      x = nn.Dense(4)(x)\n      while x.shape[-1] > 4:\n        x = x[..., 1:]',
+     'a for loop whose body holds blocks other than conditionals'),
+    ('      if x.shape[-1] > 2:\n        x = nn.Dense(4)(x)',
+     'a submodule created under a condition on the call (its inputs or locals)'),
     ('      x = nn.Dense(4)(x)\n      break', 'a for loop holding break'),
     ("      w = self.param('w', nn.initializers.zeros, (4,))\n      x = x * w", 'a for loop calling self.param'),
     ('      x = jnp.concatenate([x, nn.Dense(4)(x)], axis=-1)',

@@ -1,0 +1,56 @@
+"""The conditions constructions are built under, for rule L2N002.
+
+A submodule built in an arm of a conditional on fields (`if self.config.use_norm: x = nn.LayerNorm()(x)`, also in
+elif chains and nested conditionals) exists in NNX under the same condition: `__init__` builds it when the tests
+of the arms it is in hold (None otherwise), and the call site keeps its conditional.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from codemods.nodes import descendants
+from codemods.rules.l2n002 import queries
+from codemods.rules.l2n002.context import ClassContext
+from codemods.rules.l2n002.plan import Unsupported
+
+
+Tests = tuple[tuple[str, bool], ...]
+"""The tests of the arms a construction is in, as (code for __init__, whether it needs no parentheses in `and`)."""
+
+
+def construction_conditions(ctx: ClassContext, statement: cst.If, built: set[cst.Call],
+                            path: Tests = ()) -> dict[cst.Call, str]:
+  """`if self.config.use_norm: x = nn.LayerNorm()(x)`, also in elif chains and nested conditionals: each
+  construction in it, with the condition (code for __init__) under which it exists, the tests of the arms it is
+  in joined (`not (self.norm == 'batch') and self.norm == 'layer'`); a test that depends on the call (an input, a
+  train/eval switch) is refused."""
+  test = statement.test
+  if any(isinstance(n, cst.Name) and n.value in ctx.plan.switches for n in (test, *descendants(test))):
+    raise Unsupported(test, 'a submodule created under a train/eval switch (in NNX it exists in both modes)')
+  try:
+    queries.check_hoistable(ctx, test)
+  except Unsupported:
+    raise Unsupported(test, 'a submodule created under a condition on the call (its inputs or locals): NNX '
+                             'creates submodules in __init__') from None
+  code = queries.code(ctx, test)
+  atomic = isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
+  conditions = arm_conditions(ctx, statement.body, built, (*path, (code, atomic)))
+  negated = (*path, (f'not {code}' if atomic else f'not ({code})', True))  # `not` binds tighter than `and`
+  if isinstance(statement.orelse, cst.If):  # elif
+    conditions.update(construction_conditions(ctx, statement.orelse, built, negated))
+  elif statement.orelse is not None:
+    conditions.update(arm_conditions(ctx, statement.orelse.body, built, negated))
+  return conditions
+
+
+def arm_conditions(ctx: ClassContext, arm: cst.BaseSuite, built: set[cst.Call], path: Tests) -> dict[cst.Call, str]:
+  """The constructions of one arm of a conditional, each with the tests `path` leads to it through."""
+  condition = path[0][0] if len(path) == 1 else ' and '.join(code if atomic else f'({code})' for code, atomic in path)
+  conditions = {}
+  for statement in arm.body:
+    if isinstance(statement, cst.If):  # the arms of a plain if hold simple statements and ifs (`is_plain_if`)
+      conditions.update(construction_conditions(ctx, statement, built, path))
+    else:
+      conditions.update((sub, condition) for sub in descendants(statement) if sub in built)
+  return conditions
