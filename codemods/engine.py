@@ -111,7 +111,7 @@ def migrate(
   outcomes = {path: FileOutcome(path, FAILED, error=f'cannot read directory: {error}')
               for path, error in found.unreadable}
   candidates = []
-  sources: dict[str, bytes] = {}  # the .py files that define classes, for the hierarchy pass
+  sources: dict[str, bytes] = {}  # the .py files, for the hierarchy pass
   originals: dict[str, bytes] = {}  # every file read, as it was
   for path in found.files:
     try:
@@ -121,7 +121,7 @@ def migrate(
       outcomes[path] = FileOutcome(path, FAILED, error=f'cannot read: {error}')
       continue
     originals[path] = data
-    if path.endswith('.py') and b'class' in data:
+    if path.endswith('.py'):
       sources[path] = data
     if files.mentions_flax(data):
       candidates.append(path)

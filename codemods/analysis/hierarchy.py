@@ -43,14 +43,17 @@ class LinenHierarchy:
   helper methods (no annotated field, setup, @nn.compact method, `__call__`, Linen layer built
   nor `self.param`-like scope API, and so for their own project bases), which a subclass can
   keep as its base when both become NNX modules.
-  `files`: the files defining them. `module` and `package`: the file being migrated, set by
-  `for_file`; they resolve the names its rules see (`Base`, `.base.Base`).
+  `files`: the files defining them. `plain_modules`: the module names of the run's files that mention neither
+  flax nor a Linen class of the run, whose functions build no Linen module (jax-md's `so3.py` of precomputed
+  tables). `module` and `package`: the file being migrated, set by `for_file`; they resolve the names its rules
+  see (`Base`, `.base.Base`).
   """
 
   classes: frozenset[str] = frozenset()
   bases: frozenset[str] = frozenset()
   plain_bases: frozenset[str] = frozenset()
   files: frozenset[str] = frozenset()
+  plain_modules: frozenset[str] = frozenset()
   module: str = ''
   package: str = ''
 
@@ -64,12 +67,22 @@ class LinenHierarchy:
   def resolve(self, qualified: str) -> str | None:
     """The class of the hierarchy that a qualified name of the file (`models.base.BaseModel`,
     `.base.BaseModel`, or `BaseModel` for a class of the file itself) denotes, else None."""
+    qualified = self._absolute(qualified)
+    return qualified if qualified in self.classes else None
+
+  def in_plain_module(self, qualified: str) -> bool:
+    """Whether a qualified name of the file (`..common.so3.create_coefficient_mapping`) is defined in one of the
+    `plain_modules`."""
+    return self._absolute(qualified).rpartition('.')[0] in self.plain_modules
+
+  def _absolute(self, qualified: str) -> str:
     stripped = qualified.lstrip('.')
     if stripped != qualified:
-      qualified = get_absolute_module_from_package(self.package or None, stripped, len(qualified) - len(stripped))
-    elif '.' not in qualified and self.module:
-      qualified = f'{self.module}.{qualified}'
-    return qualified if qualified in self.classes else None
+      absolute = get_absolute_module_from_package(self.package or None, stripped, len(qualified) - len(stripped))
+      return absolute or qualified  # above the top package: unresolved
+    if '.' not in qualified and self.module:
+      return f'{self.module}.{qualified}'
+    return qualified
 
   def base_words(self) -> tuple[str, ...]:
     """The last part of each base's name: in every file that subclasses one, however it is imported."""
@@ -86,7 +99,7 @@ class _Class:
 
 
 def build_hierarchy(sources: tp.Mapping[str, bytes], roots: tp.Sequence[str] = ()) -> LinenHierarchy:
-  """The Linen classes defined in `sources` (.py path -> content), whatever their order.
+  """The Linen classes defined in `sources` (.py path -> content: the run's Python files), whatever their order.
 
   Files that mention flax are parsed, then the files that mention the name of a class found so far,
   until no new class appears; a file that does not parse is left out (the engine reports it).
@@ -96,11 +109,12 @@ def build_hierarchy(sources: tp.Mapping[str, bytes], roots: tp.Sequence[str] = (
   parsed: set[str] = set()
   linen: dict[str, list[_Class]] = {}  # name -> the Linen classes of that name (same-named modules may clash)
   words: set[bytes] = set()
-  pending = sorted(path for path, data in sources.items() if mentions_flax(data))
+  defining = {path: data for path, data in sources.items() if b'class' in data}  # only these are parsed
+  pending = sorted(path for path, data in defining.items() if mentions_flax(data))
   while pending:
     for path in pending:
       parsed.add(path)
-      classes += _classes_of(path, sources[path], roots)
+      classes += _classes_of(path, defining[path], roots)
     changed = True
     while changed:  # to a fixpoint: the result does not depend on the order of the files
       changed = False
@@ -111,13 +125,15 @@ def build_hierarchy(sources: tp.Mapping[str, bytes], roots: tp.Sequence[str] = (
             linen.setdefault(name, []).append(found)
     new_words = {name.rpartition('.')[2].encode() for name in linen} - words
     words |= new_words
-    pending = sorted(path for path, data in sources.items()
+    pending = sorted(path for path, data in defining.items()
                      if path not in parsed and any(word in data for word in new_words))
   bases = {base for found in classes if found.linen for base in found.bases if base in linen}
   bases |= {name for base in bases for found in linen[base] for name in found.names}
   plain = {name for name in bases if all(_plain(found, linen, set()) for found in linen[name])}
+  plain_modules = {name for path, data in sources.items() if not mentions_flax(data)
+                   and not any(word in data for word in words) for name in module_names(path, roots)}
   return LinenHierarchy(frozenset(linen), frozenset(bases), frozenset(plain),
-                        frozenset(found.path for found in classes if found.linen))
+                        frozenset(found.path for found in classes if found.linen), frozenset(plain_modules))
 
 
 def _plain(found: _Class, linen: dict[str, list[_Class]], seen: set[int]) -> bool:

@@ -7,7 +7,8 @@ fields already stored, so such a statement means the same there and stays, in it
 submodules. `setup_code_blocker` finds what would not: a statement that builds or names a Linen module
 other than as `self.<attr> = Layer(...)`, uses a scope API (`self.param` inside an expression), or
 calls code L2N002 does not follow and that could build a module (a method of the class, a function of
-the project that builds Linen modules).
+the project that builds Linen modules; a function of a file of the run that mentions neither flax nor a Linen
+class of the run is plain code: `LinenHierarchy.plain_modules`).
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def _call_blocker(facts: FileFacts, call: cst.Call, node: cst.ClassDef) -> str |
       return f'self.{func.attr.value}(...) calls the field {func.attr.value} (a ModuleDef or function) from setup()'
   for qualified in facts.qualified_names(func):
     name = qualified.name
-    if qualified.source is QualifiedNameSource.IMPORT and _is_project(facts, name):
+    if qualified.source is QualifiedNameSource.IMPORT and _is_project(facts, name) \
+        and not facts.hierarchy.in_plain_module(name):  # a file of the run that knows nothing of flax: plain code
       return f'{facts.code(func)}(...) calls {name}, code of this project L2N002 does not follow'
     if qualified.source is QualifiedNameSource.LOCAL and name in facts.global_names and _builds_modules(facts, name):
       return f'{facts.code(func)}(...) calls {name} of this file, which may build Linen modules'

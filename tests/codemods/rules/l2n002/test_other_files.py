@@ -190,3 +190,71 @@ def test_a_package_given_as_the_folder_is_no_import_root_for_its_subpackages(tmp
   result = migrate(['dopamine'], rules=registry.ALL_RULES, write=False, jobs=1)
   assert [c.linen_name for o in result.files for c in o.classes] == ['ClassicControlDQNNetwork'], \
       [e.message for o in result.files for e in o.entries if e.kind == 'todo']
+
+
+TABLES = '''\
+"""Tables computed once, in numpy (jax-md's uma/common/so3.py)."""
+import numpy as np
+
+
+def coefficient_table(lmax):
+  return np.arange((lmax + 1) ** 2, dtype=np.float32) / (lmax + 1) ** 2
+'''
+
+HELPERS = '''\
+"""Helpers that build Linen layers."""
+import flax.linen as nn
+
+
+def coefficient_table(lmax):
+  return nn.Dense(lmax)
+'''
+
+UMA = '''\
+import flax.linen as nn
+
+from {package} import tables
+
+
+class Block(nn.Module):
+  lmax: int = 2
+
+  def setup(self):
+    self.table = tables.coefficient_table(self.lmax)
+    self.dense = nn.Dense((self.lmax + 1) ** 2)
+
+  def __call__(self, x):
+    return self.dense(x) * self.table
+'''
+
+
+@pytest.mark.parametrize('helper, converts', [(TABLES, True), (HELPERS, False)], ids=['numpy_tables', 'builds_layers'])
+def test_setup_code_calling_a_plain_module_of_the_run_converts(tmp_path, monkeypatch, helper, converts):
+  """A call of a function of another file of the run that knows nothing of flax is plain code, kept as it is in
+  __init__; one of a file that may build Linen layers keeps the class Linen, with why."""
+  for root in (tmp_path / 'linen', tmp_path / 'nnx'):
+    package = root / 'uma'
+    package.mkdir(parents=True)
+    (package / '__init__.py').write_text('')
+    (package / 'tables.py').write_text(helper)
+    (package / 'blocks.py').write_text(UMA.format(package='uma'))
+  monkeypatch.chdir(tmp_path / 'nnx')
+  result = migrate(['uma'], rules=registry.ALL_RULES, write=True, jobs=1)
+  todos = [e.message for o in result.files for e in o.entries if e.kind == 'todo']
+  if not converts:
+    assert result.fates()['converted'] == 0
+    assert any('tables.coefficient_table(...) calls uma.tables.coefficient_table, code of this project L2N002 does '
+               'not follow' in message for message in todos), todos
+    return
+  assert result.fates()['converted'] == 1, todos
+  modules = {}
+  for side in ('linen', 'nnx'):
+    for name in [m for m in sys.modules if m == 'uma' or m.startswith('uma.')]:
+      monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path / side))
+    modules[side] = importlib.import_module('uma.blocks')
+  x = jax.random.normal(jax.random.key(1), (2, 5))
+  model = modules['nnx'].Block(dense_in_features=5, rngs=nnx.Rngs(0))
+  linen_block = modules['linen'].Block()
+  report = nnx_bridge.compare(linen_block, linen_block.init(jax.random.key(0), x), model, x)
+  assert report.ok, report.to_text()
