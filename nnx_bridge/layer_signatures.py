@@ -176,6 +176,22 @@ NNX_ARGUMENTS: dict[str, frozenset[str]] = {
 """The argument names each NNX layer's constructor accepts."""
 
 
+LINEN_CALL_PARAMS: dict[str, tuple[str, ...]] = {
+    'flax.linen.BatchNorm': ('x', 'use_running_average'),
+    'flax.linen.Dropout': ('inputs', 'deterministic', 'rng'),
+    'flax.linen.Einsum': ('inputs', 'einsum_str'),
+    'flax.linen.SelfAttention': ('inputs_q', 'mask', 'deterministic', 'dropout_rng', 'sow_weights'),
+}
+"""The parameters a Linen layer's `__call__` takes by position, where they go beyond the table's `call_args` (the
+layer inputs): `self.dropout(h, deterministic)` gives `deterministic` by position."""
+
+
+def installed_linen_call_params(linen_name: str) -> tuple[str, ...]:
+  """A Linen layer's `__call__` parameters that may be given by position, read off the installed class."""
+  parameters = list(inspect.signature(_class_of(linen_name).__call__).parameters.values())[1:]
+  return tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
 def installed_linen_fields(linen_name: str) -> tuple[str, ...]:
   """A Linen layer's constructor fields in positional order, less parent/name, read off the installed class."""
   return tuple(p for p in inspect.signature(_class_of(linen_name)).parameters if p not in ('parent', 'name'))

@@ -353,6 +353,9 @@ def test_recorded_signatures_are_the_installed_flax_ones():
     assert fields == layer_signatures.installed_linen_fields(name), name
   for name, arguments in layer_signatures.NNX_ARGUMENTS.items():
     assert arguments == layer_signatures.installed_nnx_arguments(name), name
+  for spec in LAYERS:
+    recorded = layer_signatures.LINEN_CALL_PARAMS.get(spec.linen, spec.call_args)
+    assert recorded == layer_signatures.installed_linen_call_params(spec.linen), spec.linen
 
 
 def test_docs_table_is_generated_from_the_rows():

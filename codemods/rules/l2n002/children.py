@@ -126,7 +126,7 @@ def setup_child_calls(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, 
             and isinstance(parent, cst.Attribute) and parent.value is sub \
             and isinstance(ctx.facts.parent(parent), cst.Call) and ctx.facts.parent(parent).func is parent:
           continue  # `self.rnn.initial_state(...)`: a method of the cell, called outside the scan
-        if child.condition is not None and _none_test(parent, sub):
+        if _none_test(parent, sub):
           continue  # `if self.shortcut is not None:`: None when it is not created, in NNX as in Linen
         if not (isinstance(parent, cst.Call) and parent.func is sub):
           raise Unsupported(sub, f'self.{sub.attr.value} used other than by calling it')
@@ -177,6 +177,10 @@ def _call_condition(ctx: ClassContext, call: cst.Call) -> str | None:
       if has_scope_call(parent.test) or any(isinstance(c, cst.Call) and isinstance(c.func, cst.Attribute)
                                             and is_self_attr(c.func) for c in descendants(parent.test)):
         return None  # `if self.is_initializing():`, a method's result: not known when __init__ runs
+      children = {c.attr for c in ctx.plan.children}
+      if any(isinstance(a, cst.Attribute) and is_self_attr(a) and a.attr.value in children
+             for a in (parent.test, *descendants(parent.test))):
+        return None  # `if self.conv_shortcut is not None:`: whether __init__ built it, which it decides itself
       try:
         queries.check_hoistable(ctx, parent.test)
       except Unsupported:

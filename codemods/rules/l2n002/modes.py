@@ -15,6 +15,7 @@ from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.nodes import is_written
 from codemods.rules.l2n002.plan import Child, Unsupported
 from codemods.vocabulary import EVAL_ATTRIBUTES, EVAL_VALUE, LAYER_MODE_KWARGS, MODE_PARAMS
+from nnx_bridge.layer_signatures import LINEN_CALL_PARAMS
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 
 MODE_ARGUMENTS_BY_NAME = {m.name: m for m in MODE_ARGUMENTS}
@@ -118,9 +119,13 @@ def call_modes(ctx: ClassContext, call: cst.Call, child: Child) -> set[int]:
         raise Unsupported(arg, f'{arg.keyword.value}= of a {wrapper.linen} call has no NNX counterpart')
     return set()
   if child.spec is not None:
-    if len([a for a in call.args if a.keyword is None]) > len(child.spec.call_args):
+    names = LINEN_CALL_PARAMS.get(child.spec.linen, child.spec.call_args)  # `self.dropout(h, deterministic)`
+    positional = len([a for a in call.args if a.keyword is None])
+    beyond = names[len(child.spec.call_args):positional]
+    if positional > len(names) or any(n not in LAYER_MODE_KWARGS for n in beyond):
       raise Unsupported(call, 'positional arguments beyond the layer inputs')
     targets = {name: False for name in LAYER_MODE_KWARGS}
+    targets.update({i: False for i, name in enumerate(names) if name in LAYER_MODE_KWARGS})
   else:
     targets = {}
     for index, name, inverted in child.sibling.mode_params:
@@ -131,7 +136,7 @@ def call_modes(ctx: ClassContext, call: cst.Call, child: Child) -> set[int]:
     if key in targets:
       default = queries.switch(ctx, arg.value, targets[key])
       if child.spec is not None:
-        _mode_default(ctx, child, key, default)
+        _mode_default(ctx, child, key if arg.keyword is not None else names[position], default)
       dropped.add(position)
       seen.add(key)
   missing = [n for i, n, _ in child.sibling.mode_params if i not in seen and n not in seen] \

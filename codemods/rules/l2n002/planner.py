@@ -46,7 +46,7 @@ from codemods.rules.l2n002.nodes import (
   snake,
 )
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
-from codemods.rules.l2n002.setup_code import plain_attributes, setup_code_blocker
+from codemods.rules.l2n002.setup_code import none_placeholders, plain_attributes, setup_code_blocker
 from codemods.rules.l2n002.tied import tied_uses
 from codemods.vocabulary import (
   COMPACT_NAMES,
@@ -136,6 +136,7 @@ def _plan_members(ctx: ClassContext, node: cst.ClassDef, methods: dict[str, cst.
   factories.prepare_factories(ctx, method)
   if setup is not None:
     _plan_setup(ctx, plan, setup, counts)
+    ctx.plan.exprs.update((none, 'nnx.data(None)') for none in none_placeholders(setup, {c.attr for c in plan.children}))
   inline = _plan_compact(ctx, plan, method, counts) if method is not None else {}
   taken |= ctx.plain_attributes
   _name_children(ctx, plan.children, taken)

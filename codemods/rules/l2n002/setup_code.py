@@ -25,9 +25,12 @@ _INSIDE = {**DEFERRING, cst.List: 'a list', cst.Tuple: 'a tuple', cst.Dict: 'a d
 
 
 def plain_attributes(statement: cst.CSTNode) -> set[str]:
-  """The attributes a plain setup() statement assigns (`self.head_dim = ...`), which children must not take."""
+  """The attributes a plain setup() statement assigns (`self.head_dim = ...`), which children must not take; but
+  `self.conv_shortcut = None`, which a submodule built under a condition may then replace (diffusers' resnets)."""
   found = set()
   for sub in (statement, *descendants(statement)):
+    if isinstance(sub, cst.Assign) and isinstance(sub.value, cst.Name) and sub.value.value == 'None':
+      continue
     targets = [t.target for t in sub.targets] if isinstance(sub, cst.Assign) else \
         [sub.target] if isinstance(sub, (cst.AugAssign, cst.AnnAssign)) else []
     for target in targets:
@@ -35,6 +38,15 @@ def plain_attributes(statement: cst.CSTNode) -> set[str]:
         if isinstance(node, cst.Attribute) and is_self_attr(node):
           found.add(node.attr.value)
   return found
+
+
+def none_placeholders(setup: cst.FunctionDef, children: set[str]) -> list[cst.Name]:
+  """The `None` of each `self.<child> = None` in setup(): NNX takes an attribute first set to None for a static
+  one, which a submodule then cannot replace, so it becomes `nnx.data(None)`."""
+  return [sub.value for sub in descendants(setup) if isinstance(sub, cst.Assign) and len(sub.targets) == 1
+          and isinstance(sub.targets[0].target, cst.Attribute) and is_self_attr(sub.targets[0].target)
+          and sub.targets[0].target.attr.value in children
+          and isinstance(sub.value, cst.Name) and sub.value.value == 'None']
 
 
 def setup_code_blocker(facts: FileFacts, node: cst.ClassDef, statement: cst.CSTNode

@@ -1,11 +1,13 @@
 """A class of the run called without its train/eval argument runs in eval mode in NNX too, as Linen runs it in
 the mode of the argument's default (`modes._eval_view`; parity: fixtures/L2N002/switch_left_to_default.parity.json):
 in train mode, the Linen encoder's layers drop nothing, the port's neither, and a port that calls the layers
-plainly drops units; a default that means train mode keeps the class Linen, bridged where it is built."""
+plainly drops units; a default that means train mode keeps the class Linen, bridged where it is built. A table
+layer's switch given by position (`self.dropout(h, deterministic)`) goes as a keyword one does."""
 
 import runpy
 
 import numpy as np
+import pytest
 from flax import nnx
 
 import nnx_bridge
@@ -48,3 +50,30 @@ def test_a_default_that_means_train_mode_keeps_the_class_linen_bridged_as_it_run
   assert [c.linen_name for c in result.classes] == ['FlaxEncoder'] and 'with_attributes' not in result.source.decode()
   assert any(m.startswith('class FlaxFeedForward kept as Linen') for m in todos), todos
   assert 'nnx_bridge.from_linen(FlaxFeedForward(self.hidden)' in result.source.decode()
+
+
+POSITIONAL = '''import flax.linen as nn
+
+
+class Head(nn.Module):
+  @nn.compact
+  def __call__(self, x, deterministic: bool = True):
+    return {call}
+'''
+
+
+@pytest.mark.parametrize('call, converted', [
+    ('nn.Dropout(0.5)(nn.Dense(4)(x), deterministic)', 'self.dropout(self.linear(x))'),
+    ('nn.BatchNorm()(x, deterministic)', 'self.batch_norm(x)'),
+    ('nn.Dense(4)(x, deterministic)', None),
+    ('nn.Dropout(0.5)(x, deterministic, None, 1)', None),
+])
+def test_a_layer_switch_given_by_position_goes_as_a_keyword_one_does(call, converted):
+  """Linen's `__call__(inputs, deterministic=None, ...)`: `self.dropout(h, deterministic)` gives the switch by
+  position; any other argument past the layer inputs keeps the class Linen."""
+  result = transform_source(POSITIONAL.format(call=call).encode(), registry.ALL_RULES)
+  todos = [e.message for e in result.entries if e.kind == 'todo']
+  if converted is None:
+    assert todos == ['class Head left as Linen: positional arguments beyond the layer inputs'], todos
+  else:
+    assert not todos and f'return {converted}' in result.source.decode(), result.source.decode()
