@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import sys
 import typing as tp
@@ -13,6 +12,7 @@ from codemods.commands import demo
 from codemods.commands import layers
 from codemods.commands import migrate
 from codemods.commands import verify
+from nnx_bridge.distribution import package_version
 
 COMMANDS = (migrate, verify, convert, layers, demo)
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141  # as a shell reports SIGINT and SIGPIPE
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
       prog='linen2nnx',
       description='Linen-to-NNX migration and interop toolkit for Flax.',
   )
-  parser.add_argument('--version', action='version', version='%(prog)s ' + importlib.metadata.version('linen2nnx'))
+  parser.add_argument('--version', action='version', version='%(prog)s ' + package_version())
   subparsers = parser.add_subparsers(dest='command', metavar='COMMAND', parser_class=CommandParser)
   for command in COMMANDS:
     command.add_parser(subparsers)

@@ -7,8 +7,9 @@ The public names are imported on first use (PEP 562), so that `import nnx_bridge
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import typing as tp
+
+from nnx_bridge.distribution import package_version
 
 if tp.TYPE_CHECKING:
   from nnx_bridge.checkpoint_restore import restore_linen_checkpoint as restore_linen_checkpoint
@@ -38,7 +39,7 @@ if tp.TYPE_CHECKING:
   from nnx_bridge.treemap import LeafRule as LeafRule
   from nnx_bridge.treemap import TreeMapping as TreeMapping
 
-__version__ = importlib.metadata.version('linen2nnx')
+__version__ = package_version()
 
 _DEFINED_IN = {
     'restore_linen_checkpoint': 'checkpoint_restore',
