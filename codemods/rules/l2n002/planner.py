@@ -134,12 +134,14 @@ def _plan_members(ctx: ClassContext, node: cst.ClassDef, methods: dict[str, cst.
   plan = ctx.plan
   counts: dict[str, int] = {}
   factories.prepare_factories(ctx, method)
+  placeholders = none_placeholders(setup) if setup is not None else {}
   if setup is not None:
     _plan_setup(ctx, plan, setup, counts)
-    ctx.plan.exprs.update((none, 'nnx.data(None)') for none in none_placeholders(setup, {c.attr for c in plan.children}))
+    built = {c.attr for c in plan.children}
+    ctx.plan.exprs.update((none, 'nnx.data(None)') for none, attr in placeholders.items() if attr in built)
   inline = _plan_compact(ctx, plan, method, counts) if method is not None else {}
   taken |= ctx.plain_attributes
-  _name_children(ctx, plan.children, taken)
+  _name_children(ctx, plan.children, taken, set(placeholders.values()))
   for child in plan.children:
     if child.condition is not None:
       named = not child.hoisted or any(a.keyword is not None and a.keyword.value == 'name' for a in child.ctor.args)
@@ -438,12 +440,13 @@ def _plain_block(ctx: ClassContext, statement: cst.BaseStatement, built: set[cst
   return True
 
 
-def _name_children(ctx: ClassContext, planned: list[Child], taken: set[str]) -> None:
-  """Gives auto-named children a readable, deterministic, collision-free attribute name."""
+def _name_children(ctx: ClassContext, planned: list[Child], taken: set[str], placeholders: set[str]) -> None:
+  """Gives auto-named children a readable, deterministic, collision-free attribute name, none of the `taken` ones
+  nor an attribute setup() sets to None (`placeholders`), which only a child of that name may replace."""
   explicit = [c.attr for c in planned if c.attr]
   if len(set(explicit)) != len(explicit) or set(explicit) & taken:
     raise Unsupported(planned[0].ctor, 'duplicate names, or names shadowing a field or method')
-  taken = taken | set(explicit)
+  taken = taken | set(explicit) | placeholders
   auto = [c for c in planned if not c.attr]
   bases = ['cell' if c.scan else snake(c.linen_name.rpartition('_')[0]) if c.bridged
            else f'{snake(c.sibling.name)}s' if c.stacked

@@ -40,13 +40,14 @@ def plain_attributes(statement: cst.CSTNode) -> set[str]:
   return found
 
 
-def none_placeholders(setup: cst.FunctionDef, children: set[str]) -> list[cst.Name]:
-  """The `None` of each `self.<child> = None` in setup(): NNX takes an attribute first set to None for a static
-  one, which a submodule then cannot replace, so it becomes `nnx.data(None)`."""
-  return [sub.value for sub in descendants(setup) if isinstance(sub, cst.Assign) and len(sub.targets) == 1
+def none_placeholders(setup: cst.FunctionDef) -> dict[cst.Name, str]:
+  """The `None` of each `self.<attr> = None` in setup(), with its attribute. Where a submodule then takes the
+  attribute, the `None` becomes `nnx.data(None)`: NNX takes an attribute first set to None for a static one, which a
+  submodule then cannot replace."""
+  return {sub.value: sub.targets[0].target.attr.value for sub in descendants(setup)
+          if isinstance(sub, cst.Assign) and len(sub.targets) == 1
           and isinstance(sub.targets[0].target, cst.Attribute) and is_self_attr(sub.targets[0].target)
-          and sub.targets[0].target.attr.value in children
-          and isinstance(sub.value, cst.Name) and sub.value.value == 'None']
+          and isinstance(sub.value, cst.Name) and sub.value.value == 'None'}
 
 
 def setup_code_blocker(facts: FileFacts, node: cst.ClassDef, statement: cst.CSTNode

@@ -208,6 +208,30 @@ class M(nn.Module):
   assert blocker in todo.message, todo.message
 
 
+PLACEHOLDER = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  def setup(self):
+    self.linear = None
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(3)(x)
+'''
+
+
+def test_an_attribute_setup_sets_to_none_is_no_auto_named_childs():
+  """`self.linear = None` in setup() stays a plain None (no submodule replaces it): the auto-named Dense of the
+  compact body takes another attribute, and the port runs."""
+  port = transform_source(PLACEHOLDER, RULES).source
+  assert 'self.linear = None' in port and 'self.linear_ = nnx.Linear(' in port, port
+  namespace: dict = {}
+  exec(compile(port, 'port.py', 'exec'), namespace)
+  model = namespace['M'](linear__in_features=2, rngs=nnx.Rngs(0))
+  assert model.linear is None and model(jnp.ones((1, 2))).shape == (1, 3)
+
+
 def test_a_switch_read_in_the_body_follows_train_and_eval():
   """fixtures/L2N002/switch_read_attention: `if not deterministic: dropout_rng = self.make_rng('dropout')` reads
   self.deterministic, which model.eval() / model.train() set: eval mode is Linen's deterministic call (parity in
