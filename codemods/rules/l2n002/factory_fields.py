@@ -84,8 +84,12 @@ class _FileScan:
     classes = {s.name.value: s for s in module.body
                if isinstance(s, cst.ClassDef) and s.name.value in facts.linen_classes}
     fields = {name: _fields(node) for name, node in classes.items()}
+    assigned: dict[str, list[cst.BaseExpression]] = {}  # module-level `name = value`, for aliases of Callable
+    for statement in module.body:
+      if isinstance(statement, cst.SimpleStatementLine) and (name := assigned_name(statement)) is not None:
+        assigned.setdefault(name, []).append(statement.body[0].value)
     self.activations = {
-        name: {f for f, (annotation, _) in fields[name].items() if _callable(facts, annotation)}
+        name: {f for f, (annotation, _) in fields[name].items() if _callable(facts, annotation, assigned)}
         | _table_activations(facts, node) for name, node in classes.items()}
     used = {(name, built.func.attr.value) for name, node in classes.items() for built in factory_calls(node)
             if _self_field(built.func, fields[name])}
@@ -220,15 +224,11 @@ def factory_calls(node: cst.ClassDef) -> tp.Iterator[cst.Call]:
           yield statement.body[0].value
 
 
-def _callable(facts: FileFacts, annotation: cst.BaseExpression) -> bool:
+def _callable(facts: FileFacts, annotation: cst.BaseExpression, assigned: dict[str, list[cst.BaseExpression]]) -> bool:
   """Whether a field's annotation names a callable: `Callable[...]`, or a module-level alias of one (brax's
-  `ActivationFn = Callable[[jnp.ndarray], jnp.ndarray]`)."""
-  if isinstance(annotation, cst.Name):
-    values = [s.body[0].value for s in facts.module.body if isinstance(s, cst.SimpleStatementLine)
-              and assigned_name(s) == annotation.value]
-    if len(values) == 1:
-      return bool(CALLABLE.match(facts.code(values[0])))
-  return bool(CALLABLE.match(facts.code(annotation)))
+  `ActivationFn = Callable[[jnp.ndarray], jnp.ndarray]`; `assigned`: the module-level assignments by name)."""
+  values = assigned.get(annotation.value, []) if isinstance(annotation, cst.Name) else []
+  return bool(CALLABLE.match(facts.code(values[0] if len(values) == 1 else annotation)))
 
 
 def _table_activations(facts: FileFacts, node: cst.ClassDef) -> set[str]:

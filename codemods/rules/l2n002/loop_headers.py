@@ -8,7 +8,6 @@ elements a zip gives) and its iterator, and a size of one iteration as code of a
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import re
 import typing as tp
 
@@ -174,8 +173,7 @@ def unbalanced(code: str) -> bool:
 
 def wrapped(code: str) -> bool:
   """Whether `code` is one parenthesized expression: `(a if b else c)`."""
-  return code.startswith('(') and code.endswith(')') and not unbalanced(code[1:-1]) \
-      and all(depth > 0 for depth in itertools.accumulate((c in '([{') - (c in ')]}') for c in code[:-1]))
+  return code.startswith('(') and code.endswith(')') and not unbalanced(code[1:-1])  # not `(a) + (b)`
 
 
 def paren(code: str) -> str:
