@@ -339,6 +339,11 @@ class LayerSpec:
 SAME_AS_INPUT = '<input>'
 """`LayerSpec.output_size` of layers whose output keeps the input's last axis (norms, Dropout)."""
 
+LAST_AXIS_SIZES = ('in_features', 'num_features')
+"""The NNX constructor arguments of table layers that are the last-axis size of the first call argument, kept as
+attributes of the same name (`nnx.Linear.in_features`, `nnx.LayerNorm.num_features`): `nnx_bridge.size_probe`
+reads them off a run of the call."""
+
 @dataclasses.dataclass(frozen=True)
 class WrapperSpec:
   """A Linen layer that runs a table layer it is given (a cell) and owns no variables itself.

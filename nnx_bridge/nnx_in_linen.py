@@ -32,6 +32,8 @@
   call knows, as Linen layers learn them: each keyword gets the last-axis size of the named
   argument of the called method, so a Linen parent can build a class whose NNX `__init__`
   takes input sizes (the migration's `*_in_features` arguments) without knowing them.
+  `traced_sizes=('dense_in_features',)` does the same for sizes no argument shows (a layer fed a
+  reshaped or computed value): one abstract run of the call finds them (`size_probe`).
 * train/eval: a mode argument of `MODE_ARGUMENTS` (`train`, `deterministic`,
   `use_running_average`, `training`, `is_training`) that the NNX method does not take, passed
   at call time as a Linen parent passes it to a Linen child, runs the module after `train()` or
@@ -65,19 +67,11 @@ from flax.core import meta
 from nnx_bridge import collectionlib
 from nnx_bridge import linen_state
 from nnx_bridge import modes
+from nnx_bridge import size_probe
 from nnx_bridge.errors import BridgeError, ImmutableCollectionError, MissingRngError
 from nnx_bridge.state_check import Path, check_state, path_str
 
 LinenPath = tuple[str, ...]  # (collection, *keys), keys as strings like Linen's own trees
-
-
-class _RecordingRngs(nnx.Rngs):
-  """An `nnx.Rngs` that creates every stream it is asked for, to learn the names a module uses."""
-
-  def _get_stream(self, name: str, error_type: type[Exception]) -> nnx.RngStream:
-    if name not in vars(self):
-      setattr(self, name, nnx.RngStream(0, tag=name))
-    return vars(self)[name]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +93,7 @@ def _build_structure(
   plain: list[Path] = []  # arrays kept as plain attributes: nnx.eval_shape makes them static
 
   def record_names():
-    rngs = _RecordingRngs(default=0)
+    rngs = size_probe.AnyRngs(default=0)
     module = nnx_class(*args, **dict(kwargs), rngs=rngs)
     names.update(name for name, _ in rngs.items())
     plain.extend(path for path, value in nnx.iter_graph(module) if isinstance(value, (jax.Array, np.ndarray)))
@@ -240,11 +234,13 @@ class ToLinen(linen.Module):
   kwargs: tuple[tuple[str, tp.Any], ...] = ()  # pairs, so values reach nnx_class unconverted
   eval_mode: bool | None = None
   input_sizes: tuple[tuple[str, str], ...] = ()  # constructor keyword -> call argument whose last-axis size it is
+  traced_sizes: tuple[str, ...] = ()  # constructor keywords found by running the call (`size_probe`)
   linen_names: tuple[tuple[str, str], ...] = ()  # dotted NNX submodule path -> its Linen name
 
   def __call__(self, *args: tp.Any, nnx_method: str = '__call__', **kwargs: tp.Any) -> tp.Any:
     given = traverse_util.flatten_dict(self.variables)
     constructor_kwargs = self.kwargs + self._sizes_of_call(nnx_method, args, kwargs)
+    constructor_kwargs += self._traced_sizes(nnx_method, args, kwargs, constructor_kwargs)
     graphdef, flat_state, values, created = self._initial_state(given, constructor_kwargs)
     call_state = [
         (path, var.replace(self._rng_value(var) if isinstance(var, nnx.RngState) else values[path])
@@ -302,6 +298,18 @@ class ToLinen(linen.Module):
         )
       sizes.append((keyword, int(jnp.shape(value)[-1])))
     return tuple(sizes)
+
+  def _traced_sizes(
+      self, nnx_method: str, args: tuple[tp.Any, ...], kwargs: dict[str, tp.Any],
+      constructor_kwargs: tuple[tuple[str, tp.Any], ...]
+  ) -> tuple[tuple[str, int], ...]:
+    """The `traced_sizes` constructor keywords, found by running this call abstractly (`size_probe`)."""
+    if not self.traced_sizes:
+      return ()
+    _, takes = modes.take_mode_arguments(kwargs, getattr(self.nnx_class, nnx_method), where=self._label())
+    found = size_probe.traced_sizes(self.nnx_class, self.args, constructor_kwargs, self.traced_sizes, nnx_method,
+                                    args, takes, where=self._label())
+    return tuple((name, found[name]) for name in self.traced_sizes)
 
   def _initial_state(
       self, given: dict[LinenPath, tp.Any], constructor_kwargs: tuple[tuple[str, tp.Any], ...]
@@ -440,6 +448,7 @@ def to_linen(
     *args: tp.Any,
     name: str | None = None,
     input_sizes: tp.Mapping[str, str] | None = None,
+    traced_sizes: tp.Sequence[str] = (),
     linen_names: tp.Mapping[str, str] | None = None,
     **kwargs: tp.Any,
 ) -> ToLinen:
@@ -449,10 +458,12 @@ def to_linen(
   `deterministic=True`, ...: a switch the migration moved to `train()` / `eval()`) becomes
   `eval_mode`, so every call runs the module in that mode. `input_sizes` maps constructor
   keywords to the call argument whose last-axis size each one is, read at the first call;
+  `traced_sizes` names constructor keywords that are the input sizes of layers inside the module, found by
+  running the call abstractly (`size_probe`), as Linen layers learn theirs;
   `linen_names` maps dotted NNX submodule paths to the Linen names their variables keep.
   """
   label = f'to_linen({getattr(nnx_class, "__name__", repr(nnx_class))})'
   eval_mode, kwargs = modes.take_mode_arguments(kwargs, nnx_class, where=label)
   return ToLinen(nnx_class, args=args, kwargs=tuple(kwargs.items()), eval_mode=eval_mode,
-                 input_sizes=tuple((input_sizes or {}).items()), linen_names=tuple((linen_names or {}).items()),
-                 name=name)
+                 input_sizes=tuple((input_sizes or {}).items()), traced_sizes=tuple(traced_sizes),
+                 linen_names=tuple((linen_names or {}).items()), name=name)

@@ -9,7 +9,8 @@ parent then runs as before on the same variables, so that its checkpoints still 
   the tree, and every table layer keeps its Linen param names; no lifted, bridged or decode-cache children
   (a child created under a condition is None in NNX where Linen has no variables for it);
 * the NNX `__init__` needs only what the Linen construction gives (the fields), input sizes the call
-  shows (to_linen's `input_sizes=`, read from a required argument at the first call) and tied-layer flags
+  shows (to_linen's `input_sizes=`, read from a required argument at each call), input sizes of table layers
+  inside that a run of the call shows (`traced_sizes=`: a layer fed a reshaped or computed value) and tied-layer flags
   the parent's code decides when it builds the class (`tied_decoder=self.config.tie_word_embeddings` for
   calls passing `shared_embedding` bound by `if self.config.tie_word_embeddings: ... else: None`);
 * every use of the class in the parent builds it where Linen names it as before (a setup() attribute, or
@@ -30,6 +31,7 @@ from codemods.report import INPUT_DIMENSION
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.nodes import is_self_attr, self_assignment, value_else_none
 from codemods.rules.l2n002.plan import ClassRewrite
+from nnx_bridge.layer_spec import LAST_AXIS_SIZES
 
 _ELEMENT_NAME = re.compile(r'(\w*)\{(\w+)\}(\w*)')  # a list's Linen name pattern, by the loop's index alone
 
@@ -56,7 +58,7 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
   names = _linen_names(facts, plan, '')
   if isinstance(names, str):
     return names
-  sizes, reason = _input_sizes(facts, plan)
+  sizes, traced, reason = _input_sizes(facts, plan)
   if reason is not None:
     return reason
   node = facts.class_defs[user]
@@ -78,7 +80,7 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
     flags = _tie_flags(facts, node, plan, call)
     if isinstance(flags, str):
       return flags
-    bridges.append(ToLinenBridge(call, _bridge_code(facts, built, call, flags, sizes, names), built, user))
+    bridges.append(ToLinenBridge(call, _bridge_code(facts, built, call, flags, sizes, traced, names), built, user))
   return bridges
 
 
@@ -131,18 +133,33 @@ def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str,
   return names
 
 
-def _input_sizes(facts: FileFacts, plan: ClassRewrite) -> tuple[dict[str, str], str | None]:
-  """`plan`'s size arguments -> the required `__call__` argument whose last-axis size each one is."""
+def _input_sizes(facts: FileFacts, plan: ClassRewrite) -> tuple[dict[str, str], list[str], str | None]:
+  """`plan`'s size arguments: those a required `__call__` argument shows (-> the argument whose last-axis size
+  each one is), those to_linen finds by running the call (`traced_sizes`: the input size of a table layer inside,
+  fed something the code computes), and why there are none when a size is neither."""
   call = _method(facts.class_defs[plan.name], '__call__')
   optional = {p.name.value for p in (*call.params.params, *call.params.kwonly_params) if p.default is not None}
-  sizes = {}
+  shown, traced = {}, []
   for argument in plan.size_arguments:
-    if argument.origin != INPUT_DIMENSION or argument.input is None:
-      return {}, f'its NNX __init__ needs {argument.name}, which no argument of its call shows'
-    if argument.input in optional:
-      return {}, f'its NNX __init__ needs {argument.name}, the size of the optional argument {argument.input}'
-    sizes[argument.name] = argument.input
-  return sizes, None
+    if argument.origin == INPUT_DIMENSION and argument.input is not None and argument.input not in optional:
+      shown[argument.name] = argument.input
+    elif _layer_input_size(plan, argument.child, argument.child_argument):
+      traced.append(argument.name)
+    else:
+      return {}, [], f'its NNX __init__ needs {argument.name}, which no argument of its call shows'
+  return shown, traced, None
+
+
+def _layer_input_size(plan: ClassRewrite, attr: str | None, keyword: str | None) -> bool:
+  """Whether the constructor keyword `keyword` of the child `attr` is, down the tree, a table layer's
+  last-axis input size (`LAST_AXIS_SIZES`), which a run of the call shows."""
+  child = next((c for c in plan.children if c.attr == attr), None)
+  if child is None or keyword is None or child.api is not None:
+    return False
+  if child.sibling is not None:
+    below = next((a for a in child.sibling.size_arguments if a.name == keyword), None)
+    return below is not None and _layer_input_size(child.sibling, below.child, below.child_argument)
+  return child.spec is not None and keyword in LAST_AXIS_SIZES
 
 
 def _construction_blocker(facts: FileFacts, plan: ClassRewrite, call: cst.Call,
@@ -294,14 +311,17 @@ def _loop_over(facts: FileFacts, attr: cst.Attribute) -> cst.For | None:
 
 
 def _bridge_code(facts: FileFacts, built: str, call: cst.Call, flags: dict[str, str], sizes: dict[str, str],
-                 names: dict[str, str]) -> str:
+                 traced: list[str], names: dict[str, str]) -> str:
   """`nnx_bridge.to_linen(<built>, <the construction's arguments>, <tie flags>, input_sizes={...},
-  linen_names={...})`."""
+  traced_sizes=(...), linen_names={...})`."""
   arguments = [built, *(facts.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for arg in call.args)]
   arguments += [f'{flag}={value}' for flag, value in flags.items() if value != 'False']
-  for keyword, mapping in (('input_sizes', sizes), ('linen_names', names)):
-    if mapping:
-      arguments.append(keyword + '={' + ', '.join(f'{k!r}: {v!r}' for k, v in mapping.items()) + '}')
+  if sizes:
+    arguments.append('input_sizes={' + ', '.join(f'{k!r}: {v!r}' for k, v in sizes.items()) + '}')
+  if traced:
+    arguments.append(f'traced_sizes=({", ".join(map(repr, traced))},)')
+  if names:
+    arguments.append('linen_names={' + ', '.join(f'{k!r}: {v!r}' for k, v in names.items()) + '}')
   return f'nnx_bridge.to_linen({", ".join(arguments)})'
 
 

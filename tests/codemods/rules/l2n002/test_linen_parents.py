@@ -293,16 +293,54 @@ def _kept(source: str, reason: str) -> None:
      '    self.output.sow("intermediates", "seen", query)\n'
      '    return self.output(query, hidden_states, deterministic=deterministic)',
      'self.output (FlaxTinySelfOutput) is used other than by calling it'),
-    ('def __call__(self, hidden_states, input_tensor, deterministic',
-     'def __call__(self, hidden_states=None, input_tensor=None, deterministic',
-     'its NNX __init__ needs dense_in_features, the size of the optional argument hidden_states'),
     ('    self.output = FlaxTinySelfOutput(self.config, dtype=self.dtype)',
      '    output_class = FlaxTinySelfOutput\n    self.output = output_class(self.config, dtype=self.dtype)',
      'it uses FlaxTinySelfOutput other than by building it'),
-], ids=['mode-by-position', 'other-use', 'optional-input', 'class-as-value'])
+], ids=['mode-by-position', 'other-use', 'class-as-value'])
 def test_a_construction_no_bridge_can_keep_running_keeps_the_class_linen(old, new, reason):
   assert old in HF_ATTENTION
   _kept(HF_ATTENTION.replace(old, new), reason)
+
+
+MERGED_HEADS = HF_ATTENTION.replace(  # the output block's dense is fed the heads merged back: no argument shows its size
+    '    hidden_states = self.dense(hidden_states)\n',
+    '    hidden_states = self.dense(hidden_states.reshape(hidden_states.shape[:2] + (-1,)))\n').replace(
+    'return self.output(query, hidden_states,', 'return self.output(query.reshape(query.shape[:2] + (2, 4)), hidden_states,')
+
+
+@pytest.mark.parametrize('source, sizes', [
+    (MERGED_HEADS, "traced_sizes=('dense_in_features',)"),
+    (HF_ATTENTION.replace('def __call__(self, hidden_states, input_tensor, deterministic',
+                          'def __call__(self, hidden_states=None, input_tensor=None, deterministic'),
+     "traced_sizes=('dense_in_features',)"),
+], ids=['computed-input', 'optional-input'])
+def test_sizes_no_required_argument_shows_are_found_by_the_bridge_from_a_run_of_the_call(source, sizes):
+  assert source != HF_ATTENTION
+  new, _ = _migrate(source)
+  assert f'self.output = nnx_bridge.to_linen(FlaxTinySelfOutput, self.config, dtype=self.dtype, {sizes})' in new
+  original, bridged = (_module(s)['FlaxTinyAttention'](_module(s)['TinyConfig']()) for s in (source, new))
+  _same_model(original, bridged, HIDDEN)
+  np.testing.assert_allclose(jax.jit(bridged.apply)(original.init(jax.random.key(0), HIDDEN), HIDDEN),
+                             original.apply(original.init(jax.random.key(0), HIDDEN), HIDDEN), rtol=1e-6, atol=1e-6)
+
+
+def test_a_size_only_a_variable_of_the_class_takes_keeps_the_class_linen():
+  """A `self.param` shaped by a computed value: no table layer's size, so no run of the bridge can find it."""
+  start, end = HF_ATTENTION.index('class FlaxTinySelfOutput'), HF_ATTENTION.index('class FlaxTinyAttention')
+  source = HF_ATTENTION[:start] + """class FlaxTinySelfOutput(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, hidden_states, input_tensor, deterministic: bool = True):
+    merged = hidden_states.reshape(hidden_states.shape[:2] + (-1,))
+    gain = self.param('gain', nn.initializers.ones, (merged.shape[-1],))
+    return nn.Dense(self.config.hidden_size)(merged * gain) + input_tensor
+
+
+""" + HF_ATTENTION[end:].replace('return self.output(query, hidden_states,',
+                                'return self.output(query.reshape(query.shape[:2] + (2, 4)), hidden_states,')
+  _kept(source, 'its NNX __init__ needs gain_features, which no argument of its call shows')
 
 
 def test_an_array_the_converted_init_computes_is_recomputed_by_the_bridge():

@@ -1,0 +1,169 @@
+"""Input sizes an NNX constructor needs that no call argument shows, learned from one abstract run of the call.
+
+A Linen layer learns its input size from its first input, wherever that input comes from; its NNX port takes
+the size up front (`dense_in_features`). When a Linen parent builds the port through `to_linen`, the size of
+an input the code reshapes, concatenates or computes first (HF's attention output `dense`, after the heads are
+merged) is in no argument of the call. `traced_sizes` finds it the way Linen does, by running the call: the
+module is built with a distinct placeholder for each such size (inside `jax.eval_shape`, so no array is
+allocated) and called on the real inputs; a layer holding a placeholder as its `in_features` / `num_features`
+takes the size from the last axis of its first argument when it is called, the placeholder is replaced by it
+in every attribute and variable shape of the module, and the run goes on to the next layer.
+
+A size no attribute or shape of the built module holds is unused (a layer not built, HF's tied decoder) and
+gets 0. A size held but never reached by the run, or a run that fails, is a `BridgeError` naming the size:
+nothing is guessed.
+The sizes found are cached per class, constructor arguments and the call's shapes and static values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_bridge.errors import BridgeError
+from nnx_bridge.layer_spec import LAST_AXIS_SIZES
+
+_FIRST_PLACEHOLDER = 1_048_583  # far above any real layer width; odd numbers from here, one per size
+_LOCK = threading.Lock()  # the probe patches layer classes' __call__ for the length of one run
+_CACHE_SIZE = 256
+_cache: dict[tp.Hashable, dict[str, int]] = {}
+
+
+def traced_sizes(nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: tuple[tuple[str, tp.Any], ...],
+                 names: tp.Sequence[str], method: str, call_args: tuple, call_kwargs: dict[str, tp.Any],
+                 where: str) -> dict[str, int]:
+  """The constructor keywords `names` of `nnx_class(*args, **dict(kwargs), <names>=..., rngs=...)`, each the
+  input size of the layer it reaches, as the call `method(*call_args, **call_kwargs)` feeds it."""
+  key = _cache_key(nnx_class, args, kwargs, names, method, call_args, call_kwargs)
+  if key is not None and key in _cache:
+    return dict(_cache[key])
+  placeholders = _placeholders(names, (*call_args, *call_kwargs.values()))
+  found: dict[str, int] = {}
+
+  def run() -> None:
+    module = nnx_class(*args, **dict(kwargs), **placeholders, rngs=AnyRngs(default=0))
+    by_value = {value: name for name, value in placeholders.items()}
+    unused = set(by_value) - _visible(module)
+    found.update((by_value[value], 0) for value in unused)  # a layer not built (a tied decoder): any size serves
+    with _probing(module, by_value, found):
+      getattr(module, method)(*call_args, **call_kwargs)
+
+  try:
+    jax.eval_shape(run)
+  except BridgeError:
+    raise
+  except Exception as error:  # the user's code failed with a placeholder width: say which sizes were asked
+    raise BridgeError(f'{where}: finding {", ".join(names)} by running the call failed '
+                      f'({" ".join(str(error).split())[:300]}); give them to to_linen as keywords') from None
+  missing = [name for name in names if name not in found]
+  if missing:
+    raise BridgeError(f'{where}: the call never ran a layer whose input size is {", ".join(missing)}, so it cannot '
+                      'be found from the call; give it to to_linen as a keyword')
+  if key is not None:
+    if len(_cache) >= _CACHE_SIZE:
+      _cache.clear()
+    _cache[key] = dict(found)
+  return found
+
+
+class AnyRngs(nnx.Rngs):
+  """An `nnx.Rngs` that creates every stream it is asked for: to learn the names a module uses, or to build it
+  abstractly."""
+
+  def _get_stream(self, name: str, error_type: type[Exception]) -> nnx.RngStream:
+    if name not in vars(self):
+      setattr(self, name, nnx.RngStream(0, tag=name))
+    return vars(self)[name]
+
+
+def _placeholders(names: tp.Sequence[str], call: tuple) -> dict[str, int]:
+  """A distinct odd width per size, none of them an axis of the call's arrays."""
+  taken = {d for leaf in jax.tree.leaves(call) for d in jnp.shape(leaf)}
+  values, candidate = [], _FIRST_PLACEHOLDER
+  while len(values) < len(names):
+    if candidate not in taken:
+      values.append(candidate)
+    candidate += 2
+  return dict(zip(names, values))
+
+
+@contextlib.contextmanager
+def _probing(root: nnx.Module, by_value: dict[int, str], found: dict[str, int]) -> tp.Iterator[None]:
+  """Patches `__call__` of the classes of `root`'s submodules that hold a placeholder size: called, such a
+  layer settles its placeholders from its first argument's last axis (`_settle`) before it runs."""
+  classes = {type(node) for _, node in nnx.iter_graph(root) if isinstance(node, nnx.Module) and _held(node, by_value)}
+
+  def patched(original: tp.Callable[..., tp.Any]) -> tp.Callable[..., tp.Any]:
+    def call(self, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
+      if args and jnp.ndim(args[0]):
+        for value in _held(self, by_value):
+          actual = int(jnp.shape(args[0])[-1])
+          found[by_value[value]] = actual
+          _settle(root, value, actual)
+      return original(self, *args, **kwargs)
+    return call
+
+  with _LOCK:
+    saved = {cls: cls.__dict__.get('__call__') for cls in classes}
+    try:
+      for cls in classes:
+        cls.__call__ = patched(cls.__call__)
+      yield
+    finally:
+      for cls, original in saved.items():
+        if original is None:
+          del cls.__call__
+        else:
+          cls.__call__ = original
+
+
+def _held(module: nnx.Module, by_value: dict[int, str]) -> list[int]:
+  """The placeholders `module` holds as an input-size attribute."""
+  return [value for attr in LAST_AXIS_SIZES
+          if isinstance(value := vars(module).get(attr), int) and value in by_value]
+
+
+def _visible(root: nnx.Module) -> set[int]:
+  """The ints of `root`'s submodules' attributes and of its variables' and arrays' shapes."""
+  seen = set()
+  for _, node in nnx.iter_graph(root):
+    if isinstance(node, nnx.Variable):
+      seen.update(jnp.shape(node.get_value()))
+    elif hasattr(node, 'shape'):
+      seen.update(node.shape)
+    elif isinstance(node, nnx.Module):
+      seen.update(value for value in vars(node).values() if isinstance(value, int))
+  return seen
+
+
+def _settle(root: nnx.Module, placeholder: int, actual: int) -> None:
+  """Replaces `placeholder` by `actual` in every int attribute and every variable's shape under `root`."""
+  for _, node in nnx.iter_graph(root):
+    if isinstance(node, nnx.Variable):
+      value = node.get_value()
+      shape = jnp.shape(value)
+      if placeholder in shape:
+        node.set_value(jnp.zeros(tuple(actual if d == placeholder else d for d in shape), jnp.result_type(value)))
+    elif isinstance(node, nnx.Module):
+      for attr, value in list(vars(node).items()):
+        if isinstance(value, int) and not isinstance(value, bool) and value == placeholder:
+          setattr(node, attr, actual)
+
+
+def _cache_key(nnx_class: tp.Any, args: tuple, kwargs: tuple, names: tp.Sequence[str], method: str,
+               call_args: tuple, call_kwargs: dict[str, tp.Any]) -> tp.Hashable | None:
+  """The call's structure, shapes, dtypes and static values with the construction, or None if unhashable."""
+  leaves, treedef = jax.tree.flatten((call_args, call_kwargs))
+  described = tuple((jnp.shape(leaf), str(jnp.result_type(leaf))) if hasattr(leaf, 'shape') else leaf
+                    for leaf in leaves)
+  key = (nnx_class, args, kwargs, tuple(names), method, treedef, described)
+  try:
+    hash(key)
+  except TypeError:
+    return None
+  return key

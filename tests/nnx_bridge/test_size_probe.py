@@ -1,0 +1,117 @@
+"""to_linen's `traced_sizes`: input sizes of layers inside an NNX module that no call argument shows, found by one
+abstract run of the call, so that a Linen parent builds it on its Linen original's variables; what the run cannot
+find is an error naming the size, never a guess."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from flax import nnx
+
+import nnx_bridge
+from nnx_bridge import size_probe
+
+H = jax.random.normal(jax.random.key(0), (2, 5, 6))
+
+
+class LinenHeads(nn.Module):
+  """HF's attention shape: the output dense is fed the heads merged back, a size no argument shows."""
+
+  heads: int
+  head_dim: int
+
+  @nn.compact
+  def __call__(self, h):
+    q = nn.Dense(self.heads * self.head_dim, name='query')(h).reshape(h.shape[:2] + (self.heads, self.head_dim))
+    merged = jnp.tanh(q).reshape(h.shape[:2] + (-1,))
+    return nn.LayerNorm(name='norm')(nn.Dense(h.shape[-1], name='dense')(merged) + h)
+
+
+class Heads(nnx.Module):
+  def __init__(self, heads, head_dim, *, query_in_features, dense_in_features, norm_num_features, out, rngs,
+               decoder_in_features=None, tied=False):
+    self.heads, self.head_dim = heads, head_dim
+    self.query = nnx.Linear(query_in_features, heads * head_dim, rngs=rngs)
+    self.dense = nnx.Linear(dense_in_features, out, rngs=rngs)
+    self.norm = nnx.LayerNorm(norm_num_features, rngs=rngs)
+    self.decoder = None if tied or decoder_in_features is None else nnx.Linear(decoder_in_features, 3, rngs=rngs)
+
+  def __call__(self, h, decode=False):
+    q = self.query(h).reshape(h.shape[:2] + (self.heads, self.head_dim))
+    out = self.norm(self.dense(jnp.tanh(q).reshape(h.shape[:2] + (-1,))) + h)
+    return self.decoder(out) if decode else out
+
+
+def _parent(**bridge):
+  class Parent(nn.Module):
+    @nn.compact
+    def __call__(self, h):
+      return nnx_bridge.to_linen(Heads, 3, 4, out=6, name='attn', **bridge)(h)
+  return Parent()
+
+
+class LinenParent(nn.Module):
+  @nn.compact
+  def __call__(self, h):
+    return LinenHeads(3, 4, name='attn')(h)
+
+
+TRACED = dict(input_sizes={'query_in_features': 'h'}, traced_sizes=('dense_in_features', 'norm_num_features'))
+
+
+def test_the_bridge_builds_the_linen_original_s_variables_and_runs_on_them():
+  linen, bridged = LinenParent(), _parent(**TRACED)
+  variables = linen.init(jax.random.key(1), H)
+  shapes = lambda tree: jax.tree.map(jnp.shape, tree)
+  assert shapes(bridged.init(jax.random.key(1), H)) == shapes(variables)
+  assert shapes(variables)['params']['attn']['dense']['kernel'] == (12, 6)
+  np.testing.assert_allclose(bridged.apply(variables, H), linen.apply(variables, H), atol=1e-6)
+  np.testing.assert_allclose(jax.jit(bridged.apply)(variables, H), linen.apply(variables, H), atol=1e-6)
+  grads = [jax.grad(lambda p, m=m: m.apply({'params': p}, H).sum())(variables['params']) for m in (linen, bridged)]
+  for expected, actual in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+    np.testing.assert_allclose(actual, expected, atol=1e-5)
+
+
+def test_the_probe_leaves_the_layer_classes_as_they_were():
+  before = [vars(cls).get('__call__') for cls in (nnx.Linear, nnx.LayerNorm)]
+  _parent(**TRACED).init(jax.random.key(1), H)
+  assert [vars(cls).get('__call__') for cls in (nnx.Linear, nnx.LayerNorm)] == before
+
+
+def test_sizes_found_per_call_shape():
+  found = [size_probe.traced_sizes(Heads, (3, 4), (('out', h.shape[-1]), ('query_in_features', h.shape[-1])),
+                                   ('dense_in_features', 'norm_num_features'), '__call__', (h,), {}, where='test')
+           for h in (H, jnp.ones((1, 2, 8)))]
+  assert found == [{'dense_in_features': 12, 'norm_num_features': 6}, {'dense_in_features': 12, 'norm_num_features': 8}]
+
+
+def test_a_size_of_a_layer_that_is_not_built_is_not_needed():
+  """HF's tied decoder: the size is an argument, but no layer takes it."""
+  given = (('out', 6), ('query_in_features', 6), ('dense_in_features', 12), ('norm_num_features', 6), ('tied', True))
+  found = size_probe.traced_sizes(Heads, (3, 4), given, ('decoder_in_features',), '__call__', (H,), {}, where='test')
+  assert found == {'decoder_in_features': 0}
+
+
+def test_a_size_the_call_never_reaches_is_an_error_naming_it():
+  """The decoder is built but this call does not run it: its size is not guessed."""
+  with pytest.raises(nnx_bridge.BridgeError, match='never ran a layer whose input size is decoder_in_features'):
+    size_probe.traced_sizes(Heads, (3, 4), (('out', 6), ('query_in_features', 6), ('dense_in_features', 12),
+                                            ('norm_num_features', 6)),
+                            ('decoder_in_features',), '__call__', (H,), {}, where='test')
+  found = size_probe.traced_sizes(Heads, (3, 4), (('out', 6), ('query_in_features', 6), ('dense_in_features', 12),
+                                                  ('norm_num_features', 6)),
+                                  ('decoder_in_features',), '__call__', (H,), {'decode': True}, where='test')
+  assert found == {'decoder_in_features': 6}
+
+
+def test_a_size_the_code_computes_with_is_an_error_not_a_guess():
+  """A port whose __init__ doubles the size it is given: the run with placeholders fails, and says which sizes."""
+
+  class Doubled(Heads):
+    def __init__(self, *args, dense_in_features, **kwargs):
+      super().__init__(*args, dense_in_features=2 * dense_in_features, **kwargs)
+
+  with pytest.raises(nnx_bridge.BridgeError, match='finding dense_in_features by running the call failed'):
+    size_probe.traced_sizes(Doubled, (3, 4), (('out', 6), ('query_in_features', 6), ('norm_num_features', 6)),
+                            ('dense_in_features',), '__call__', (H,), {}, where='test')
