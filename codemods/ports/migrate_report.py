@@ -15,6 +15,7 @@ import functools
 import inspect
 import json
 import os
+import re
 import typing as tp
 
 from flax import linen as nn
@@ -158,7 +159,7 @@ class Port:
     the first call of the Linen child it is for, arrays as `jax.ShapeDtypeStruct`s; followed into a converted
     child's record when it passes them on (`child_argument`)."""
     argument = next((a for a in record.arguments if a.name == name), None)
-    linen_name = {c.nnx_attribute: c.linen_name for c in record.children}.get(argument.child) if argument else None
+    linen_name = _first_element({c.nnx_attribute: c.linen_name for c in record.children}.get(argument.child)) if argument else None
     if linen_name is None:
       raise ReportError(f'{self.where}: {record.nnx_name}({name}=...) names no Linen child of its record')
     child = (*path, linen_name)
@@ -190,7 +191,7 @@ class Port:
       return self._last_axis(path, argument.input, where)
     if argument.child_argument is None or argument.child is None:
       raise ReportError(f'{self.where}: {where} is not determined by the code ({argument.detail})')
-    linen_name = {c.nnx_attribute: c.linen_name for c in record.children}.get(argument.child)
+    linen_name = _first_element({c.nnx_attribute: c.linen_name for c in record.children}.get(argument.child))
     if linen_name is None:
       raise ReportError(f'{self.where}: the record of {record.nnx_name} names no Linen child {argument.child}')
     child = (*path, linen_name)
@@ -350,3 +351,10 @@ def load_port(
   port = Port(where, record, records, type(linen).__module__, trace.classes, trace.first_calls)
   port.check_signature(nnx_class)
   return port
+
+
+def _first_element(linen_name: str | None) -> str | None:
+  """The Linen name of the first element of a layer list the record names by a pattern (`{i}`, `block_{i}`: the
+  elements `0`, `block_0`, ...), where its size arguments are measured (the others' follow from it in the port's
+  code); any other name as it is."""
+  return None if linen_name is None else re.sub(r'\{\w+\}', '0', linen_name)

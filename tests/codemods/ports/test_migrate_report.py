@@ -293,3 +293,21 @@ def test_a_shared_module_may_be_mapped_through_any_of_its_paths():
   assert not _same_object(model, ('other',), ('shared',))
   assert not _same_object(model, ('missing',), ('shared',))
   assert not _same_object(None, ('shared',), ('shared',))
+
+
+@pytest.mark.parametrize('cls, size, where', [
+    ('FlaxTinyLayerCollection', 'layers_dense_in_features', 'Linen 0/dense (Dense)'),
+    ('FlaxTinyBlocks', 'blocks_dense_in_features', 'Linen block_0/dense (Dense)'),
+])
+def test_a_size_of_a_layer_list_is_measured_on_its_first_element(migrated, cls, size, where):
+  """Linen names the list's elements `0, 1, ...` (`name=str(i)`) or `block_0, ...`; the record names them by the
+  pattern (`{i}`, `block_{i}`): the size is read off the first element's call, not left unmeasured."""
+  from codemods.ports import migrate_report
+
+  folder, report_path = migrated
+  config = model_refs.load_object(f'{FIXTURES}/setup_list_named.in.py:TinyConfig')()
+  linen = model_refs.load_object(f'{FIXTURES}/setup_list_named.in.py:{cls}')(config)
+  port = migrate_report.load_port(str(report_path), model_refs.load_object(f'{folder}/setup_list_named.py:{cls}'),
+                                  linen, (jax.numpy.ones((2, 3, 6)),), {})
+  value, read = port.measured_sizes()[size]()
+  assert value == 6 and read.startswith(f'in_features of {where}'), read
