@@ -17,7 +17,12 @@
 # Each stage runs under `timeout` and a failed stage does not stop the next one. Exits nonzero
 # when the parity stage did not pass.
 #
-# Knobs (environment): PYTHON (default python3), PARITY_WORKERS (8), PARITY_BUDGET_S (240),
+# A TPU admits one process at a time: there the parity suite runs in pytest's own process (-n 0),
+# elsewhere in 8 workers. benchmarks/device_parity.py (run it after this script, with
+# PYTHONPATH=$TMPDIR/linen2nnx-device-site for what was installed here) records the demo, verify and
+# checkpoint round trips at both matmul precisions, side by side with the CPU.
+#
+# Knobs (environment): PYTHON (default python3), PARITY_WORKERS (8; 0 on a TPU), PARITY_BUDGET_S (240),
 # STEPS_BUDGET_S (120: steps.py also times scanned-layer compiles), BENCH_BUDGET_S (75, bridge_step.py),
 # BENCH_STEPS (500), BENCH_REPEATS (5), TOTAL_BUDGET_S (450).
 set -euo pipefail
@@ -122,8 +127,12 @@ cat "$ENV_FILE"
 # the bridge both ways, every layer-table row, and every migration rule's before/after run.
 # `slow` tests are the end-to-end ones (subprocesses pinned to CPU); they add nothing here.
 PARITY_TESTS=(tests/nnx_bridge tests/codemods/rules)
+BACKEND=$(sed -n 's/^default backend: //p' "$ENV_FILE")
+DEFAULT_WORKERS=8
+[[ $BACKEND == tpu ]] && DEFAULT_WORKERS=0  # one process holds the chip: no workers, the tests run in pytest's own
+echo "backend: ${BACKEND:-unknown}, pytest workers: ${PARITY_WORKERS:-$DEFAULT_WORKERS}" | tee -a "$ENV_FILE"
 run_stage parity "${PARITY_BUDGET_S:-240}" "$PYTHON" -m pytest -q -p no:cacheprovider \
-  -n "${PARITY_WORKERS:-8}" -m "not slow" --maxfail=10 -rfE --durations=15 \
+  -n "${PARITY_WORKERS:-$DEFAULT_WORKERS}" -m "not slow" --maxfail=10 -rfE --durations=15 \
   --junitxml="$OUT/parity.xml" -o junit_family=xunit2 "${PARITY_TESTS[@]}"
 
 # --- (b) the benchmarks -----------------------------------------------------------------------

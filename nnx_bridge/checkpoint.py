@@ -14,6 +14,15 @@ So one batch (`batch_bytes`, or one rule's arrays if larger) is in memory, plus 
 tensorstore's buffers for it; the files are those orbax writes for jax.Arrays, with arrays over
 `CHUNK_BYTES` stored in chunks (orbax's `SaveArgs.chunk_byte_size`).
 
+Sharding metadata: orbax records each array's sharding in the checkpoint's `_sharding` file, and a
+restore whose target gives a leaf no sharding (the flax guide's `restore(path, abstract_state)` with
+`nnx.eval_shape`'s state) places the leaf there. A single device is recorded by name (`cpu:0`), so
+such a checkpoint fails to restore on another backend ("Topology mismatch detected" on a TPU host,
+whose devices are no `cpu:0`). So a leaf is recorded only when its target leaf is sharded over a
+mesh (`NamedSharding`, a layout the caller asked for); every other leaf is written with no sharding
+metadata, so on any backend the guide's restore gives it back as a numpy array, and a target with a
+sharding places it there (`docs/checkpoints.md`, "Restoring on another backend or topology").
+
 The plan (`Job`, `plan`, the `make` functions), the readers (`read_metadata`, `restore_arrays`)
 and the writer (`write`) are public because `checkpoint_restore.restore_linen_checkpoint` checks
 and reads a Linen checkpoint with them too, and `train_state_checkpoint` converts whole training
@@ -40,6 +49,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 from flax.core import meta
+# The store of the array metadata files StandardCheckpointer writes: orbax exports no public name for it.
+from orbax.checkpoint._src.metadata import array_metadata_store
 
 from nnx_bridge.errors import ConversionInProgressError
 from nnx_bridge.errors import LossyConversionError
@@ -80,6 +91,7 @@ class _Pending:
   shape: tuple[int, ...]
   dtype: np.dtype
   sharding: jax.sharding.Sharding
+  recorded: bool  # whether its sharding goes into the checkpoint's metadata (`records_sharding`)
 
   @property
   def nbytes(self) -> int:
@@ -98,8 +110,8 @@ def linen_to_nnx_checkpoint(
 ) -> None:
   """Writes the Linen checkpoint at `src` as the NNX checkpoint `dst`, restorable as the flax guide does.
 
-  `nnx_abstract_state` (`nnx.split(nnx.eval_shape(...))[1]`) is checked against and gives the
-  output shardings. `linen_collection` names the collection when `src` holds one collection's
+  `nnx_abstract_state` (`nnx.split(nnx.eval_shape(...))[1]`) is checked against; a leaf it shards
+  over a mesh is written with that sharding recorded (`records_sharding`). `linen_collection` names the collection when `src` holds one collection's
   tree without its name (a TrainState's `params`). Dropped Linen leaves must be zero unless
   `allow_lossy`. Nothing is written unless every check passes; `dst` appears complete or not at all.
   Staging folders that killed conversions into `dst` left are removed first (`clear_staging`).
@@ -134,7 +146,7 @@ def nnx_to_linen_checkpoint(
   """Writes the NNX checkpoint at `src` (an nnx.State or its pure dict) as the Linen checkpoint `dst`.
 
   `linen_abstract_variables` (`jax.eval_shape(model.init, ...)`) is checked against, gives the
-  output shardings and the shapes of dropped leaves, which come back as zeros. With
+  shapes of dropped leaves, which come back as zeros, and the recorded shardings (`records_sharding`). With
   `linen_collection`, `dst` holds that collection's tree without its name. Nothing is written
   unless every check passes; `dst` appears complete or not at all. Staging folders that killed
   conversions into `dst` left are removed first (`clear_staging`).
@@ -293,6 +305,15 @@ def host_sharding() -> jax.sharding.Sharding:
   return jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])
 
 
+def records_sharding(sharding: jax.sharding.Sharding | None) -> bool:
+  """Whether a target leaf's sharding is written into the checkpoint's metadata: only a layout over a mesh.
+
+  A single device (where an array happens to live, or the host) names a device of this host only, and
+  a restore on another backend without a target sharding would fail on it.
+  """
+  return isinstance(sharding, jax.sharding.NamedSharding)
+
+
 _JSON_FILES = ('_METADATA', '_sharding', 'array_metadatas')  # what orbax reads as JSON (a folder: its files)
 _DAMAGED = 'the checkpoint is damaged (truncated or overwritten): save it or copy it again'
 
@@ -422,15 +443,21 @@ def _partial_template(structure: tp.Any, prefix: Key, item: dict[Key, tp.Any]) -
 
 
 class _StreamingHandler(ocp.type_handlers.TypeHandler):
-  """Saves `_Pending` leaves as jax.Arrays, making each batch just before orbax's array handler writes it."""
+  """Saves `_Pending` leaves as jax.Arrays, making each batch just before orbax's array handler writes it.
+
+  `array_handler` writes the leaves whose sharding is recorded, `unrecorded_handler` (the same, without
+  the sharding file) the others.
+  """
 
   def __init__(
       self,
       array_handler: ocp.type_handlers.TypeHandler,
+      unrecorded_handler: ocp.type_handlers.TypeHandler,
       produce: tp.Callable[[tp.Sequence[_Pending]], list[jax.Array]],
       batch_bytes: int,
   ):
     self._array_handler = array_handler
+    self._unrecorded_handler = unrecorded_handler
     self._produce = produce
     self._batch_bytes = batch_bytes
 
@@ -449,15 +476,21 @@ class _StreamingHandler(ocp.type_handlers.TypeHandler):
     for entry in zip(values, infos, args):  # orbax's order, so the metadata files list leaves as it would
       by_job.setdefault(entry[0].job, []).append(entry)
     for batch in _by_bytes(by_job.values(), lambda entry: entry[0].nbytes, self._batch_bytes):
-      pending, batch_infos, batch_args = zip(*batch)
-      arrays = await asyncio.to_thread(self._produce, pending)
-      commits = await self._array_handler.serialize(arrays, batch_infos, batch_args)
-      del arrays  # orbax holds them until written, then the next batch may take their memory
-      outcomes = await asyncio.gather(*(asyncio.to_thread(c.result) for c in commits), return_exceptions=True)
-      for outcome in outcomes:  # all have finished: nothing writes into the staging directory any more
-        if isinstance(outcome, BaseException):
-          raise outcome
+      arrays = await asyncio.to_thread(self._produce, [entry[0] for entry in batch])
+      for handler, recorded in ((self._array_handler, True), (self._unrecorded_handler, False)):
+        part = [(array, info, arg) for array, (leaf, info, arg) in zip(arrays, batch) if leaf.recorded is recorded]
+        if part:  # one after the other: both append to the checkpoint's array metadata file
+          await _written(await handler.serialize(*map(list, zip(*part))))
+      del arrays, part  # orbax held them until written; the next batch may take their memory
     return []
+
+
+async def _written(commits: tp.Sequence[tp.Any]) -> None:
+  """Waits until every commit future of one `serialize` call has finished; raises the first failure."""
+  outcomes = await asyncio.gather(*(asyncio.to_thread(c.result) for c in commits), return_exceptions=True)
+  for outcome in outcomes:  # all have finished: nothing writes into the staging directory any more
+    if isinstance(outcome, BaseException):
+      raise outcome
 
 
 def _by_bytes(groups: tp.Iterable[list[T]], nbytes: tp.Callable[[T], int], limit: int) -> tp.Iterator[list[T]]:
@@ -512,8 +545,9 @@ def write(
   pending = {}
   for index, job in enumerate(jobs):
     for key in job.targets:
-      sharding = getattr(target.get(key), 'sharding', None) or host_sharding()
-      pending[key] = _Pending(key, index, tuple(made[key].shape), np.dtype(made[key].dtype), sharding)
+      sharding = getattr(target.get(key), 'sharding', None)
+      pending[key] = _Pending(key, index, tuple(made[key].shape), np.dtype(made[key].dtype),
+                              sharding or host_sharding(), records_sharding(sharding))
   structure = read_structure(src)
 
   def produce(batch: tp.Sequence[_Pending]) -> list[jax.Array]:
@@ -529,9 +563,13 @@ def write(
       made_arrays.update(zip(job.targets, job.make([read.pop(key) for key in job.sources])))
     return [jax.device_put(made_arrays.pop(leaf.key), leaf.sharding) for leaf in batch]
 
-  array_handler = ocp.type_handlers.get_type_handler(jax.Array)
+  # orbax's own jax.Array handler, as StandardCheckpointer saves with it, and the same without the sharding
+  # file; they share the array metadata store, which the registry's jax.Array handler gives the pytree handler.
+  store = array_metadata_store.Store()
+  array_handler = ocp.type_handlers.ArrayHandler(array_metadata_store=store)
+  unrecorded = ocp.type_handlers.ArrayHandler(array_metadata_store=store, enable_write_sharding_file=False)
   registry = ocp.type_handlers.create_type_handler_registry(
-      (jax.Array, array_handler), (_Pending, _StreamingHandler(array_handler, produce, batch_bytes))
+      (jax.Array, array_handler), (_Pending, _StreamingHandler(array_handler, unrecorded, produce, batch_bytes))
   )
   dst = os.path.abspath(dst)
   parent, name = os.path.split(dst)

@@ -3,7 +3,8 @@
 `compare` copies the Linen variables into (a clone of) the NNX model through a TreeMapping, then
 compares, leaf by leaf: the eval-mode forward outputs, the gradient of a scalar loss for every
 parameter, the outputs and updated state (BatchNorm stats, caches) after one train-mode call,
-and the sharding annotations. It works on objects, never on source text.
+and the sharding annotations. Both sides run at one matmul precision (`nnx_bridge.precision`), which
+the report names with the backend. It works on objects, never on source text.
 """
 
 from __future__ import annotations
@@ -21,10 +22,15 @@ from flax import nnx
 from flax import traverse_util
 
 from nnx_bridge import modes
+from nnx_bridge import precision as precision_lib
 from nnx_bridge import transfer
 from nnx_bridge.treemap import TreeMapping
 from nnx_bridge.treemap import normalize_path
 from nnx_bridge.treemap import path_str
+
+
+CHECKS = ('output', 'gradient', 'train output', 'train state')
+"""What `compare` compares, in the order it reports them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +44,7 @@ class Difference:
   max_abs: float
   max_rel: float
   ok: bool
+  noise: float = 0.0  # at the backend's default precision: the Linen model's own difference from `highest`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +70,10 @@ class ShardingRow:
 
 @dataclasses.dataclass(frozen=True)
 class ParityReport:
-  """The result of `compare`; `ok` when every difference is within tolerance and specs agree."""
+  """The result of `compare`; `ok` when every difference is within tolerance and specs agree.
+
+  `backend` and `precision` are where and at which matmul precision both sides ran (`nnx_bridge.precision`).
+  """
 
   differences: tuple[Difference, ...]
   params: tuple[ParamRow, ...]
@@ -71,6 +81,8 @@ class ParityReport:
   atol: float
   rtol: float
   notes: tuple[str, ...] = ()
+  backend: str = ''
+  precision: str = precision_lib.HIGHEST
 
   @property
   def failures(self) -> tuple[Difference | ShardingRow, ...]:
@@ -80,11 +92,19 @@ class ParityReport:
   def ok(self) -> bool:
     return not self.failures
 
+  @property
+  def calibrated(self) -> bool:
+    """Whether the tolerances include each leaf's noise (the backend's default precision)."""
+    return self.precision == precision_lib.DEFAULT
+
   def to_dict(self) -> dict[str, tp.Any]:
     return {
         'ok': self.ok,
+        'backend': self.backend,
+        'precision': self.precision,
         'atol': self.atol,
         'rtol': self.rtol,
+        'noise_factor': precision_lib.NOISE_FACTOR if self.calibrated else 0.0,
         'notes': list(self.notes),
         'params': [dataclasses.asdict(r) for r in self.params],
         'differences': [dataclasses.asdict(d) for d in self.differences],
@@ -95,21 +115,22 @@ class ParityReport:
     return json.dumps(self.to_dict(), indent=2)
 
   def to_text(self) -> str:
-    lines = [f'Parameter tree ({len(self.params)} leaves):']
+    lines = [precision_lib.describe(self.backend, self.precision), f'Parameter tree ({len(self.params)} leaves):']
     width = max([len(r.linen) for r in self.params] + [10])
     nnx_width = max([len(r.nnx) for r in self.params] + [8])
     lines.append(f'  {"Linen path":{width}}  {"NNX path":{nnx_width}}  shape / dtype')
     lines += [
         f'  {r.linen:{width}}  {r.nnx:{nnx_width}}  {r.dtype}{list(r.shape)}' for r in self.params
     ]
-    for check in ('output', 'gradient', 'train output', 'train state'):
+    for check in CHECKS:
       rows = [d for d in self.differences if d.check == check]
       if not rows:
         continue
-      lines.append(f'{check} differences (atol={self.atol:g}, rtol={self.rtol:g}):')
+      noise = f', + {precision_lib.NOISE_FACTOR:g} x noise' if self.calibrated else ''
+      lines.append(f'{check} differences (atol={self.atol:g}, rtol={self.rtol:g}{noise}):')
       lines += [
           f'  {"ok  " if d.ok else "FAIL"} {d.path:{nnx_width}}  max|diff|={d.max_abs:.3e}  '
-          f'max rel={d.max_rel:.3e}  ({d.source})'
+          f'max rel={d.max_rel:.3e}{f"  noise={d.noise:.1e}" if self.calibrated else ""}  ({d.source})'
           for d in rows
       ]
     if self.sharding:
@@ -128,15 +149,16 @@ class ParityReport:
     return '\n'.join(lines)
 
 
-def _difference(check: str, path: str, source: str, got: tp.Any, want: tp.Any, atol: float, rtol: float) -> Difference:
+def _difference(check: str, path: str, source: str, got: tp.Any, want: tp.Any, atol: float, rtol: float,
+                noise: float = 0.0) -> Difference:
   got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
   if got.shape != want.shape:
-    return Difference(check, path, source, tuple(want.shape), float('inf'), float('inf'), False)
+    return Difference(check, path, source, tuple(want.shape), float('inf'), float('inf'), False, noise)
   error = np.abs(got - want)
   max_abs = float(error.max(initial=0.0))
   max_rel = float((error / np.maximum(np.abs(want), np.finfo(np.float32).tiny)).max(initial=0.0))
-  ok = bool(np.all(error <= atol + rtol * np.abs(want)))
-  return Difference(check, path, source, tuple(want.shape), max_abs, max_rel, ok)
+  ok = precision_lib.within(got, want, atol=atol, rtol=rtol, noise=noise)
+  return Difference(check, path, source, tuple(want.shape), max_abs, max_rel, ok, noise)
 
 
 def _flat_outputs(tree: tp.Any) -> dict[str, tp.Any]:
@@ -215,7 +237,7 @@ def _sharding_rows(linen_abstract, nnx_model, mapping: TreeMapping, rules) -> tu
 
 @dataclasses.dataclass(frozen=True)
 class _Call:
-  """What both models are called with in every check, and the tolerances their results must meet.
+  """What both models are called with in every check.
 
   `mutable` are the Linen collections other than params (a counter may be written even in eval
   mode); `streams` the keys of the Linen model's other rng streams.
@@ -225,87 +247,87 @@ class _Call:
   kwargs: dict[str, tp.Any]
   mutable: list[str]
   streams: dict[str, jax.Array]
-  atol: float
-  rtol: float
+  dropout_seed: int
 
 
-def _compare_eval_outputs(
-    eval_module: nn.Module, eval_kwargs: dict[str, bool], variables: tp.Mapping[str, tp.Any], model: nnx.Module,
-    call: _Call,
-) -> list[Difference]:
-  """The eval-mode forward outputs, on a fresh copy of the transferred model."""
-  linen_out, _ = eval_module.apply(variables, *call.inputs, **eval_kwargs, **call.kwargs, mutable=call.mutable,
-                                   rngs=call.streams)
+Results = dict[str, dict[str, tp.Any]]
+"""One side's results: check (one of CHECKS) -> {name: array}."""
+
+
+def _linen_results(
+    linen_module: nn.Module, arguments: modes.ModeArguments, variables: tp.Mapping[str, tp.Any], mapping: TreeMapping,
+    call: _Call, *, gradients: bool, train: bool,
+) -> Results:
+  """The Linen side of every check, at the current matmul precision; NNX paths name gradients and state."""
+  eval_module, eval_kwargs = modes.for_mode(linen_module, None, arguments, **modes.EVAL)
+  apply = lambda v: eval_module.apply(v, *call.inputs, **eval_kwargs, **call.kwargs, mutable=call.mutable,
+                                      rngs=call.streams)[0]
+  results = {'output': _flat_outputs(apply(variables))}
+  if gradients:
+    params = variables['params']
+    rest = {k: v for k, v in variables.items() if k != 'params'}
+    grads = jax.grad(lambda p: _loss(apply({'params': p, **rest})))(params)
+    mapped = mapping.only('params').linen_to_nnx(transfer.flat_linen({'params': grads}), allow_lossy=True)
+    results['gradient'] = {path_str(path): value for path, value in mapped.items()}
+  if train:
+    train_module, train_kwargs = modes.for_mode(linen_module, None, arguments, **modes.TRAIN)
+    with nn.intercept_methods(_identity_dropout):
+      outputs, updates = train_module.apply(
+          variables, *call.inputs, **train_kwargs, **call.kwargs, mutable=call.mutable,
+          rngs={**call.streams, 'dropout': jax.random.key(call.dropout_seed)},
+      )
+    updated = transfer.flat_linen({**variables, **updates})
+    state_mapping = TreeMapping(tuple(r for r in mapping.rules if any(key[0] != 'params' for key in r.linen)))
+    state = state_mapping.linen_to_nnx({k: v for k, v in updated.items() if k in state_mapping.linen_keys})
+    results['train output'] = _flat_outputs(outputs)
+    results['train state'] = {path_str(path): value for path, value in state.items()}
+  return results
+
+
+def _nnx_results(model: nnx.Module, call: _Call, *, gradients: bool, train: bool) -> Results:
+  """The NNX side of every check, at the current matmul precision: the eval-mode checks on fresh copies of
+  `model`, then one train-mode call of `model` itself (dropout off), which leaves it in train mode."""
   eval_model = nnx.clone(model)
   eval_model.eval()
-  nnx_out = eval_model(*call.inputs, **call.kwargs)
-  want, got = _flat_outputs(linen_out), _flat_outputs(nnx_out)
+  results = {'output': _flat_outputs(eval_model(*call.inputs, **call.kwargs))}
+  if gradients:
+    grad_model = nnx.clone(model)
+    grad_model.eval()
+    grads = nnx.grad(lambda m: _loss(m(*call.inputs, **call.kwargs)))(grad_model)
+    results['gradient'] = {path_str(normalize_path(p)): v.get_value() for p, v in nnx.to_flat_state(grads)}
+  if train:
+    model.train()
+    # Linen Dropouts inside nnx_bridge.from_linen wrappers too, and NNX ones under their to_linen children
+    with nn.intercept_methods(_identity_dropout), _nnx_dropout_off():
+      results['train output'] = _flat_outputs(model(*call.inputs, **call.kwargs))
+    results['train state'] = {path_str(p): v.get_value() for p, v in transfer.flat_nnx_variables(model).items()}
+  return results
+
+
+def _compared_names(check: str, want: dict[str, tp.Any], got: dict[str, tp.Any]) -> list[str]:
+  """The names a check compares: every output of either side; the train-mode outputs both sides give (a
+  train-mode call may return more, e.g. updated state); the Linen side's gradients and state otherwise."""
+  if check == 'output':
+    return sorted(want.keys() | got.keys())
+  if check == 'train output':
+    return sorted(want.keys() & got.keys())
+  return sorted(want)
+
+
+def _differences(want: Results, got: Results, reference: Results | None, sources: dict[str, str], atol: float,
+                 rtol: float) -> list[Difference]:
+  """Every compared leaf; with a `reference` (the Linen side at `highest`), each leaf's noise calibrates its tolerance."""
   differences = []
-  for name in sorted(want.keys() | got.keys()):
-    if name not in want or name not in got:
-      differences.append(Difference('output', name, 'output', (), float('inf'), float('inf'), False))
-    else:
-      differences.append(_difference('output', name, 'output', got[name], want[name], call.atol, call.rtol))
-  return differences
-
-
-def _compare_gradients(
-    eval_module: nn.Module, eval_kwargs: dict[str, bool], variables: tp.Mapping[str, tp.Any], model: nnx.Module,
-    mapping: TreeMapping, by_nnx: dict[tuple[str, ...], str], call: _Call,
-) -> list[Difference]:
-  """The gradients of one scalar loss for every parameter, in eval mode, on a fresh copy of the model."""
-  params = variables['params']
-  rest = {k: v for k, v in variables.items() if k != 'params'}
-  linen_grads = jax.grad(
-      lambda p: _loss(eval_module.apply({'params': p, **rest}, *call.inputs, **eval_kwargs, **call.kwargs,
-                                      mutable=call.mutable, rngs=call.streams)[0])
-  )(params)
-  want_grads = mapping.only('params').linen_to_nnx(
-      transfer.flat_linen({'params': linen_grads}), allow_lossy=True
-  )
-  grad_model = nnx.clone(model)
-  grad_model.eval()
-  nnx_grads = nnx.grad(lambda m: _loss(m(*call.inputs, **call.kwargs)))(grad_model)
-  got_grads = {normalize_path(p): v.get_value() for p, v in nnx.to_flat_state(nnx_grads)}
-  return [
-      _difference(
-          'gradient', path_str(path), by_nnx[path], got_grads.get(path, np.full(np.shape(want_grads[path]), np.nan)),
-          want_grads[path], call.atol, call.rtol,
-      )
-      for path in sorted(want_grads)
-  ]
-
-
-def _compare_train_call(
-    linen_module: nn.Module, arguments: modes.ModeArguments, variables: tp.Mapping[str, tp.Any], model: nnx.Module,
-    mapping: TreeMapping, by_nnx: dict[tuple[str, ...], str], dropout_seed: int, call: _Call,
-) -> list[Difference]:
-  """One train-mode call with dropout off on both sides: outputs and updated state. Leaves `model` in train mode."""
-  train_module, train_kwargs = modes.for_mode(linen_module, None, arguments, **modes.TRAIN)
-  with nn.intercept_methods(_identity_dropout):
-    linen_train_out, updates = train_module.apply(
-        variables, *call.inputs, **train_kwargs, **call.kwargs, mutable=call.mutable,
-        rngs={**call.streams, 'dropout': jax.random.key(dropout_seed)},
-    )
-  model.train()
-  # Linen Dropouts inside nnx_bridge.from_linen wrappers too, and NNX ones under their to_linen children
-  with nn.intercept_methods(_identity_dropout), _nnx_dropout_off():
-    nnx_train_out = model(*call.inputs, **call.kwargs)
-  want, got = _flat_outputs(linen_train_out), _flat_outputs(nnx_train_out)
-  differences = [
-      _difference('train output', name, 'output', got[name], want[name], call.atol, call.rtol)
-      for name in sorted(want.keys() & got.keys())
-  ]
-  updated = transfer.flat_linen({**variables, **updates})
-  state_mapping = TreeMapping(
-      tuple(r for r in mapping.rules if any(key[0] != 'params' for key in r.linen))
-  )
-  want_state = state_mapping.linen_to_nnx({k: v for k, v in updated.items() if k in state_mapping.linen_keys})
-  got_state = {p: v.get_value() for p, v in transfer.flat_nnx_variables(model).items()}
-  differences += [
-      _difference('train state', path_str(path), by_nnx[path], got_state[path], want_state[path], call.atol, call.rtol)
-      for path in sorted(want_state)
-  ]
+  for check in (c for c in CHECKS if c in want):
+    for name in _compared_names(check, want[check], got[check]):
+      source = 'output' if check.endswith('output') else sources[name]
+      if name not in want[check] or name not in got[check]:
+        differences.append(Difference(check, name, source, (), float('inf'), float('inf'), False))
+        continue
+      noise = 0.0
+      if reference is not None and name in reference[check]:
+        noise = precision_lib.noise(want[check][name], reference[check][name])
+      differences.append(_difference(check, name, source, got[check][name], want[check][name], atol, rtol, noise))
   return differences
 
 
@@ -331,6 +353,7 @@ def compare(
     dropout_seed: int = 0,
     rng_streams: tp.Sequence[str] = (),
     logical_axis_rules: tp.Sequence[tuple[str, str | None]] | None = None,
+    precision: str = precision_lib.HIGHEST,
     **call_kwargs: tp.Any,
 ) -> ParityReport:
   """Compares `linen_module` with `variables` against `nnx_model` given the same parameters.
@@ -343,7 +366,13 @@ def compare(
   `rng_streams` are the other rng streams the Linen model draws from (`self.make_rng('noise')`):
   each gets a key on the Linen side, while the NNX model draws from its own `nnx.Rngs`, so
   the outputs agree only where those draws do not change them.
+
+  `precision` is the matmul precision both sides run at (`nnx_bridge.precision`): `'highest'`, the
+  same tolerances on every backend, or the backend's `'default'`, where the Linen model also runs
+  at `'highest'` and each leaf may differ by `NOISE_FACTOR` times the difference between its two
+  Linen results on top of `atol` and `rtol`. The report names the backend and the precision.
   """
+  at_precision = precision_lib.matmul_precision(precision)  # an unknown precision is refused before any work
   model = nnx.clone(nnx_model)
   if mapping is None:
     from nnx_bridge import derive  # imported here: derive pulls in the tracing machinery
@@ -352,28 +381,33 @@ def compare(
     mapping = derive.derive_mapping(eval_module, model, *inputs, **eval_kwargs, **call_kwargs)
   transfer.linen_to_nnx(variables, model, mapping)
   arguments = modes.mode_arguments_of(linen_module)
-  by_nnx = {rule.nnx: ', '.join(map(path_str, rule.linen)) for rule in mapping.rules}
+  eval_module, eval_kwargs = modes.for_mode(linen_module, None, arguments, **modes.EVAL)
   call = _Call(
       inputs, call_kwargs, [c for c in variables if c != 'params'],
-      {name: jax.random.key(dropout_seed + 1 + i) for i, name in enumerate(rng_streams)}, atol, rtol,
+      {name: jax.random.key(dropout_seed + 1 + i) for i, name in enumerate(rng_streams)}, dropout_seed,
   )
-  eval_module, eval_kwargs = modes.for_mode(linen_module, None, arguments, **modes.EVAL)
-  differences = _compare_eval_outputs(eval_module, eval_kwargs, variables, model, call)
+  checks = {'gradients': 'params' in variables, 'train': bool(train and arguments)}
+  with at_precision:
+    want = _linen_results(linen_module, arguments, variables, mapping, call, **checks)
+    got = _nnx_results(model, call, **checks)
+    # Shapes and metadata boxes only: the sharding annotations the Linen model declares.
+    linen_abstract = jax.eval_shape(
+        lambda: eval_module.init(jax.random.key(0), *inputs, **eval_kwargs, **call_kwargs)
+    )
+  reference = None
+  if precision == precision_lib.DEFAULT:
+    with precision_lib.matmul_precision(precision_lib.HIGHEST):
+      reference = _linen_results(linen_module, arguments, variables, mapping, call, **checks)
+  by_nnx = {rule.nnx: ', '.join(map(path_str, rule.linen)) for rule in mapping.rules}
+  sources = {path_str(path): source for path, source in by_nnx.items()}
+  differences = _differences(want, got, reference, sources, atol, rtol)
   notes: list[str] = []
-  if 'params' in variables:
-    differences += _compare_gradients(eval_module, eval_kwargs, variables, model, mapping, by_nnx, call)
-  else:
+  if not checks['gradients']:
     notes.append('the Linen model has no parameters: no gradients to compare')
-  if train and arguments:
-    differences += _compare_train_call(linen_module, arguments, variables, model, mapping, by_nnx, dropout_seed, call)
+  if checks['train']:
     notes.append('the train-mode call runs with dropout off on both sides')
   elif train:
     notes.append('no train/eval argument found on the Linen module: train-mode call skipped')
-
-  # Shapes and metadata boxes only: the sharding annotations the Linen model declares.
-  linen_abstract = jax.eval_shape(
-      lambda: eval_module.init(jax.random.key(0), *inputs, **eval_kwargs, **call_kwargs)
-  )
   return ParityReport(
       tuple(differences),
       _params_table(model, by_nnx),
@@ -381,4 +415,6 @@ def compare(
       atol,
       rtol,
       tuple(notes),
+      precision_lib.backend(),
+      precision,
   )

@@ -58,7 +58,8 @@ def train_state_to_nnx_checkpoint(
 
   `model_abstract_state` (`nnx.state(nnx.eval_shape(...), nnx.Not(nnx.RngState))`) and
   `optimizer_abstract_state` (`nnx.state(nnx.eval_shape(lambda: nnx.Optimizer(model, tx,
-  wrt=nnx.Param)))`) are checked against when given and give the output shardings. The step,
+  wrt=nnx.Param)))`) are checked against when given; a leaf they shard over a mesh is written with that
+  sharding recorded (`checkpoint.records_sharding`). The step,
   an int32 in a TrainState (int64 while it is still the Python int `TrainState.create` sets),
   becomes the optimizer's uint32. Dropped model leaves must be zero unless `allow_lossy`; their
   optimizer statistics are dropped with them. Returns the number of leaves written; nothing is

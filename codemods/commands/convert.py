@@ -19,8 +19,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
       help='convert an orbax checkpoint between the Linen and NNX layouts',
       description=(
           'Read the orbax checkpoint SRC written for the Linen model and write DST for its NNX '
-          'port (restorable with nnx.eval_shape + orbax restore, as the flax guide does), or the '
-          'reverse with --to linen; with --train-state, a whole flax TrainState checkpoint and '
+          'port (restorable with nnx.eval_shape + orbax restore, as the flax guide does, on any backend '
+          'and topology: no device is recorded in it), or the reverse with --to linen; with --train-state, a whole flax TrainState checkpoint and '
           'nnx.state((model, optimizer)). Both models are built abstractly (no weights) to derive the '
           'leaf mapping and check every leaf before anything is written. Arrays are converted a '
           'few at a time; DST appears only when complete, and staging folders that killed runs '

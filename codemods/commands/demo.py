@@ -22,6 +22,7 @@ import typing as tp
 
 from codemods.report import FIELD
 from codemods.report import RNGS
+from nnx_bridge.precision import PRECISIONS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TODO = 'todo'  # the kind of a report entry left for a human
@@ -38,9 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           'built from ModuleDefs, a ViT with scanned remat blocks and a MAP head, an encoder-decoder '
           'with shared embeddings, a VAE, a seq2seq LSTM) to a temporary folder, migrate it with its '
           'example traces, then check each model as `linen2nnx verify` does: forward outputs and every '
-          'parameter gradient on transferred parameters. Prints one table; exit 0 when every model '
-          'converted without a TODO and matches, 1 otherwise, 2 on usage errors. Walkthrough: '
-          'docs/real-world.md.'
+          'parameter gradient on transferred parameters, at one matmul precision (--precision). Prints the '
+          'backend and the precision, then one table; exit 0 when every model converted without a TODO and '
+          'matches, 1 otherwise, 2 on usage errors. Walkthrough: docs/real-world.md.'
       ),
   )
   parser.add_argument('--project', metavar='DIR', default=str(BUNDLED_PROJECT),
@@ -49,6 +50,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
   parser.add_argument('--no-examples', action='store_true',
                       help='migrate without the example traces, to see what the code alone determines')
   parser.add_argument('--atol', type=float, default=1e-5, help='absolute tolerance (default 1e-5)')
+  parser.add_argument('--precision', choices=PRECISIONS, default=PRECISIONS[0],
+                      help='the matmul precision both sides run at, as for linen2nnx verify (default highest)')
   parser.add_argument('--json', action='store_true', help='print the rows as JSON')
   parser.set_defaults(run=run)
 
@@ -99,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _demo(project: pathlib.Path, work: pathlib.Path, args: argparse.Namespace) -> int:
+  from nnx_bridge import precision as precision_lib
+
   linen_dir, nnx_dir = work / 'linen', work / 'nnx'
   for target in (linen_dir, nnx_dir):
     shutil.copytree(project, target, ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
@@ -108,11 +113,12 @@ def _demo(project: pathlib.Path, work: pathlib.Path, args: argparse.Namespace) -
   sizes = result.input_sizes()
   print(f'linen2nnx demo: migrated {len(result.changed)} files of {project.name} in {work / "nnx"}'
         f'{"" if args.no_examples else f" with {EXAMPLES_FILE}"}: {_sizes_line(sizes)}', file=sys.stderr)
-  rows = check_models(linen_dir, nnx_dir, report_path, result, atol=args.atol)
+  rows = check_models(linen_dir, nnx_dir, report_path, result, atol=args.atol, precision=args.precision)
   if args.json:
-    print(json.dumps({'input_sizes': sizes, 'models': [dataclasses.asdict(r) | {'verdict': r.verdict} for r in rows]},
-                     indent=2))
+    print(json.dumps({'backend': precision_lib.backend(), 'precision': args.precision, 'input_sizes': sizes,
+                      'models': [dataclasses.asdict(r) | {'verdict': r.verdict} for r in rows]}, indent=2))
   else:
+    print(precision_lib.describe(precision_lib.backend(), args.precision))
     print(format_table(rows))
   failed = [f.path for f in result.failed]
   for path in failed:
@@ -135,8 +141,8 @@ def migrate_project(folder: pathlib.Path, *, examples: bool) -> tp.Any:
 
 
 def check_models(linen_dir: pathlib.Path, nnx_dir: pathlib.Path, report_path: pathlib.Path, result: tp.Any,
-                 *, atol: float) -> list[ModelRow]:
-  """One row per example of the Linen copy, its NNX port taken from the migrated copy."""
+                 *, atol: float, precision: str = PRECISIONS[0]) -> list[ModelRow]:
+  """One row per example of the Linen copy, its NNX port taken from the migrated copy, compared at `precision`."""
   from codemods import examples as example_traces
 
   todos = {os.path.realpath(f.path): sum(e.kind == TODO for e in f.entries) for f in result.files}
@@ -144,7 +150,8 @@ def check_models(linen_dir: pathlib.Path, nnx_dir: pathlib.Path, report_path: pa
   with _importable(linen_dir), _migrated_imports():
     for name, linen, inputs, kwargs in example_traces.load_examples(str(linen_dir / EXAMPLES_FILE)):
       try:
-        rows.append(_check_model(name, linen, inputs, kwargs, linen_dir, nnx_dir, report_path, todos, atol))
+        rows.append(_check_model(name, linen, inputs, kwargs, linen_dir, nnx_dir, report_path, todos, atol,
+                                 precision))
       except Exception as error:  # one model's failure is a FAIL row; the others are still checked
         left = todos.get(_migrated_file(type(linen), linen_dir, nnx_dir), 0)
         rows.append(ModelRow(name, type(linen).__name__, 0, left, 0, 0, float('nan'), float('nan'), False,
@@ -168,7 +175,8 @@ def build_port(linen: tp.Any, inputs: tuple, kwargs: dict, linen_dir: pathlib.Pa
 
 
 def _check_model(name: str, linen: tp.Any, inputs: tuple, kwargs: dict, linen_dir: pathlib.Path,
-                 nnx_dir: pathlib.Path, report_path: pathlib.Path, todos: dict[str, int], atol: float) -> ModelRow:
+                 nnx_dir: pathlib.Path, report_path: pathlib.Path, todos: dict[str, int], atol: float,
+                 precision: str) -> ModelRow:
   import jax
   from flax import nnx
 
@@ -178,7 +186,7 @@ def _check_model(name: str, linen: tp.Any, inputs: tuple, kwargs: dict, linen_di
   linen_class = type(linen)
   model, port = build_port(linen, inputs, kwargs, linen_dir, nnx_dir, report_path)
   example = model_refs.Example(linen, inputs, kwargs)
-  report, _ = verify.check_port(example, model, port, init_seed=0, atol=atol, rtol=atol)
+  report, _ = verify.check_port(example, model, port, init_seed=0, atol=atol, rtol=atol, precision=precision)
   classes = {type(m) for _, m in nnx.iter_modules(model) if type(m).__module__.startswith(model_refs.USER_MODULE_PREFIX)}
   files = {os.path.realpath(sys.modules[c.__module__].__file__) for c in classes}
   files.add(_migrated_file(linen_class, linen_dir, nnx_dir))

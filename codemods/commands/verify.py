@@ -9,6 +9,8 @@ import sys
 import typing as tp
 
 from codemods.ports import model_arguments
+from nnx_bridge.precision import NOISE_FACTOR
+from nnx_bridge.precision import PRECISIONS
 
 if tp.TYPE_CHECKING:
   from codemods.ports import migrate_report
@@ -25,8 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           'Initialize the Linen model, copy its variables into the NNX port through a derived '
           '(or given) leaf mapping, and compare, leaf by leaf: the eval-mode outputs, the '
           'gradient of a scalar loss for every parameter, the outputs and updated state after '
-          'one train-mode call (dropout off on both sides), and the partition specs. '
-          'Exit 0 when everything is within tolerance, 1 when not, 2 on usage errors (including '
+          'one train-mode call (dropout off on both sides), and the partition specs, at one matmul precision '
+          '(--precision). Exit 0 when everything is within tolerance, 1 when not, 2 on usage errors (including '
           'inputs the Linen model itself fails on).'
       ),
       epilog=(
@@ -46,6 +48,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
   parser.add_argument('--atol', type=float, default=1e-5, help='absolute tolerance (default 1e-5)')
   parser.add_argument('--rtol', type=float, default=1e-5, help='relative tolerance (default 1e-5)')
   parser.add_argument('--no-train-step', action='store_true', help='skip the train-mode call')
+  parser.add_argument(
+      '--precision', choices=PRECISIONS, default=PRECISIONS[0],
+      help='the matmul precision both models run at (default highest: float32 products in full float32 on every '
+           "backend, so the tolerances mean the same on all). default: the backend's own (bfloat16 passes on a TPU); "
+           f'the Linen model also runs at highest, and each leaf may differ by {NOISE_FACTOR:g}x its own difference '
+           'between the two on top of --atol and --rtol. The report names the backend and the precision',
+  )
   parser.add_argument(
       '--rng-streams', metavar='NAME,...', default='',
       help="rng streams the Linen model draws from besides dropout (self.make_rng('noise')): each gets "
@@ -87,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     report, mapping = check_port(
         example, nnx_model, port, mapping=mapping, init_seed=args.init_seed, atol=args.atol, rtol=args.rtol,
         train=not args.no_train_step, logical_axis_rules=rules,
-        rng_streams=[s for s in args.rng_streams.split(',') if s],
+        rng_streams=[s for s in args.rng_streams.split(',') if s], precision=args.precision,
     )
   except BridgeError as error:  # the port's variables do not even line up with the Linen ones
     print(f'linen2nnx verify: the NNX port does not match: {error}', file=sys.stderr)

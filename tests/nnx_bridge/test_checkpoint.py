@@ -130,12 +130,23 @@ def test_linen_checkpoint_restores_the_way_the_flax_guide_restores_nnx(linen_ckp
   assert sorted(os.listdir(tmp_path)) == ['linen', 'nnx']  # no staging directory left behind
 
 
-def test_files_are_those_standard_checkpointer_writes_for_the_nnx_state(linen_ckpt, tmp_path):
+def test_files_are_those_standard_checkpointer_writes_for_the_nnx_state_but_the_device(linen_ckpt, tmp_path):
   checkpoint.linen_to_nnx_checkpoint(linen_ckpt[0], tmp_path / 'nnx', MAPPING)
-  _save(tmp_path / 'reference', nnx.state(_restore_nnx(tmp_path / 'nnx')))
+  _save(tmp_path / 'reference', jax.device_put(nnx.state(_restore_nnx(tmp_path / 'nnx'))))
 
-  for name in ('_METADATA', '_sharding', 'array_metadatas/process_0'):
+  for name in ('_METADATA', 'array_metadatas/process_0'):
     assert (tmp_path / 'nnx' / name).read_text() == (tmp_path / 'reference' / name).read_text(), name
+  # orbax records the device each array was on, which another backend lacks; the conversion names none
+  # (test_a_converted_checkpoint_restores_on_another_topology).
+  assert '"device_str\\": \\"cpu:0\\"' in (tmp_path / 'reference' / '_sharding').read_text()
+  assert not (tmp_path / 'nnx' / '_sharding').exists()
+
+
+def test_only_a_sharding_over_a_mesh_is_recorded():
+  mesh = jax.make_mesh((1,), ('x',))
+  assert checkpoint.records_sharding(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('x')))
+  assert not checkpoint.records_sharding(jax.sharding.SingleDeviceSharding(jax.devices()[0]))  # names a device
+  assert not checkpoint.records_sharding(None)
 
 
 def test_the_abstract_state_is_optional(linen_ckpt, tmp_path):
@@ -483,10 +494,87 @@ _SHARDED_CHILD = textwrap.dedent('''
 ''')
 
 
-def test_target_sharding_is_written_and_restored(tmp_path):
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2', JAX_PLATFORMS='cpu')
-  result = subprocess.run(
-      [sys.executable, '-c', _SHARDED_CHILD, str(tmp_path)], env=env, capture_output=True, text=True
-  )
+def _run_on_devices(count: int, script: str, *args) -> str:
+  """`script` run with `args` in a CPU process of `count` devices (a simulated topology): its stdout."""
+  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={count}', JAX_PLATFORMS='cpu')
+  result = subprocess.run([sys.executable, '-c', script, *map(str, args)], env=env, capture_output=True, text=True)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert 'sharding kept' in result.stdout
+  return result.stdout
+
+
+def test_target_sharding_is_written_and_restored(tmp_path):
+  assert 'sharding kept' in _run_on_devices(2, _SHARDED_CHILD, tmp_path)
+
+
+_TOPOLOGY_CHILD = textwrap.dedent('''
+    import sys
+    import jax, jax.numpy as jnp, numpy as np, orbax.checkpoint as ocp
+    from flax import linen as nn, nnx
+    from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
+    from nnx_bridge import checkpoint, restore_linen_checkpoint
+    from nnx_bridge.treemap import LeafRule, TreeMapping
+
+    mode, tmp = sys.argv[1:]
+    x = jnp.linspace(-1.0, 1.0, 6).reshape(3, 2)
+    mapping = TreeMapping(tuple(LeafRule((name,), (('params', name),)) for name in ('kernel', 'bias')))
+
+    def abstract(sharding=None):
+      """The flax guide's abstract model; its state's leaves given `sharding(leaf)` when asked."""
+      graphdef, state = nnx.split(nnx.eval_shape(lambda: nnx.Linear(2, 8, rngs=nnx.Rngs(0))))
+      if sharding is not None:
+        state = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding(leaf)), state)
+      return graphdef, state
+
+    def guide_restore(path, sharding=None):
+      graphdef, state = abstract(sharding)
+      return nnx.merge(graphdef, ocp.StandardCheckpointer().restore(path, state))
+
+    if mode == 'write':  # every array on the last device of this host, which another host may lack
+      last = SingleDeviceSharding(jax.devices()[-1])
+      variables = jax.device_put(nn.Dense(8).init(jax.random.key(0), x), last)
+      with ocp.StandardCheckpointer() as saver:
+        saver.save(tmp + '/linen', variables)
+      checkpoint.linen_to_nnx_checkpoint(tmp + '/linen', tmp + '/nnx', mapping,
+                                         nnx_abstract_state=abstract(lambda leaf: last)[1])
+      with ocp.StandardCheckpointer() as saver:  # the guide's own save
+        saver.save(tmp + '/guide', nnx.state(guide_restore(tmp + '/nnx', lambda leaf: last)))
+      np.savez(tmp + '/want.npz', **jax.device_get(variables['params']))
+      print('written on', jax.devices()[-1])
+    else:
+      want = np.load(tmp + '/want.npz')
+
+      def check(model):  # bit-exact
+        for name in ('kernel', 'bias'):
+          np.testing.assert_array_equal(np.asarray(getattr(model, name).get_value()), want[name])
+
+      check(guide_restore(tmp + '/nnx'))  # no shardings: numpy arrays, on any host
+      if len(jax.devices()) > 1:
+        mesh = jax.make_mesh((2, len(jax.devices()) // 2), ('data', 'model'))
+        model = guide_restore(tmp + '/nnx', lambda leaf: NamedSharding(mesh, P(*[None] * (leaf.ndim - 1), 'model')))
+        assert model.kernel.get_value().sharding == NamedSharding(mesh, P(None, 'model'))
+        check(model)
+        model = guide_restore(tmp + '/nnx', lambda leaf: SingleDeviceSharding(jax.devices()[1]))
+        assert model.kernel.get_value().devices() == {jax.devices()[1]}
+        check(model)
+      graphdef, state = abstract()
+      check(nnx.merge(graphdef, restore_linen_checkpoint(state, tmp + '/linen')))
+      try:
+        guide_restore(tmp + '/guide')
+        print('the guide save restores')
+      except ValueError as error:
+        print('the guide save fails:', str(error).splitlines()[0])
+      print('restored on', len(jax.devices()), 'devices')
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('written, restored', [(1, 8), (8, 1)])
+def test_a_converted_checkpoint_restores_on_another_topology(tmp_path, written, restored):
+  """Issue 36: on a TPU host, a converted checkpoint that named the device `cpu:0` failed the guide's restore.
+  Simulated here by devices the other host lacks (`cpu:7` on a 1-device host), the checkpoint written with every
+  array on the last device; it restores without shardings, over a mesh, on device 1, and by restore_linen_checkpoint."""
+  _run_on_devices(written, _TOPOLOGY_CHILD, 'write', tmp_path)
+  out = _run_on_devices(restored, _TOPOLOGY_CHILD, 'restore', tmp_path)
+  assert f'restored on {restored} devices' in out
+  if written > restored:  # the guide's own save names cpu:7: the failure the conversion avoids
+    assert 'the guide save fails: Topology mismatch detected' in out

@@ -223,3 +223,87 @@ def test_a_module_without_parameters_compares_its_outputs():
   assert 'the Linen model has no parameters: no gradients to compare' in report.notes
   wrong = parity.compare(LinenScaledSiLU(), variables, NNXScaledSiLU(scale=1.5), X)
   assert {(d.check, d.path) for d in wrong.failures} == {('output', 'output')}
+
+
+@pytest.mark.parametrize('precision', ['highest', 'default'])
+def test_the_report_says_the_backend_and_precision_and_the_verdicts_hold_at_both(variables, precision):
+  right = parity.compare(LinenMLP(), variables, NNXMLP(nnx.Rngs(0)), X, mapping=MAPPING, precision=precision)
+  assert right.ok, right.to_text()
+  assert (right.backend, right.precision) == (jax.default_backend(), precision)
+  assert right.to_text().startswith(f'backend {jax.default_backend()}, matmul precision {precision}')
+  assert {'backend': jax.default_backend(), 'precision': precision}.items() <= right.to_dict().items()
+  square = SquareLinen().init(jax.random.key(0), X)
+  wrong = parity.compare(SquareLinen(), square, TransposedMiddle(nnx.Rngs(0)), X, mapping=MAPPING, precision=precision)
+  assert ('output', 'output') in {(d.check, d.path) for d in wrong.failures}
+
+
+_TRACED_AT = []  # the matmul precision in effect each time `_product` is traced
+
+
+@jax.jit
+def _product(x, kernel):
+  _TRACED_AT.append(jax.config.jax_default_matmul_precision)
+  return x @ kernel
+
+
+class LinenProduct(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return _product(x, self.param('kernel', nn.initializers.lecun_normal(), (3, 4)))
+
+
+class NNXProduct(nnx.Module):
+  def __init__(self, rngs):
+    self.kernel = nnx.Param(jax.random.normal(rngs.params(), (3, 4)))
+
+  def __call__(self, x):
+    return _product(x, self.kernel[...])
+
+
+def test_both_sides_run_at_the_precision_asked_for_also_in_functions_jitted_before():
+  mapping = TreeMapping((LeafRule(('kernel',), (('params', 'kernel'),)),))
+  variables = LinenProduct().init(jax.random.key(0), X)  # compiles `_product` outside any precision context
+  _TRACED_AT.clear()
+  parity.compare(LinenProduct(), variables, NNXProduct(nnx.Rngs(0)), X, mapping=mapping)
+  assert _TRACED_AT and set(_TRACED_AT) == {'highest'}  # traced again inside the context
+  jax.clear_caches()
+  _TRACED_AT.clear()
+  parity.compare(LinenProduct(), variables, NNXProduct(nnx.Rngs(0)), X, mapping=mapping, precision='default')
+  assert set(_TRACED_AT) == {'default', 'highest'}  # both sides at default; the Linen reference at highest
+
+
+def _rounded(x, phase: float):
+  """A product's rounding at a TPU's default precision, simulated on a CPU: an error of up to 1e-3 that depends
+  on the implementation (`phase`), none at `highest`."""
+  if jax.config.jax_default_matmul_precision == 'default':
+    return x + 1e-3 * jnp.sin(3 * x + phase)
+  return x
+
+
+class LinenRounded(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return _rounded(nn.Dense(4)(x), phase=0.0)
+
+
+class NNXRounded(nnx.Module):
+  def __init__(self, rngs, scale: float = 1.0):
+    self.linear = nnx.Linear(3, 4, rngs=rngs)
+    self.scale = scale
+
+  def __call__(self, x):
+    return _rounded(self.linear(x), phase=1.0) * self.scale
+
+
+def test_at_the_default_precision_rounding_passes_within_the_calibrated_noise_and_a_wrong_port_fails():
+  mapping = TreeMapping(tuple(LeafRule(('linear', name), (('params', 'Dense_0', name),)) for name in ('kernel', 'bias')))
+  variables = LinenRounded().init(jax.random.key(0), X)
+  report = parity.compare(LinenRounded(), variables, NNXRounded(nnx.Rngs(0)), X, mapping=mapping, precision='default')
+  assert report.ok, report.to_text()
+  output = next(d for d in report.differences if d.check == 'output')
+  assert output.max_abs > 1e-4 and output.noise > 1e-4  # far above atol: only the calibration lets it pass
+  assert 'noise=' in report.to_text()
+  assert parity.compare(LinenRounded(), variables, NNXRounded(nnx.Rngs(0)), X, mapping=mapping).ok  # at highest
+  wrong = parity.compare(LinenRounded(), variables, NNXRounded(nnx.Rngs(0), scale=1.01), X, mapping=mapping,
+                         precision='default')
+  assert ('output', 'output') in {(d.check, d.path) for d in wrong.failures}

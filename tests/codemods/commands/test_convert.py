@@ -56,6 +56,10 @@ def test_converts_both_ways(tmp_path, linen_checkpoint, example_classes, capsys)
     back = checkpointer.restore(tmp_path / 'back')
   jax.tree.map(np.testing.assert_array_equal, back, jax.device_get(variables))
   assert 'wrote' in capsys.readouterr().out
+  # No device is recorded, so both restore on any backend and topology (docs/checkpoints.md; the restores on
+  # other topologies: tests/nnx_bridge/test_checkpoint.py::test_a_converted_checkpoint_restores_on_another_topology).
+  assert (src / '_sharding').exists()  # what StandardCheckpointer records
+  assert not (tmp_path / 'nnx' / '_sharding').exists() and not (tmp_path / 'back' / '_sharding').exists()
 
 
 def test_existing_destination_is_a_usage_error(tmp_path, linen_checkpoint, capsys):

@@ -150,18 +150,29 @@ def test_a_broken_port_is_a_fail_row(tmp_path):
   report.write_text(result.to_json())
   vae = nnx_dir / 'model_zoo' / 'vae.py'
   good = vae.read_text()
-  (row,) = demo.check_models(linen_dir, nnx_dir, report, result, atol=1e-5)
-  assert row.verdict == 'PASS', row
+  for precision in ('highest', 'default'):
+    (row,) = demo.check_models(linen_dir, nnx_dir, report, result, atol=1e-5, precision=precision)
+    assert row.verdict == 'PASS', row
   vae.write_text(good.replace('x = nnx.relu(self.fc1(x))', 'x = nnx.gelu(self.fc1(x))'))
-  (row,) = demo.check_models(linen_dir, nnx_dir, report, result, atol=1e-5)
-  assert row.verdict == 'FAIL' and row.max_forward_diff > 1e-3
+  for precision in ('highest', 'default'):
+    (row,) = demo.check_models(linen_dir, nnx_dir, report, result, atol=1e-5, precision=precision)
+    assert row.verdict == 'FAIL' and row.max_forward_diff > 1e-3, (precision, row)
   assert 'FAIL' in demo.format_table([row]) and '0 of 1 models PASS' in demo.format_table([row])
 
 
-def test_the_command_prints_one_row_per_model(tmp_path, capsys):
-  assert cli.main(['demo', '--project', str(_vae_only_project(tmp_path)), '--json']) == 0
-  (row,) = json.loads(capsys.readouterr().out)['models']
+def test_the_command_prints_one_row_per_model_and_the_backend_and_precision(tmp_path, capsys):
+  import jax
+
+  project = str(_vae_only_project(tmp_path))
+  assert cli.main(['demo', '--project', project, '--json']) == 0
+  printed = json.loads(capsys.readouterr().out)
+  (row,) = printed['models']
   assert row['model'] == 'vae' and row['verdict'] == 'PASS' and row['classes_converted'] == 3
+  assert (printed['backend'], printed['precision']) == (jax.default_backend(), 'highest')
+  assert cli.main(['demo', '--project', project, '--precision', 'default']) == 0
+  table = capsys.readouterr().out
+  assert table.startswith(f"backend {jax.default_backend()}, matmul precision default (the backend's)")
+  assert '1 of 1 models PASS' in table
 
 
 def test_a_project_without_examples_is_a_usage_error(tmp_path, capsys):

@@ -138,3 +138,16 @@ def test_cnn_with_batchnorm_and_dropout_from_an_examples_file(capsys):
   out = capsys.readouterr().out
   assert 'bn/mean' in out and 'train state' in out
   assert 'params/Dense_0/kernel' in out and 'float32[3136, 256]' in out
+
+
+@pytest.mark.parametrize('precision', ['highest', 'default'])
+def test_the_verdicts_hold_at_both_precisions_and_the_report_names_backend_and_precision(precision, capsys):
+  import jax
+
+  argv = [*MLP_INPUT, '--precision', precision]
+  assert verify(f'{EXAMPLES}/mlp_linen.py:MLP', f'{EXAMPLES}/mlp_nnx.py:MLP', *argv) == 0
+  assert f'backend {jax.default_backend()}, matmul precision {precision}' in capsys.readouterr().out
+  assert verify(f'{EXAMPLES}/mlp_linen.py:MLP', f'{EXAMPLES}/mlp_nnx_wrong.py:TransposedKernel', *argv, '--json') == 1
+  report = json.loads(capsys.readouterr().out)
+  assert (report['backend'], report['precision'], report['ok']) == (jax.default_backend(), precision, False)
+  assert report['noise_factor'] == (10.0 if precision == 'default' else 0.0)
