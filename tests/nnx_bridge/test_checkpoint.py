@@ -138,7 +138,8 @@ def test_files_are_those_standard_checkpointer_writes_for_the_nnx_state_but_the_
     assert (tmp_path / 'nnx' / name).read_text() == (tmp_path / 'reference' / name).read_text(), name
   # orbax records the device each array was on, which another backend lacks; the conversion names none
   # (test_a_converted_checkpoint_restores_on_another_topology).
-  assert '"device_str\\": \\"cpu:0\\"' in (tmp_path / 'reference' / '_sharding').read_text()
+  device = str(jax.devices()[0])  # cpu:0 here, TPU_0(process=0,...) on a TPU
+  assert f'"device_str\\": \\"{device}\\"' in (tmp_path / 'reference' / '_sharding').read_text()
   assert not (tmp_path / 'nnx' / '_sharding').exists()
 
 
@@ -331,6 +332,7 @@ def test_killed_conversion_leaves_no_destination_and_the_next_run_removes_its_st
   child = subprocess.Popen(
       [sys.executable, '-c', _KILLED_CHILD, str(linen_ckpt[0]), str(tmp_path / 'nnx'),
        str(tmp_path / 'mapping.json'), str(started)],
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu'},  # an accelerator admits one process: the test's own
   )
   try:
     deadline = time.monotonic() + 60

@@ -262,7 +262,8 @@ class NNXProduct(nnx.Module):
 
 def test_both_sides_run_at_the_precision_asked_for_also_in_functions_jitted_before():
   mapping = TreeMapping((LeafRule(('kernel',), (('params', 'kernel'),)),))
-  variables = LinenProduct().init(jax.random.key(0), X)  # compiles `_product` outside any precision context
+  with jax.default_matmul_precision('float32'):  # compiled at a precision neither mode uses (whatever
+    variables = LinenProduct().init(jax.random.key(0), X)  # JAX_DEFAULT_MATMUL_PRECISION says)
   _TRACED_AT.clear()
   parity.compare(LinenProduct(), variables, NNXProduct(nnx.Rngs(0)), X, mapping=mapping)
   assert _TRACED_AT and set(_TRACED_AT) == {'highest'}  # traced again inside the context
@@ -304,6 +305,7 @@ def test_at_the_default_precision_rounding_passes_within_the_calibrated_noise_an
   assert output.max_abs > 1e-4 and output.noise > 1e-4  # far above atol: only the calibration lets it pass
   assert 'noise=' in report.to_text()
   assert parity.compare(LinenRounded(), variables, NNXRounded(nnx.Rngs(0)), X, mapping=mapping).ok  # at highest
-  wrong = parity.compare(LinenRounded(), variables, NNXRounded(nnx.Rngs(0), scale=1.01), X, mapping=mapping,
+  # 10% off: far above the simulated rounding, and above a TPU's own bf16 passes (which add to it there)
+  wrong = parity.compare(LinenRounded(), variables, NNXRounded(nnx.Rngs(0), scale=1.1), X, mapping=mapping,
                          precision='default')
   assert ('output', 'output') in {(d.check, d.path) for d in wrong.failures}
