@@ -8,6 +8,8 @@ constructor arguments.
 
 from __future__ import annotations
 
+import builtins
+
 import typing as tp
 
 import libcst as cst
@@ -262,6 +264,10 @@ def in_caller(ctx: ClassContext, code: str, child: Child) -> str | None:
   arguments = {name for name, _ in child.sibling.size_params}
   if any(isinstance(n, cst.Name) and n.value in arguments for n in nodes):
     return None  # a size argument of the class (`self.mlp_dim or 4 * linear1_in_features`): not the caller's
+  attrs = {id(n.attr) for n in nodes if isinstance(n, cst.Attribute)}
+  if any(isinstance(n, cst.Name) and id(n) not in attrs and n.value != 'self' and n.value not in ctx.facts.global_names
+         and not hasattr(builtins, n.value) for n in nodes):
+    return None  # a local of the class's __init__ (CLIP's `embed_dim = self.config.hidden_size`): not the caller's
   selves = [n for n in nodes if isinstance(n, cst.Name) and n.value == 'self']
   if len(selves) != len([n for n in nodes if isinstance(n, cst.Attribute) and is_self_attr(n)]):
     return None  # `self` used other than as `self.<field>`

@@ -142,3 +142,54 @@ def test_sizes_are_followed_past_a_block_for_the_names_it_leaves_alone(assigned,
   sizes = {} if derived else {'out_proj_in_features': 12}
   model = namespace['FlaxTinyAttentionOutput'](value_in_features=6, **sizes, rngs=nnx.Rngs(0))
   assert nnx_bridge.compare(linen_module, variables, model, TOKENS).ok
+
+
+EMBED_THEN_NORM = '''import flax.linen as nn
+import jax.numpy as jnp
+
+
+class Config:
+    hidden_size = 6
+
+
+class FlaxTinyEmbeddings(nn.Module):
+    config: Config
+
+    def setup(self):
+        embed_dim = self.config.hidden_size
+        self.token_embedding = nn.Embed(10, embed_dim)
+
+    def __call__(self, input_ids):
+        return self.token_embedding(input_ids)
+
+
+class FlaxTinyTextModel(nn.Module):
+    config: Config
+
+    def setup(self):
+        self.embeddings = FlaxTinyEmbeddings(self.config)
+        self.final_layer_norm = nn.LayerNorm()
+
+    def __call__(self, input_ids):
+        return self.final_layer_norm(self.embeddings(input_ids))
+'''
+
+
+def test_a_child_s_output_size_written_with_its_own_locals_is_not_the_parent_s():
+  """CLIP's embeddings return `embed_dim` wide, a local of their setup(): the parent cannot name it, so the layer
+  norm after them gets a size argument instead of code that fails with NameError in the parent's __init__."""
+  from codemods import rules as registry
+  from codemods.transform import transform_source
+
+  result = transform_source(EMBED_THEN_NORM, registry.select_rules(['L2N002']))
+  assert 'class FlaxTinyTextModel(nnx.Module)' in result.source, result.source
+  assert 'num_features=embed_dim' not in result.source and 'final_layer_norm_num_features' in result.source
+  linen_namespace: dict = {}
+  namespace: dict = {}
+  exec(compile(EMBED_THEN_NORM, '<linen>', 'exec'), linen_namespace)
+  exec(compile(result.source, '<converted>', 'exec'), namespace)
+  ids = jax.numpy.array([[1, 2, 3], [4, 5, 6]])
+  linen_module = linen_namespace['FlaxTinyTextModel'](linen_namespace['Config']())
+  variables = linen_module.init(jax.random.key(0), ids)
+  model = namespace['FlaxTinyTextModel'](namespace['Config'](), final_layer_norm_num_features=6, rngs=nnx.Rngs(0))
+  assert nnx_bridge.compare(linen_module, variables, model, ids).ok
