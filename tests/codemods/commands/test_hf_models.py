@@ -24,9 +24,12 @@ def test_every_converted_class_of_bert_matches_its_linen_original():
                  if c.status == 'not built' and not any(known in c.reason for known in NOT_BUILT)]
   assert unexplained == []
   verified = {c.name for c in result.classes if c.status == 'verified'}
-  assert {'FlaxBertEmbeddings', 'FlaxBertSelfOutput', 'FlaxBertIntermediate', 'FlaxBertOutput'} <= verified, verified
+  # The attention's output dense reads the heads merged back by a reshape: its size is traced (to_linen's
+  # traced_sizes), so the attention converts and is verified itself.
+  assert {'FlaxBertEmbeddings', 'FlaxBertSelfAttention', 'FlaxBertAttention', 'FlaxBertSelfOutput',
+          'FlaxBertIntermediate', 'FlaxBertOutput'} <= verified, verified
   bridged = {c.name for c in result.linen_parents if c.status == 'verified'}
-  assert {'FlaxBertModule', 'FlaxBertLayer', 'FlaxBertAttention', 'FlaxBertForNextSentencePredictionModule'} <= bridged
+  assert {'FlaxBertModule', 'FlaxBertLayer', 'FlaxBertForNextSentencePredictionModule'} <= bridged
 
 
 @pytest.mark.slow
