@@ -55,6 +55,7 @@ VMAP_NAMES = frozenset({'flax.linen.vmap', 'flax.linen.transforms.vmap'})
 REMAT_NAMES = frozenset({'flax.linen.remat', 'flax.linen.checkpoint', 'flax.linen.transforms.checkpoint',
                          'flax.linen.transforms.remat'})
 JIT_NAMES = frozenset({'flax.linen.jit', 'flax.linen.transforms.jit'})
+PARTITIONING_REMAT_NAMES = frozenset({'flax.linen.partitioning.remat'})  # its argnums do not count the module
 BROADCAST_NAMES = frozenset({'flax.linen.broadcast', 'flax.core.broadcast', 'flax.core.axes_scan.broadcast'})
 STACK_OPTIONS = {  # the options of a stacking nn.scan / nn.vmap that are converted, the size option first
     'scan': ('length', 'variable_axes', 'split_rngs', 'in_axes', 'out_axes', 'metadata_params'),
@@ -62,9 +63,11 @@ STACK_OPTIONS = {  # the options of a stacking nn.scan / nn.vmap that are conver
 }
 REMAT_OPTIONS = ('prevent_cse', 'policy', 'static_argnums')  # nnx.remat takes these as they are
 WRAPPING = {  # a Linen transform of a class -> (its names, the NNX transform of the call, the options it takes as
-    #           they are, Linen's child-name prefix)
-    'remat': (REMAT_NAMES, 'nnx.remat', REMAT_OPTIONS, 'Checkpoint'),
-    'jit': (JIT_NAMES, 'nnx.jit', ('static_argnums', 'donate_argnums'), 'Jit'),
+    #           they are, Linen's child-name prefix, what to add to its argnums to count the module as the NNX
+    #           transform does)
+    'remat': (REMAT_NAMES, 'nnx.remat', REMAT_OPTIONS, 'Checkpoint', 0),
+    'partitioning_remat': (PARTITIONING_REMAT_NAMES, 'nnx.remat', REMAT_OPTIONS, 'Core_remat_static', 1),
+    'jit': (JIT_NAMES, 'nnx.jit', ('static_argnums', 'donate_argnums'), 'Jit', 0),
 }
 CONTROL_FLOW = {  # a Linen lifted control-flow function -> (its NNX counterpart, the position of the module argument)
     'flax.linen.cond': ('nnx.cond', 3),

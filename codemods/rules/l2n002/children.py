@@ -18,9 +18,6 @@ from codemods.rules.l2n002.nodes import (
   literal_identifier,
 )
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
-from codemods.vocabulary import (
-  WRAPPING,
-)
 from nnx_bridge.layer_table import (
   WrapperSpec,
   find_wrapper,
@@ -38,7 +35,7 @@ def build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr:
   stacked, wrapped = ctx.plan.stacks.get(ctor), ctx.plan.remats.get(ctor)
   short = ('Scan' if ctor in ctx.plan.scans else stacked.transform.capitalize() if stacked else '') \
       + ('Checkpoint' if stacked and stacked.remat is not None else
-         next(w[3] for w in WRAPPING.values() if w[1] == wrapped[0]) if wrapped else '') \
+         wrapped[2] if wrapped else '') \
       + linen.rpartition('.')[2]  # Linen names it ScanCell_0, CheckpointBlock_0, ScanCheckpointBlock_0, VmapBlock_0
   args = [*ctx.plan.partials[ctor].args[1:], *ctor.args] if ctor in ctx.plan.partials else ctor.args
   if any(a.star for a in args):
@@ -104,7 +101,7 @@ def setup_child_calls(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, 
                        calls: dict[cst.Call, Child], tied: set[cst.Attribute]) -> None:
   """Adds to `calls` each call of a submodule built in setup() (but the `tied` uses); setup params read back
   become `[...]` reads."""
-  from_setup = {c.attr: c for c in plan.children if not c.hoisted}
+  from_setup = {c.attr: c for c in plan.children if not c.hoisted and not c.alternative}
   for method in methods.values():
     if method is setup:
       continue

@@ -16,7 +16,7 @@ import libcst as cst
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.factory_fields import Factory
-from codemods.rules.l2n002.nodes import is_self_attr, literal_dict, literal_ints, renumbered
+from codemods.rules.l2n002.nodes import int_tuple, is_self_attr, literal_dict, literal_ints, renumbered
 from codemods.rules.l2n002.plan import ClassRewrite, Stacked, Unsupported
 from codemods.vocabulary import (
   BROADCAST_NAMES,
@@ -52,7 +52,10 @@ def constructed(ctx: ClassContext, call: cst.Call) -> tuple[str, LayerSpec | Non
     if sibling is None:
       raise Unsupported(call, f'{scanned} is a Linen module that was not converted')
     return scanned, None, sibling
-  rematted = rematted_class(ctx, call.func) if isinstance(call.func, cst.Call) else None
+  rematted = rematted_class(ctx, call.func) if isinstance(call.func, cst.Call) else \
+      wrapped_local(ctx, call.func) if isinstance(call.func, cst.Name) else None
+  if rematted is not None and isinstance(call.func, cst.Name):
+    ctx.plan.factory_callee[call] = call.func.value  # the local, now the NNX class
   if rematted is not None:
     sibling = ctx.converted.get(rematted)
     if sibling is None:
@@ -283,7 +286,7 @@ def rematted_class(ctx: ClassContext, lifted: cst.Call) -> str | None:
   nn.checkpoint), or `nn.jit(Block, static_argnums=..., donate_argnums=...)`, over a Linen class of this file,
   recording the NNX transform and its options; None for any other call. Other options (`variables=`, `rngs=`,
   `concrete=`, `methods=`, ...): a TODO."""
-  for kind, (names, transform, _, _) in WRAPPING.items():
+  for kind, (names, *_) in WRAPPING.items():
     positional = _lifted_class(ctx, lifted, names)
     if positional is None:
       continue
@@ -296,16 +299,63 @@ def rematted_class(ctx: ClassContext, lifted: cst.Call) -> str | None:
   return None
 
 
-def _wrapping_options(ctx: ClassContext, lifted: cst.Call, sibling: ClassRewrite, kind: str, under: str = '') -> tuple[str, str]:
-  """The NNX transform (`nnx.remat`) and its options for `nn.remat(Block, ...)` / `nn.jit(Block, ...)`,
-  static_argnums renumbered for the train/eval arguments the NNX call drops. Linen counts `self` as argument 0
-  of __call__, as the NNX transform counts the module given first: otherwise the same numbers. `under` an
+def wrapped_local(ctx: ClassContext, name: cst.Name) -> str | None:
+  """`Block` for `name` bound once in the method by `CheckpointBlock = remat(Block, static_argnums=...)` (nn.remat,
+  nn.checkpoint, nn.jit or flax's partitioning.remat over a converted class of the file, as transformers' layer
+  collections do under `if self.gradient_checkpointing:`), every use a construction. The binding stays, its
+  value the NNX class whose `__call__` runs through the NNX transform (`type('CheckpointBlock', (Block,),
+  {'__call__': nnx.remat(Block.__call__, ...)})`): the code around it, conditions included, is unchanged.
+  None for other names."""
+  if name.value in ctx.facts.linen_classes:
+    return None
+  bound = ctx.facts.local_call(name, frozenset().union(*(names for names, *_ in WRAPPING.values())))
+  if bound is None:
+    return None
+  _, assignment, value = bound
+  kind, positional = next(((k, p) for k, (names, *_) in WRAPPING.items()
+                           if (p := _lifted_class(ctx, value, names)) is not None), (None, None))
+  if positional is None:
+    return None
+  target = positional[0].value
+  sibling = ctx.converted.get(target)
+  if sibling is None:
+    raise Unsupported(value, f'{target} is a Linen module that was not converted')
+  for reference in assignment.references:
+    parent = ctx.facts.parent(reference.node)
+    if not (isinstance(parent, cst.Call) and parent.func is reference.node):
+      raise Unsupported(reference.node, f'{name.value} = {ctx.facts.code(value.func)}({target}, ...) used other '
+                                        'than to build submodules')
+  if value not in ctx.plan.exprs:
+    transform, options, _ = _wrapping_options(ctx, value, sibling, kind)
+    ctx.plan.exprs[value] = (f"type({name.value!r}, ({target},), {{'__call__': {transform}({target}.__call__"
+                             f"{', ' + options if options else ''})}})")
+    ctx.plan.lifted.add(value)
+    effect = 'its activations recomputed in the backward pass' if transform == 'nnx.remat' else 'compiled on its own'
+    ctx.plan.pending.append((value, f'{name.value} = {ctx.facts.code(value.func)}({target}, ...) -> the subclass of '
+                                    f'{target} whose __call__ runs through {transform}: {effect}, as in Linen'))
+  return target
+
+
+def wrapped_binding(ctx: ClassContext, statement: cst.BaseStatement) -> bool:
+  """Whether `statement` is the binding of a `wrapped_local` (planned here, whether or not it is used)."""
+  assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+  return isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) \
+      and wrapped_local(ctx, assign.targets[0].target) is not None
+
+
+def _wrapping_options(ctx: ClassContext, lifted: cst.Call, sibling: ClassRewrite, kind: str, under: str = ''
+                      ) -> tuple[str, str, str]:
+  """The NNX transform (`nnx.remat`), its options and Linen's child-name prefix for `nn.remat(Block, ...)` /
+  `nn.jit(Block, ...)`, static_argnums renumbered for the train/eval arguments the NNX call drops. Linen counts
+  `self` as argument 0 of __call__, as the NNX transform counts the module given first: otherwise the same
+  numbers (flax's partitioning.remat counts from the first argument after the module: one more). `under` an
   nnx.scan / nnx.vmap, no static argument may remain (traced there)."""
-  _, transform, accepted, _ = WRAPPING[kind]
+  _, transform, accepted, prefix, offset = WRAPPING[kind]
   kwargs = {a.keyword.value: a.value for a in lifted.args if a.keyword is not None}
   func, name = ctx.facts.code(lifted.func), sibling.name
   given = ', '.join(f'{k}={ctx.facts.code(v)}' for k, v in kwargs.items())
   numbers = {k: literal_ints(v) for k, v in kwargs.items() if k.endswith('argnums')}
+  numbers = {k: v if v is None else [n + offset for n in v] for k, v in numbers.items()}
   if any(a.star for a in lifted.args) or set(kwargs) - set(accepted) or None in numbers.values():
     raise Unsupported(lifted, f'{func}({name}, {given}) is converted only with the options '
                                f'{", ".join(accepted)} (argnums literal), which {transform} takes')
@@ -320,5 +370,5 @@ def _wrapping_options(ctx: ClassContext, lifted: cst.Call, sibling: ClassRewrite
                                  f'train/eval switches (traced inside nnx.{under})')
     del codes[key]
     if kept:
-      codes[key] = f'({", ".join(map(str, kept))},)'
-  return transform, ', '.join(f'{k}={v}' for k, v in codes.items())
+      codes[key] = int_tuple(kept)
+  return transform, ', '.join(f'{k}={v}' for k, v in codes.items()), prefix

@@ -28,6 +28,7 @@ from codemods.vocabulary import (
   CONTROL_FLOW,
   JIT_NAMES,
   MODULE_NAMES,
+  PARTITIONING_REMAT_NAMES,
   REMAT_NAMES,
   SCAN_NAMES,
   VMAP_NAMES,
@@ -53,6 +54,7 @@ class FileFacts:
   linen_classes: frozenset[str] = frozenset()  # module-level Linen classes of the file
   class_defs: tp.Mapping[str, cst.ClassDef] = dataclasses.field(default_factory=dict)  # module-level classes
   global_names: frozenset[str] = frozenset()  # names bound at module level
+  aliases: tp.Mapping[str, frozenset[QualifiedName]] = dataclasses.field(default_factory=dict)  # `remat = nn.remat`
   scanned_cells: frozenset[str] = frozenset()  # classes of the file some nn.scan(<class>, ...) runs
   kept_linen: tp.Mapping[str, str] = dataclasses.field(default_factory=dict)  # classes that stay Linen -> why
   unbridged: frozenset[str] = frozenset()  # Linen classes that wrap no converted class with nnx_bridge.to_linen
@@ -65,7 +67,11 @@ class FileFacts:
     return self.metadata(ParentNodeProvider, node, None)
 
   def qualified_names(self, node: cst.CSTNode) -> tp.Collection[QualifiedName]:
-    return self.metadata(QualifiedNameProvider, node, set())
+    """What `node` names, a module-level alias of a flax name (`remat = nn_partitioning.remat`) followed."""
+    names = self.metadata(QualifiedNameProvider, node, set())
+    if isinstance(node, cst.Name) and node.value in self.aliases and any(q.name == node.value for q in names):
+      return self.aliases[node.value]
+    return names
 
   def scope(self, node: cst.CSTNode) -> Scope | None:
     return self.metadata(ScopeProvider, node, None)
@@ -167,18 +173,34 @@ def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, o
   from codemods.rules.l2n002.factory_fields import scan_factories
 
   facts = FileFacts(module, metadata, filename, options, hierarchy, unbridged=frozenset(unbridged), imported=imported)
+  scope = facts.scope(module)
+  facts = dataclasses.replace(facts, aliases=_flax_aliases(facts, scope))
   linen = frozenset(s.name.value for s in module.body if isinstance(s, cst.ClassDef) and facts.is_linen_class(s))
   scanned = frozenset(
       target.value for sub in descendants(module)
       if isinstance(sub, cst.Call) and sub.args and facts.has_name(sub.func, SCAN_NAMES)
       and isinstance(target := facts.unremat(sub.args[0].value), cst.Name) and target.value in linen)
-  scope = facts.scope(module)
   global_names = frozenset(a.name for a in scope.assignments) if scope is not None else frozenset()
   class_defs = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
   facts = dataclasses.replace(facts, linen_classes=linen, class_defs=class_defs, global_names=global_names,
                               scanned_cells=scanned)
   facts = dataclasses.replace(facts, kept_linen={**_held_classes(facts), **_linen_only_uses(facts), **kept})
   return dataclasses.replace(facts, factories=scan_factories(facts))
+
+
+def _flax_aliases(facts: FileFacts, scope: Scope | None) -> dict[str, frozenset[QualifiedName]]:
+  """Module-level names bound once to a flax name (`remat = nn_partitioning.remat` in transformers' files): what
+  they name, so that `remat(...)` is read as the flax function it is."""
+  aliases = {}
+  for line in facts.module.body:
+    assign = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)
+            and isinstance(assign.value, (cst.Name, cst.Attribute))):
+      continue
+    name, names = assign.targets[0].target.value, frozenset(facts.qualified_names(assign.value))
+    if names and all(q.name.startswith('flax.') for q in names) and scope is not None and len(scope[name]) == 1:
+      aliases[name] = names
+  return aliases
 
 
 def _held_classes(facts: FileFacts) -> dict[str, str]:
@@ -208,7 +230,7 @@ def _linen_only_uses(facts: FileFacts) -> dict[str, str]:
   """Classes of the file that Linen-only code uses (`nn.map_variables(Block, ...)`, a Linen function NNX has no
   counterpart of, given the class itself), and the classes those use: they stay Linen, so that code keeps
   running on Linen modules; a converted class building one wraps it with nnx_bridge.from_linen."""
-  converted = SCAN_NAMES | REMAT_NAMES | JIT_NAMES | VMAP_NAMES | set(CONTROL_FLOW)
+  converted = SCAN_NAMES | REMAT_NAMES | PARTITIONING_REMAT_NAMES | JIT_NAMES | VMAP_NAMES | set(CONTROL_FLOW)
   kept: dict[str, str] = {}
   for call in descendants(facts.module):
     if not (isinstance(call, cst.Call) and isinstance(call.func, (cst.Name, cst.Attribute))) \

@@ -16,7 +16,7 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
-from codemods.rules.l2n002.nodes import draws_rngs, literal_ints, renumbered
+from codemods.rules.l2n002.nodes import draws_rngs, int_tuple, literal_ints, renumbered
 from codemods.rules.l2n002.plan import Child, Unsupported
 from codemods.vocabulary import (
   COMPACT_NAMES,
@@ -66,9 +66,10 @@ def _method_transform(ctx: ClassContext, method: cst.FunctionDef, expr: cst.Base
       raise Unsupported(expr, f'@{code} is a Linen transform over the method {name}: write its NNX counterpart '
                                '(nnx.vmap, nnx.scan, ...) over the method by hand; @nn.remat and @nn.jit convert')
     return False
-  _, transform, accepted, _ = WRAPPING[kind]
+  _, transform, accepted, _, offset = WRAPPING[kind]
   options = expr.args[1:] if partial else ()
   numbers = {a.keyword.value: literal_ints(a.value) for a in options if a.keyword is not None}
+  numbers = {k: v if v is None else [n + offset for n in v] for k, v in numbers.items()}
   if any(a.keyword is None or a.keyword.value not in accepted for a in options) or None in numbers.values():
     raise Unsupported(expr, f'@{code} over {name} is converted with the options {", ".join(accepted)} given by name '
                              f'(argnums literal), which {transform} takes')
@@ -79,7 +80,7 @@ def _method_transform(ctx: ClassContext, method: cst.FunctionDef, expr: cst.Base
     if key.endswith('argnums'):
       left = renumbered(numbers[key], gone)
       if left:
-        kept.append(f'{key}=({", ".join(map(str, left))},)')
+        kept.append(f'{key}={int_tuple(left)}')
     else:
       kept.append(f'{key}={queries.code(ctx, arg.value, {})}')
   new = f'{ctx.facts.code(expr.func)}({", ".join([transform, *kept])})' if kept else transform

@@ -230,12 +230,16 @@ class Loops:
     return ctor
 
   def list_use(self, ctx: ClassContext, sub: cst.Attribute, child: Child, calls: dict[cst.Call, Child]) -> bool:
-    """`self.layers` of a setup() list in a method: only `for layer in self.layers:` (or `enumerate(...)`) calling
-    `layer(...)`; the calls join `calls` and the loop is walked as a loop of the list. False for other children."""
+    """`self.layers` of a setup() list in a method: `for layer in self.layers:` (or `enumerate(...)`) calling
+    `layer(...)`, whose calls join `calls` and whose loop is walked as a loop of the list, or `len(self.layers)`.
+    False for other children."""
     site = self.sites.get(child.ctor)
     if site is None or child.hoisted:
       return False
     parent, element = ctx.facts.parent(sub), None
+    if isinstance(parent, cst.Arg) and isinstance(ctx.facts.parent(parent), cst.Call) \
+        and is_builtin(ctx, ctx.facts.parent(parent).func, 'len') and len(ctx.facts.parent(parent).args) == 1:
+      return True  # `len(self.layers)`: an nnx.List has the length of the Linen list
     if isinstance(parent, cst.Arg) and isinstance(ctx.facts.parent(parent), cst.Call) \
         and is_builtin(ctx, ctx.facts.parent(parent).func, 'enumerate') and len(ctx.facts.parent(parent).args) == 1:
       parent = ctx.facts.parent(ctx.facts.parent(parent))
@@ -299,7 +303,7 @@ class Loops:
         raise Unsupported(child.ctor, f'{kind} built in a for loop is not converted')
     called = {child.ctor for child in calls.values()}
     for child in listed:
-      if child.ctor not in called:
+      if child.ctor not in called and not child.alternative:  # an alternative takes the sizes of its first
         raise Unsupported(child.ctor, f'self.{child.attr} (a list of layers) is never called as `for layer in '
                                            f'self.{child.attr}: ... layer(...)`, so its sizes cannot be derived')
     for call, child in calls.items():

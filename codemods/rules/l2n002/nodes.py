@@ -336,6 +336,11 @@ def renumbered(numbers: tp.Iterable[int], dropped: tp.Collection[int]) -> list[i
   return [n - sum(m < n for m in dropped) for n in numbers if n not in dropped]
 
 
+def int_tuple(numbers: tp.Sequence[int]) -> str:
+  """`(2,)`, `(2, 3)`: argument positions as a tuple literal."""
+  return f'({numbers[0]},)' if len(numbers) == 1 else f'({", ".join(map(str, numbers))})'
+
+
 def is_plain_if(statement: cst.If) -> bool:
   """An `if` whose arms hold only simple statements and ifs, none testing a scope API (but `is_initializing`)."""
   branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]

@@ -70,10 +70,12 @@ class Child:
   wrapper: WrapperSpec | None = None  # a table wrapper (nn.RNN) around `cell`
   cell: Child | None = None  # the table layer the wrapper runs, built in its constructor call
   scan: tuple[int, int] | None = None  # (in_axes, out_axes) of an nn.scan over a cell class of the file
-  remat: tuple[str, str] | None = None  # (`nnx.remat` / `nnx.jit`, its options) of nn.remat / nn.jit over a class
+  remat: tuple[str, str, str] | None = None  # (`nnx.remat` / `nnx.jit`, its options, Linen's name prefix) of
+  #                                           nn.remat / nn.jit over a class
   stacked: Stacked | None = None  # an nn.scan over layers / nn.vmap ensemble of a class of the file
   bridged: str = ''  # why a Linen construction stays Linen, wrapped by nnx_bridge.from_linen; '' when converted
   condition: str | None = None  # built only when this holds (code for __init__), else the attribute is None
+  alternative: bool = False  # another arm of a setup() `if` builds the attribute too (the first such child)
 
   @property
   def holds_cache(self) -> bool:
@@ -152,7 +154,7 @@ class ClassRewrite:
   cache_uses: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # has_variable / variables the cache pass took
   lazy_caches: dict[str, cst.Call] = dataclasses.field(default_factory=dict)  # cache created by the call -> its ctor
   scans: dict[cst.Call, tuple[int, int]] = dataclasses.field(default_factory=dict)  # nn.scan(Cell) -> axes
-  remats: dict[cst.Call, tuple[str, str]] = dataclasses.field(default_factory=dict)  # nn.remat(Block) -> options
+  remats: dict[cst.Call, tuple[str, str, str]] = dataclasses.field(default_factory=dict)  # nn.remat(Block) -> options
   stacks: dict[cst.Call, Stacked] = dataclasses.field(default_factory=dict)  # nn.scan over layers / nn.vmap
   lifted: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # `ScanBlock = nn.scan(...)` values: gone
   partials: dict[cst.Call, cst.Call] = dataclasses.field(default_factory=dict)  # `conv(...)` -> its partial

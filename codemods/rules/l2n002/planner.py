@@ -170,8 +170,20 @@ def _plan_members(ctx: ClassContext, node: cst.ClassDef, methods: dict[str, cst.
     for child in plan.children:
       child.done, child.sizes, child.size_codes, child.ref_dims = False, {}, {}, {}
     sizes.derive(ctx, plan, methods, call, calls, carry)
+  _share_sizes(plan)
   add_shape_formulas(ctx, plan, call, calls)
   decode_cache.plan_init_cache(ctx, node, plan, call, calls, taken)
+
+
+def _share_sizes(plan: ClassRewrite) -> None:
+  """A child that another arm of a setup() `if` builds too (`if self.gradient_checkpointing:` a rematted layer
+  list, else the plain one) is called where the first is: it takes the first's sizes, both building one class."""
+  for child in plan.children:
+    if child.alternative:
+      first = next(c for c in plan.children if c.attr == child.attr and not c.alternative)
+      if (child.sibling, child.spec, child.bridged) != (first.sibling, first.spec, first.bridged) or child.bridged:
+        raise Unsupported(child.ctor, f'self.{child.attr} is built by two arms of an if, as two kinds of module')
+      child.sizes, child.size_codes, child.done = dict(first.sizes), dict(first.size_codes), first.done
 
 
 def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatementLine], method: cst.FunctionDef | None,
@@ -281,12 +293,20 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
   elif isinstance(statement, cst.If) and all(isinstance(arm, (cst.IndentedBlock, type(None))) for arm in if_arms(statement)):
     for test in if_tests(statement):  # `if self.config.add_pooling_layer: self.pooler = ...`: the same `if` in __init__
       _plain_setup_code(ctx, plan, test)
-    for arm in if_arms(statement):
+    before, built = plan.children, []
+    for arm in if_arms(statement):  # one arm or the other runs: each may build the same attributes
+      plan.children = list(before)
       for inner in (arm.body if arm is not None else ()):
         _setup_statement(ctx, plan, inner, counts)
+      for child in plan.children[len(before):]:
+        child.alternative = child.attr in {c.attr for c in built}
+        built.append(child)
+    plan.children = [*before, *built]
     return
-  else:  # plain code (`head_dim = ...`, `if ...: raise`): it stays, in its place in __init__
-    _plain_setup_code(ctx, plan, statement)
+  elif not constructions.wrapped_binding(ctx, statement):  # plain code (`head_dim = ...`, `if ...: raise`): it
+    _plain_setup_code(ctx, plan, statement)                # stays, in its place in __init__
+    return
+  else:  # `CheckpointLayer = remat(Layer, ...)`: the NNX class, bound where Linen bound it
     return
   if target in {c.attr for c in plan.children}:
     raise Unsupported(statement, f'self.{target} assigned twice')
@@ -443,7 +463,7 @@ def _plain_block(ctx: ClassContext, statement: cst.BaseStatement, built: set[cst
 def _name_children(ctx: ClassContext, planned: list[Child], taken: set[str], placeholders: set[str]) -> None:
   """Gives auto-named children a readable, deterministic, collision-free attribute name, none of the `taken` ones
   nor an attribute setup() sets to None (`placeholders`), which only a child of that name may replace."""
-  explicit = [c.attr for c in planned if c.attr]
+  explicit = [c.attr for c in planned if c.attr and not c.alternative]
   if len(set(explicit)) != len(explicit) or set(explicit) & taken:
     raise Unsupported(planned[0].ctor, 'duplicate names, or names shadowing a field or method')
   taken = taken | set(explicit) | placeholders

@@ -309,7 +309,7 @@ class SizeWalk(LastAxisWalk):
     for child in self.plan.children:
       if child.api is not None and child.hoisted:
         self.resolve(child, {})
-      elif child.api is None and not child.done:
+      elif child.api is None and not child.done and not child.alternative:
         for nnx_arg, index, optional in size_sources(self.ctx, child):
           if not optional:
             child.sizes[nnx_arg] = size_param(self.ctx, self.plan, child, nnx_arg, None, None, child.ctor)

@@ -137,3 +137,62 @@ def test_rematted_submodule_used_otherwise_stays_linen(body, reason):
   assert 'class M(nn.Module)' in result.source
   todo = kept_with(result, 'Block')
   assert reason in todo.message, todo.message
+
+
+def _collection(suffix: str, checkpointed: bool, source: str | None = None):
+  """FlaxTinyLayerCollection of the transformers-style fixture (`source`: the port's text, to run instead)."""
+  scope = _load('hf_gradient_checkpointing', suffix) if source is None else {}
+  if source is not None:
+    exec(compile(source, 'port', 'exec'), scope)
+  config = scope['TinyConfig']()
+  if suffix == 'in':
+    return scope['FlaxTinyLayerCollection'](config, gradient_checkpointing=checkpointed)
+  return scope['FlaxTinyLayerCollection'](config, gradient_checkpointing=checkpointed,
+                                          layers_intermediate_in_features=8, rngs=nnx.Rngs(0))
+
+
+HIDDEN, MASK = jax.random.normal(jax.random.key(2), (2, 3, 8)), jnp.ones((2, 3))
+
+
+def test_gradient_checkpointing_collection_runs_its_layers_through_nnx_remat():
+  """transformers' `if self.gradient_checkpointing: X = remat(Layer, static_argnums=...)` (flax's partitioning.remat,
+  bound at module level): the port binds X to the subclass whose __call__ runs through nnx.remat, only in that
+  arm. Its static arguments stay static (`if output_attentions:` inside the layer needs a Python bool), and the
+  outputs, attentions included, and gradients are Linen's."""
+  for checkpointed in (True, False):
+    linen_module, model = _collection('in', checkpointed), _collection('out', checkpointed)
+    variables = linen_module.init(jax.random.key(0), HIDDEN, MASK)
+    report = nnx_bridge.compare(linen_module, variables, model, HIDDEN, MASK, output_attentions=True)
+    assert report.ok, report.to_text()
+    assert {'output', 'gradient'} <= {d.check for d in report.differences}
+
+    def loss(model):
+      hidden, attentions = model(HIDDEN, MASK, None, False, True)
+      return jnp.sum(hidden ** 2) + sum(jnp.sum(a) for a in attentions)
+
+    graphdef, state = nnx.split(model)
+    jaxpr = str(jax.make_jaxpr(lambda state: nnx.grad(loss)(nnx.merge(graphdef, state)))(state))
+    assert (jaxpr.count('remat') + jaxpr.count('checkpoint') >= 2) == checkpointed, jaxpr
+
+
+def test_a_wrong_gradient_checkpointing_port_fails_parity():
+  """The fixture's parity check rejects a port wrong on purpose in the rematted layer (its residual sign)."""
+  source = (FIXTURES / 'hf_gradient_checkpointing.out.py').read_text()
+  wrong = source.replace('self.LayerNorm(layer_output + hidden_states)', 'self.LayerNorm(layer_output - hidden_states)')
+  assert wrong != source
+  linen_module = _collection('in', True)
+  variables = linen_module.init(jax.random.key(0), HIDDEN, MASK)
+  report = nnx_bridge.compare(linen_module, variables, _collection('out', True, wrong), HIDDEN, MASK)
+  assert not report.ok
+
+
+def test_a_rematted_local_used_otherwise_stays_linen_with_a_todo_at_its_line():
+  source = (FIXTURES / 'hf_gradient_checkpointing.in.py').read_text().replace(
+      '      self.layers = [\n          FlaxTinyCheckpointLayer(',
+      '      self.kind = FlaxTinyCheckpointLayer\n      self.layers = [\n          FlaxTinyCheckpointLayer(')
+  result = transform_source(source, RULES)
+  assert 'class FlaxTinyLayerCollection(nn.Module)' in result.source and 'nnx.remat' not in result.source
+  (todo,) = [e for e in result.entries if e.kind == 'todo' and e.message.startswith('class FlaxTinyLayerCollection ')]
+  assert todo.message.endswith('FlaxTinyCheckpointLayer = remat(FlaxTinyLayer, ...) used other than to build '
+                               'submodules'), todo.message
+  assert todo.line == source.splitlines().index('      self.kind = FlaxTinyCheckpointLayer') + 1, todo
