@@ -172,6 +172,10 @@ def make_inputs(linen_class: type, config: tp.Any) -> tuple[tuple, dict[str, tp.
       'input_values': lambda: jax.random.normal(key, (BATCH, 400)),
       'input_features': lambda: jax.random.normal(key, (BATCH, getattr(config, 'num_mel_bins', 8), 16)),
   }
+  if 'Decoder' in linen_class.__name__:  # a seq2seq decoder runs on an encoder's output, which Linen needs to create
+    #                                       the cross-attention's params (created when first called)
+    recipes['encoder_hidden_states'] = lambda: jax.random.normal(jax.random.key(2), (*tokens, hidden))
+    recipes['encoder_attention_mask'] = lambda: jnp.ones(tokens, jnp.int32)
   args = []
   for name, parameter in list(inspect.signature(linen_class.__call__).parameters.items())[1:]:
     if name in ('deterministic', 'train'):

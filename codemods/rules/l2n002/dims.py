@@ -186,16 +186,18 @@ class BodyWalk(tp.Generic[V]):
     return output
 
   def branch(self, statement: cst.If, env: dict[str, V | None]) -> None:
-    """A conditional of plain code: a name keeps its value only when every arm agrees."""
+    """A conditional of plain code: a name keeps its value only when every arm agrees; an arm that leaves it
+    None (`layer_outputs = (None, None)`, transformers' LayerDrop) has no say, None having no size."""
     for test in if_tests(statement):
       self.value(test, env)
-    ends = []
+    ends, nones = [], []
     for arm in if_arms(statement):
       ends.append(dict(env))
+      nones.append(_none_names(arm) if arm is not None else set())
       if arm is not None:
         self.walk(arm, ends[-1])
     for name in {name for end in ends for name in end}:
-      values = [end.get(name) for end in ends]
+      values = [end.get(name) for end, none in zip(ends, nones) if name not in none] or [end.get(name) for end in ends]
       env[name] = values[0] if all(v == values[0] for v in values) else None
       self.joined(name, env[name])
 
@@ -212,6 +214,20 @@ class BodyWalk(tp.Generic[V]):
 
   def joined(self, name: str, value: V | None) -> None:
     """After a conditional: `name` has `value` in every arm (None: they disagree)."""
+
+
+def _none_names(arm: cst.BaseSuite) -> set[str]:
+  """The names an arm leaves None: its last statement binding each is `name = None` or a tuple of Nones (then
+  its elements `name[0]`, ... too, as the walk names them)."""
+  found: dict[str, bool] = {}
+  for statement in arm.body:
+    name = assigned_name(statement)
+    if name is not None:
+      value = statement.body[0].value
+      parts = [e.value for e in value.elements] if isinstance(value, cst.Tuple) and value.elements else [value]
+      none = all(isinstance(p, cst.Name) and p.value == 'None' for p in parts)
+      found.update({name: none, **{f'{name}[{i}]': none for i in range(len(parts))}})
+  return {name for name, none in found.items() if none}
 
 
 class WholeShapeWalk(BodyWalk[V]):

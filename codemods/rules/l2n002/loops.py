@@ -251,9 +251,9 @@ class Loops:
     if element is None or parent.orelse is not None:
       raise Unsupported(sub, f'{used} used other than by `for layer in self.{child.attr}:`')
     blocks = [s for s in parent.body.body if not isinstance(s, cst.SimpleStatementLine)]
-    if any(not _plain_if(s, element) for s in blocks) or any(isinstance(n, LOOP_STOPS) for n in descendants(parent.body)):
-      raise Unsupported(parent, f'a for loop over {used} with nested blocks other than ifs of simple statements '
-                                f'that do not use {element}, or with break, continue or return')
+    if any(not _plain_if(s) for s in blocks) or any(isinstance(n, LOOP_STOPS) for n in descendants(parent.body)):
+      raise Unsupported(parent, f'a for loop over {used} with nested blocks other than ifs of simple statements, '
+                                'or with break, continue or return')
     for block in blocks:  # `if output_attentions: all_attentions += (out[1],)` (transformers): walked arm by arm
       ctx.plan.branches.update([block, *(s for s in descendants(block) if isinstance(s, cst.If))])
     for name in descendants(parent.body):
@@ -582,10 +582,11 @@ def _class_fields(ctx: ClassContext, node: cst.CSTNode) -> set[str]:
           and isinstance(s.body[0].target, cst.Name)}
 
 
-def _plain_if(statement: cst.BaseStatement, element: str) -> bool:
-  """A plain `if` (`nodes.is_plain_if`) that never reads the loop's layer `element`."""
-  return isinstance(statement, cst.If) and is_plain_if(statement) \
-      and not any(isinstance(n, cst.Name) and n.value == element for n in descendants(statement))
+def _plain_if(statement: cst.BaseStatement) -> bool:
+  """A plain `if` (`nodes.is_plain_if`): its arms are walked one by one for sizes; the loop's layer may be called
+  in them (transformers' LayerDrop: `if not deterministic and p < self.layerdrop: layer_outputs = (None, None)`,
+  `else: layer_outputs = layer(...)`)."""
+  return isinstance(statement, cst.If) and is_plain_if(statement)
 
 
 def _setup_name(ctx: ClassContext, ctor: cst.Call, name: cst.BaseExpression, loop: Loop, attr: str) -> str:

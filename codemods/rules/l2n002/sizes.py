@@ -26,6 +26,7 @@ from codemods.rules.l2n002.nodes import (
   is_self_attr,
   is_straight_statement,
   paren,
+  self_assignment,
   size_local_of,
 )
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
@@ -242,10 +243,13 @@ def _in_caller_dim(ctx: ClassContext, child: Child, arg_dims: list[Dim], output:
   return None if code is None else Known(code)
 
 
-def in_caller(ctx: ClassContext, code: str, child: Child) -> str | None:
+def in_caller(ctx: ClassContext, code: str, child: Child, depth: int = 0) -> str | None:
   """Code of a same-file class (`self.heads * self.dim`) in the terms of the class that builds it
-  as `child`: each `self.<field>` replaced by the argument passed for it; None when one is not passed."""
+  as `child`: each `self.<field>` replaced by the argument passed for it, and an attribute its setup() sets once
+  from plain code (BART's `self.embed_dim = self.config.d_model`) by that code in the caller's terms; None when
+  one is not passed."""
   fields, missing = child.sibling.field_names, []
+  plain = _plain_attributes(ctx, child.sibling.name) if depth < 3 else {}
 
   class Fields(cst.CSTTransformer):
     def leave_Attribute(_, original: cst.Attribute, updated: cst.BaseExpression) -> cst.BaseExpression:
@@ -253,6 +257,9 @@ def in_caller(ctx: ClassContext, code: str, child: Child) -> str | None:
         name = original.attr.value
         if name in fields and name in child.kwargs:
           return cst.parse_expression(paren(queries.code(ctx, child.kwargs[name])))
+        expanded = in_caller(ctx, plain[name], child, depth + 1) if name in plain and name not in fields else None
+        if expanded is not None:
+          return cst.parse_expression(paren(expanded))
         missing.append(name)
       return updated
 
@@ -273,6 +280,26 @@ def in_caller(ctx: ClassContext, code: str, child: Child) -> str | None:
     return None  # `self` used other than as `self.<field>`
   node = original.visit(Fields())
   return None if missing else cst.Module([]).code_for_node(node)
+
+
+def _plain_attributes(ctx: ClassContext, name: str) -> dict[str, str]:
+  """The attributes the class `name` of this file sets once, by a top-level `self.<attr> = <code>` of its setup(),
+  with that code."""
+  node = ctx.facts.class_defs.get(name)
+  setup = next((s for s in node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == 'setup'), None) \
+      if node is not None else None
+  if setup is None:
+    return {}
+  written = [t.attr.value for sub in descendants(node) for t in
+             ([t.target for t in sub.targets] if isinstance(sub, cst.Assign) else
+              [sub.target] if isinstance(sub, (cst.AugAssign, cst.AnnAssign)) else [])
+             if isinstance(t, cst.Attribute) and is_self_attr(t)]
+  found = {}
+  for statement in setup.body.body:
+    target = self_assignment(statement)
+    if target is not None and written.count(target) == 1:
+      found[target] = ctx.facts.code(statement.body[0].value)
+  return found
 
 
 class SizeWalk(LastAxisWalk):

@@ -19,6 +19,8 @@ from codemods.rules.l2n002.loops import loop_entry
 from codemods.transform import transform_source
 from tests.codemods.rules import test_fixture_parity as fixture_parity
 
+FIXTURES = fixture_parity.FIXTURES / 'L2N002'
+
 X = jnp.linspace(-1.0, 1.0, 2 * 6).reshape(2, 6)
 CASE = 'L2N002/layer_loops'
 
@@ -171,7 +173,7 @@ class M(nn.Module):
     ('name=str(i + 1)', '      x = layer(x)', 'self.layers: name=str(i + 1) in a setup() list (converted: str(i)'),
     ("name=f'{i}_dense'", '      x = layer(x)', "name=f'{i}_dense' in a setup() list"),
     ('name=str(i)', '      if x.ndim > 2:\n        x = layer(x)\n      x = layer(x)',
-     'nested blocks other than ifs of simple statements that do not use layer'),
+     'the sizes of the nn.Dense built in this for loop cannot be derived'),  # called twice, with two sizes
     ('name=str(i)', '      with jax.named_scope("l"):\n        x = layer(x)', 'nested blocks other than ifs'),
 ])
 def test_named_setup_lists_that_stay_linen(name, body, message):
@@ -237,3 +239,43 @@ class M(nn.Module):
   variables = linen_module.init(jax.random.key(0), X)
   report = nnx_bridge.compare(linen_module, variables, model, X)
   assert report.ok, report.to_text()
+
+
+def _layerdrop(source: str | None = None, layerdrop: float = 1.0):
+  """(Linen collection, its variables, NNX port, inputs) of the BART-style LayerDrop fixture, every layer skipped in
+  train mode; `source`: the port's text, to run instead of the fixture's."""
+  linen_ns = runpy.run_path(str(FIXTURES / 'hf_layerdrop.in.py'))
+  nnx_ns = runpy.run_path(str(FIXTURES / 'hf_layerdrop.out.py')) if source is None else {}
+  if source is not None:
+    exec(compile(source, 'port', 'exec'), nnx_ns)
+  linen = linen_ns['FlaxTinyBartEncoderLayerCollection'](linen_ns['TinyBartConfig'](encoder_layerdrop=layerdrop))
+  x, mask = jax.random.normal(jax.random.key(0), (2, 3, 8)), jnp.ones((2, 3))
+  variables = linen.init(jax.random.key(1), x, mask)
+  port = nnx_ns['FlaxTinyBartEncoderLayerCollection'](
+      nnx_ns['TinyBartConfig'](encoder_layerdrop=layerdrop), layers_q_proj_in_features=8,
+      layers_out_proj_in_features=8, rngs=nnx.Rngs(0, dropout=1))
+  return linen, variables, port, (x, mask)
+
+
+def test_layerdrop_loop_converts_and_reads_the_train_switch():
+  """transformers' LayerDrop: the layer is called in one arm of an `if` whose other arm leaves its outputs None
+  (which has no size: the loop's sizes come from the call). The switch the test reads is the attribute
+  model.train() / model.eval() set: in eval mode every layer runs, as Linen's deterministic=True; in train mode,
+  at rate 1, every layer is skipped, as Linen's deterministic=False (whose hidden states are then None)."""
+  linen, variables, port, (x, mask) = _layerdrop()
+  nnx_bridge.linen_to_nnx(variables, port, nnx_bridge.derive_mapping(linen, port, x, mask))
+  port.eval()
+  np.testing.assert_allclose(port(x, mask)[0], linen.apply(variables, x, mask, deterministic=True)[0], atol=1e-5)
+  port.train()
+  trained = linen.apply(variables, x, mask, deterministic=False, rngs={'dropout': jax.random.key(2)})
+  assert port(x, mask)[0] is None and trained[0] is None
+
+
+def test_a_layerdrop_port_with_the_switch_inverted_is_rejected():
+  """A port that skips the layers in eval mode: verify's mapping finds no NNX layer run for Linen's params."""
+  source = (FIXTURES / 'hf_layerdrop.out.py').read_text()
+  wrong = source.replace('if not self.deterministic and', 'if self.deterministic and')
+  assert wrong != source
+  linen, variables, port, (x, mask) = _layerdrop(wrong)
+  with pytest.raises(nnx_bridge.MappingError):
+    nnx_bridge.compare(linen, variables, port, x, mask)
