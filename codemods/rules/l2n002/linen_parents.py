@@ -192,8 +192,8 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
   for sub in descendants(node):
     if not (isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value == attr):
       continue
-    if _is_target(statement, sub):
-      continue
+    if _is_target(statement, sub) or isinstance(facts.parent(sub), cst.AssignTarget):
+      continue  # the construction's statement, or another arm of a setup() if assigning the attribute
     use = facts.parent(sub)
     if isinstance(use, cst.Call) and use.func is sub:
       reason = _call_blocker(plan, use)

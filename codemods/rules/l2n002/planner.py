@@ -170,19 +170,28 @@ def _plan_members(ctx: ClassContext, node: cst.ClassDef, methods: dict[str, cst.
     for child in plan.children:
       child.done, child.sizes, child.size_codes, child.ref_dims = False, {}, {}, {}
     sizes.derive(ctx, plan, methods, call, calls, carry)
-  _share_sizes(plan)
+  _check_alternatives(ctx, plan)
   add_shape_formulas(ctx, plan, call, calls)
   decode_cache.plan_init_cache(ctx, node, plan, call, calls, taken)
 
 
-def _share_sizes(plan: ClassRewrite) -> None:
-  """A child that another arm of a setup() `if` builds too (`if self.gradient_checkpointing:` a rematted layer
-  list, else the plain one) is called where the first is: it takes the first's sizes, both building one class."""
+def _check_alternatives(ctx: ClassContext, plan: ClassRewrite) -> None:
+  """Children that several arms of a setup() `if` build into one attribute are called where the first is: the
+  call must fit each (the same train/eval switches); the size walk sizes each from the call. Layer lists (`if
+  self.gradient_checkpointing:` a rematted one, else the plain one) build one class: the later ones take the
+  first's sizes."""
   for child in plan.children:
-    if child.alternative:
-      first = next(c for c in plan.children if c.attr == child.attr and not c.alternative)
-      if (child.sibling, child.spec, child.bridged) != (first.sibling, first.spec, first.bridged) or child.bridged:
-        raise Unsupported(child.ctor, f'self.{child.attr} is built by two arms of an if, as two kinds of module')
+    if not child.alternative:
+      continue
+    first = next(c for c in plan.children if c.attr == child.attr and not c.alternative)
+    listed = first.ctor in ctx.loops.sites or child.ctor in ctx.loops.sites
+    signature = lambda c: (c.sibling.call_params, [m[:2] for m in c.sibling.mode_params]) if c.sibling is not None \
+        else c.spec
+    if child.bridged or first.bridged or (child.sibling is None) != (first.sibling is None) \
+        or signature(child) != signature(first) or listed and child.sibling is not first.sibling:
+      raise Unsupported(child.ctor, f'self.{child.attr} is built by two arms of an if, as modules that take other '
+                                    'call arguments')
+    if listed:
       child.sizes, child.size_codes, child.done = dict(first.sizes), dict(first.size_codes), first.done
 
 

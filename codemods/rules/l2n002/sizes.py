@@ -336,7 +336,7 @@ class SizeWalk(LastAxisWalk):
     for child in self.plan.children:
       if child.api is not None and child.hoisted:
         self.resolve(child, {})
-      elif child.api is None and not child.done and not child.alternative:
+      elif child.api is None and not child.done and not (child.alternative and child.ctor in self.ctx.loops.sites):
         for nnx_arg, index, optional in size_sources(self.ctx, child):
           if not optional:
             child.sizes[nnx_arg] = size_param(self.ctx, self.plan, child, nnx_arg, None, None, child.ctor)
@@ -468,11 +468,20 @@ class SizeWalk(LastAxisWalk):
     self.visited.add(node)
     child = self.calls[node]
     arg_dims = [self.value(a.value, env) for a in node.args]
-    if self.derive:
-      self.firsts[node] = first_output_dim(self.ctx, child, arg_dims)
     if child.ctor in self.ctx.loops.sites:  # built in a for loop: sized by loops.py from every iteration
+      if self.derive:
+        self.firsts[node] = first_output_dim(self.ctx, child, arg_dims)
       self.ctx.loops.seen(self.ctx, child, node, arg_dims)
       return output_dim(self.ctx, child, arg_dims)
+    group = [child, *(c for c in self.plan.children if c.alternative and c.attr == child.attr)]
+    firsts = {first_output_dim(self.ctx, c, arg_dims) for c in group}  # the arms of a setup() if may build
+    if self.derive:                                                     # other modules: sizes for each
+      self.firsts[node] = firsts.pop() if len(firsts) == 1 else None
+    outputs = {self.sized(c, node, arg_dims, env) for c in group}
+    return outputs.pop() if len(outputs) == 1 else None
+
+  def sized(self, child: Child, node: cst.Call, arg_dims: list[Dim], env: dict[str, Dim]) -> Dim:
+    """The sizes of the child `node` calls, from its arguments'; its output's size."""
     if not child.done:
       child.done = True
       self.shape_sizes(child, env)

@@ -59,3 +59,33 @@ def test_constructions_a_conditional_cannot_hold_keep_the_class_linen_with_a_tod
   result = transform_source(source.encode(), RULES)
   todos = [f'{e.line}:{e.column} {e.message}' for e in result.entries if e.kind == 'todo']
   assert result.classes == () and len(todos) == 1 and re.match(todo, todos[0]), todos
+
+
+ARMS = 'L2N002/hf_alternative_arms'
+
+
+def test_a_port_that_builds_the_class_of_the_other_arm_fails(tmp_path):
+  """transformers' T5 builds `self.DenseReluDense` as one class or another by `config.is_gated_act` (parity:
+  fixtures/L2N002/hf_alternative_arms.parity.json); a port with the arms' classes swapped is rejected."""
+  entry = spec(ARMS, 'FlaxTinyLayerFF', 'gated')
+  linen_module, variables, _, xs = models(ARMS, entry)
+  text = (FIXTURES / f'{ARMS}.out.py').read_text()
+  wrong = text.replace('if self.config.is_gated_act:', 'if not self.config.is_gated_act:')
+  assert wrong != text
+  (tmp_path / 'port.py').write_text(wrong)
+  scope = runpy.run_path(str(tmp_path / 'port.py'))
+  port = scope['FlaxTinyLayerFF'](scope['TinyT5Config'](is_gated_act=True), **entry['sizes'], rngs=nnx.Rngs(0))
+  with pytest.raises(nnx_bridge.MappingError):
+    nnx_bridge.compare(linen_module, variables, port, *xs)  # Linen's wi_0 / wi_1 have no NNX counterpart
+
+
+def test_arms_building_modules_called_otherwise_stay_linen_with_a_todo_at_the_second():
+  source = (FIXTURES / f'{ARMS}.in.py').read_text().replace(
+      '  def __call__(self, hidden_states, deterministic):\n    hidden_gelu',
+      '  def __call__(self, hidden_states, deterministic, scale=1.0):\n    hidden_gelu')
+  result = transform_source(source, RULES)
+  assert 'class FlaxTinyLayerFF(nn.Module)' in result.source
+  (todo,) = [e for e in result.entries if e.kind == 'todo' and e.message.startswith('class FlaxTinyLayerFF ')]
+  assert todo.message.endswith('self.DenseReluDense is built by two arms of an if, as modules that take other call '
+                               'arguments'), todo.message
+  assert source.splitlines()[todo.line - 1].strip().startswith('self.DenseReluDense = FlaxTinyDenseActDense(')
