@@ -68,12 +68,27 @@ def decide_classes(facts: FileFacts) -> ClassDecisions:
     users.update((name, user) for name, (user, _) in used.items())
 
 
+def _plan_order(facts: FileFacts) -> list[cst.ClassDef]:
+  """The file's Linen classes, each after the classes of the file it names where it can be (diffusers' feed-forward
+  builds `FlaxGEGLU`, defined below it), else in file order: a class is planned knowing what those became."""
+  nodes = [n for n in facts.module.body if isinstance(n, cst.ClassDef) and n.name.value in facts.linen_classes]
+  named = {n.name.value: {sub.value for sub in descendants(n) if isinstance(sub, cst.Name)} & facts.linen_classes
+           - {n.name.value} for n in nodes}
+  order: list[cst.ClassDef] = []
+  pending = list(nodes)
+  while pending:
+    placed = {n.name.value for n in order}
+    ready = next((n for n in pending if named[n.name.value] <= placed), pending[0])  # a cycle: file order
+    order.append(ready)
+    pending.remove(ready)
+  return order
+
+
 def _plan_all(facts: FileFacts) -> tuple[FileRewrite, dict[str, LeftLinen]]:
-  """Each Linen class of the file planned in order, those before it known: its plan, or why it stays Linen."""
+  """Each Linen class of the file planned in `_plan_order`, those before it known: its plan, or why it stays
+  Linen."""
   file, left = FileRewrite(), {}
-  for node in facts.module.body:
-    if not isinstance(node, cst.ClassDef) or node.name.value not in facts.linen_classes:
-      continue
+  for node in _plan_order(facts):
     name = node.name.value
     if name in facts.kept_linen:
       left[name] = LeftLinen(node, _kept_message(name, facts.kept_linen[name]))
@@ -139,7 +154,7 @@ def _settled_reason(facts: FileFacts, file: FileRewrite, name: str, user: str, b
   the one that run gives. None when the answer is not a reason."""
   trial = dataclasses.replace(facts, kept_linen={k: v for k, v in facts.kept_linen.items() if k != name})
   node = facts.class_defs[name]
-  position = {n.name.value: i for i, n in enumerate(facts.module.body) if isinstance(n, cst.ClassDef)}
+  position = {n.name.value: i for i, n in enumerate(_plan_order(facts))}
   before = {k: plan for k, plan in file.plans.items() if position.get(k, -1) < position[name] and k not in built}
   try:
     plan = plan_class(trial, before, node, file.variable_classes)

@@ -206,3 +206,48 @@ def test_keywords_out_of_field_order_stay_keywords_and_the_port_matches_linen():
   model = nnx_ns['Head'](3, body_linear1_in_features=4, rngs=nnx.Rngs(0))
   nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, x))
   np.testing.assert_allclose(model(x), linen_module.apply(variables, x), rtol=1e-6)
+
+
+# In the style of diffusers' attention_flax.py: the feed-forward block builds FlaxGEGLU, defined below it.
+DEFINED_BELOW = '''import flax.linen as nn
+import jax.numpy as jnp
+
+
+class FlaxFeedForward(nn.Module):
+  dim: int
+
+  def setup(self):
+    self.net_0 = FlaxGEGLU(self.dim)
+    self.net_2 = nn.Dense(self.dim)
+
+  def __call__(self, hidden_states):
+    return self.net_2(self.net_0(hidden_states))
+
+
+class FlaxGEGLU(nn.Module):
+  dim: int
+
+  def setup(self):
+    self.proj = nn.Dense(self.dim * 4)
+
+  def __call__(self, hidden_states):
+    linear, gate = jnp.split(self.proj(hidden_states), 2, axis=-1)
+    return linear * nn.gelu(gate)
+'''
+
+
+def test_a_class_building_a_class_defined_below_it_builds_its_nnx_port():
+  """Classes are planned after the classes of the file they name: the feed-forward builds the converted FlaxGEGLU
+  itself, with its size argument, not the Linen class through nnx_bridge.from_linen with example inputs."""
+  result = transform_source(DEFINED_BELOW, registry.select_rules(['L2N002']))
+  assert 'from_linen' not in result.source and not [e for e in result.entries if e.kind == 'todo']
+  assert 'self.net_0 = FlaxGEGLU(self.dim, proj_in_features=net_0_proj_in_features, rngs=rngs)' in result.source
+  linen, converted = {}, {}
+  exec(compile(DEFINED_BELOW, 'linen', 'exec'), linen)
+  exec(compile(result.source, 'nnx', 'exec'), converted)
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  module = linen['FlaxFeedForward'](4)
+  variables = module.init(jax.random.key(1), x)
+  model = converted['FlaxFeedForward'](4, net_0_proj_in_features=4, net_2_in_features=8, rngs=nnx.Rngs(0))
+  report = nnx_bridge.compare(module, variables, model, x)
+  assert report.ok, report.to_text()
