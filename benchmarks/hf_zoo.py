@@ -61,6 +61,7 @@ TINY_CONFIG = {  # as HF's Flax model tests size their models: every key the fam
     # functional dropout (`dot_product_attention_weights(dropout_rng=...)`) draws different keys on both sides,
     # so the train-mode check runs without it; nn.Dropout layers verify switches off itself
     'attention_probs_dropout_prob': 0.0, 'attention_dropout': 0.0, 'attn_pdrop': 0.0,
+    'dropout_rate': 0.0,  # T5's attention drops its weights with it the same way (its nn.Dropout layers too)
     'drop_path_rate': 0.0,  # BEiT's stochastic depth draws a 'droppath' key the same way
     'do_stable_layer_norm': True,  # wav2vec2's Flax port supports only this
 }
