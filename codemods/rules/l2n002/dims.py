@@ -286,9 +286,19 @@ class LastAxisWalk(BodyWalk[Known | Input]):
       if dims and not isinstance(expr.elements[0], cst.StarredElement):
         self.firsts[expr] = dims[0]
       return None
+    if derive and isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add) \
+        and isinstance(expr.left, cst.Tuple):  # `(hidden_states,) + outputs[1:]`: the left tuple's first
+      self.value(expr.left, env)
+      self.value(expr.right, env)
+      self.firsts[expr] = self.first_element(expr.left, env)
+      return None
     if derive and isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Name) \
         and first_of_tuple(expr.value.value) in env and _index_zero(expr):
       return env[first_of_tuple(expr.value.value)]  # `layer_outputs[0]` of a name holding a tuple
+    if derive and isinstance(expr, cst.Subscript) and isinstance(expr.value, (cst.Call, cst.Tuple)) \
+        and _index_zero(expr):
+      self.value(expr.value, env)
+      return self.firsts.get(expr.value)  # `block(x)[0]` of a call returning a tuple
     if derive and isinstance(expr, cst.Call) and self.facts.has_name(expr.func, ELEMENTWISE) \
         and len(expr.args) == 1 and expr.args[0].keyword is None and not expr.args[0].star:
       return self.value(expr.args[0].value, env)

@@ -21,6 +21,7 @@ from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.dims import Dim, Input, Known, LastAxisWalk, first_of_tuple
 from codemods.rules.l2n002.nodes import (
+  assigned_name,
   assigned_names,
   is_minus_one,
   is_self_attr,
@@ -249,7 +250,7 @@ def in_caller(ctx: ClassContext, code: str, child: Child, depth: int = 0) -> str
   from plain code (BART's `self.embed_dim = self.config.d_model`) by that code in the caller's terms; None when
   one is not passed."""
   fields, missing = child.sibling.field_names, []
-  plain = _plain_attributes(ctx, child.sibling.name) if depth < 3 else {}
+  plain, bound = _plain_attributes(ctx, child.sibling.name) if depth < 3 else ({}, {})
 
   class Fields(cst.CSTTransformer):
     def leave_Attribute(_, original: cst.Attribute, updated: cst.BaseExpression) -> cst.BaseExpression:
@@ -263,8 +264,15 @@ def in_caller(ctx: ClassContext, code: str, child: Child, depth: int = 0) -> str
         missing.append(name)
       return updated
 
+  class Locals(cst.CSTTransformer):  # a local its setup() binds once (GPT-Neo's `embed_dim = self.config.hidden_size`)
+    def leave_Attribute(_, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
+      return updated.with_changes(attr=original.attr)  # `x.embed_dim`: an attribute, no local
+
+    def leave_Name(_, original: cst.Name, updated: cst.BaseExpression) -> cst.BaseExpression:
+      return cst.parse_expression(paren(bound[original.value])) if original.value in bound else updated
+
   try:
-    original = cst.parse_expression(code)
+    original = cst.parse_expression(code).visit(Locals())
   except cst.ParserSyntaxError:
     return None
   nodes = (original, *descendants(original))
@@ -282,24 +290,27 @@ def in_caller(ctx: ClassContext, code: str, child: Child, depth: int = 0) -> str
   return None if missing else cst.Module([]).code_for_node(node)
 
 
-def _plain_attributes(ctx: ClassContext, name: str) -> dict[str, str]:
+def _plain_attributes(ctx: ClassContext, name: str) -> tuple[dict[str, str], dict[str, str]]:
   """The attributes the class `name` of this file sets once, by a top-level `self.<attr> = <code>` of its setup(),
-  with that code."""
+  and the locals its setup() binds once, by a top-level `<local> = <code>`, with that code."""
   node = ctx.facts.class_defs.get(name)
   setup = next((s for s in node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == 'setup'), None) \
       if node is not None else None
   if setup is None:
-    return {}
-  written = [t.attr.value for sub in descendants(node) for t in
+    return {}, {}
+  targets = [t for sub in descendants(node) for t in
              ([t.target for t in sub.targets] if isinstance(sub, cst.Assign) else
-              [sub.target] if isinstance(sub, (cst.AugAssign, cst.AnnAssign)) else [])
-             if isinstance(t, cst.Attribute) and is_self_attr(t)]
-  found = {}
+              [sub.target] if isinstance(sub, (cst.AugAssign, cst.AnnAssign)) else [])]
+  written = [t.attr.value for t in targets if isinstance(t, cst.Attribute) and is_self_attr(t)]
+  names = [n.value for t in targets for n in (t, *descendants(t)) if isinstance(n, cst.Name)]
+  attributes, bound = {}, {}
   for statement in setup.body.body:
-    target = self_assignment(statement)
+    target, local = self_assignment(statement), assigned_name(statement)
     if target is not None and written.count(target) == 1:
-      found[target] = ctx.facts.code(statement.body[0].value)
-  return found
+      attributes[target] = ctx.facts.code(statement.body[0].value)
+    elif local is not None and names.count(local) == 1:
+      bound[local] = ctx.facts.code(statement.body[0].value)
+  return attributes, bound
 
 
 class SizeWalk(LastAxisWalk):

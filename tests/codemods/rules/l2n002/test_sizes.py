@@ -175,21 +175,105 @@ class FlaxTinyTextModel(nn.Module):
 '''
 
 
-def test_a_child_s_output_size_written_with_its_own_locals_is_not_the_parent_s():
-  """CLIP's embeddings return `embed_dim` wide, a local of their setup(): the parent cannot name it, so the layer
-  norm after them gets a size argument instead of code that fails with NameError in the parent's __init__."""
+BOUND_IN_ARMS = EMBED_THEN_NORM.replace(
+    '        embed_dim = self.config.hidden_size\n',
+    '        if self.config.hidden_size > 0:\n            embed_dim = self.config.hidden_size\n'
+    '        else:\n            embed_dim = 6\n')
+
+
+@pytest.mark.parametrize('source, norm_size, sizes', [
+    (EMBED_THEN_NORM, 'num_features=self.config.hidden_size', {}),
+    (BOUND_IN_ARMS, 'num_features=final_layer_norm_num_features', {'final_layer_norm_num_features': 6}),
+])
+def test_a_child_s_output_size_written_with_its_own_locals_is_in_the_parent_s_terms(source, norm_size, sizes):
+  """CLIP's embeddings return `embed_dim` wide, a local their setup() binds once to `self.config.hidden_size`: the
+  parent's layer norm takes that code with the parent's config. A local bound in the arms of an if is not the
+  parent's to name: the layer norm gets a size argument (never code that fails with NameError in __init__)."""
   from codemods import rules as registry
   from codemods.transform import transform_source
 
-  result = transform_source(EMBED_THEN_NORM, registry.select_rules(['L2N002']))
+  result = transform_source(source, registry.select_rules(['L2N002']))
   assert 'class FlaxTinyTextModel(nnx.Module)' in result.source, result.source
-  assert 'num_features=embed_dim' not in result.source and 'final_layer_norm_num_features' in result.source
+  assert f'self.final_layer_norm = nnx.LayerNorm({norm_size}, rngs=rngs)' in result.source, result.source
   linen_namespace: dict = {}
   namespace: dict = {}
-  exec(compile(EMBED_THEN_NORM, '<linen>', 'exec'), linen_namespace)
+  exec(compile(source, '<linen>', 'exec'), linen_namespace)
   exec(compile(result.source, '<converted>', 'exec'), namespace)
   ids = jax.numpy.array([[1, 2, 3], [4, 5, 6]])
   linen_module = linen_namespace['FlaxTinyTextModel'](linen_namespace['Config']())
   variables = linen_module.init(jax.random.key(0), ids)
-  model = namespace['FlaxTinyTextModel'](namespace['Config'](), final_layer_norm_num_features=6, rngs=nnx.Rngs(0))
+  model = namespace['FlaxTinyTextModel'](namespace['Config'](), **sizes, rngs=nnx.Rngs(0))
   assert nnx_bridge.compare(linen_module, variables, model, ids).ok
+
+
+# In the style of transformers' GPT-Neo: the MLP's output width is a local of its setup(), the block returns
+# `(hidden_states,) + outputs[1:]`, and the collection loops over the blocks.
+GPT_NEO_STYLE = '''import flax.linen as nn
+import jax.numpy as jnp
+
+
+class Config:
+  def __init__(self, hidden_size=8, intermediate_size=16, num_layers=2):
+    self.hidden_size = hidden_size
+    self.intermediate_size = intermediate_size
+    self.num_layers = num_layers
+
+
+class FlaxMLP(nn.Module):
+  config: Config
+  intermediate_size: int
+
+  def setup(self):
+    embed_dim = self.config.hidden_size
+    self.c_fc = nn.Dense(self.intermediate_size)
+    self.c_proj = nn.Dense(embed_dim)
+
+  def __call__(self, hidden_states):
+    return self.c_proj(nn.gelu(self.c_fc(hidden_states)))
+
+
+class FlaxBlock(nn.Module):
+  config: Config
+
+  def setup(self):
+    self.ln_1 = nn.LayerNorm()
+    self.mlp = FlaxMLP(self.config, self.config.intermediate_size)
+
+  def __call__(self, hidden_states, output_attentions: bool = False):
+    outputs = (hidden_states,) if output_attentions else ()
+    residual = hidden_states
+    hidden_states = residual + self.mlp(self.ln_1(hidden_states))
+    return (hidden_states,) + outputs
+
+
+class FlaxBlockCollection(nn.Module):
+  config: Config
+
+  def setup(self):
+    self.blocks = [FlaxBlock(self.config, name=str(i)) for i in range(self.config.num_layers)]
+
+  def __call__(self, hidden_states):
+    for block in self.blocks:
+      hidden_states = block(hidden_states)[0]
+    return hidden_states
+'''
+
+
+def test_a_width_bound_to_a_setup_local_sizes_the_blocks_after_the_first():
+  """The MLP's output width `embed_dim` is `self.config.hidden_size` bound in its setup(), and the block's output is
+  the first element of `(hidden_states,) + outputs`: every block after the first takes the config's width."""
+  from codemods import rules as registry
+  from codemods.transform import transform_source
+
+  result = transform_source(GPT_NEO_STYLE, registry.select_rules(['L2N002']))
+  assert not [e for e in result.entries if e.kind == 'todo'], result.source
+  assert 'ln_1_num_features=blocks_ln_1_num_features if i == 0 else self.config.hidden_size' in result.source
+  linen_ns, nnx_ns = {}, {}
+  exec(compile(GPT_NEO_STYLE, 'linen', 'exec'), linen_ns)
+  exec(compile(result.source, 'nnx', 'exec'), nnx_ns)
+  x = jax.random.normal(jax.random.key(0), (2, 3, 8))
+  module = linen_ns['FlaxBlockCollection'](linen_ns['Config']())
+  variables = module.init(jax.random.key(1), x)
+  model = nnx_ns['FlaxBlockCollection'](nnx_ns['Config'](), blocks_ln_1_num_features=8, rngs=nnx.Rngs(0))
+  report = nnx_bridge.compare(module, variables, model, x)
+  assert report.ok, report.to_text()
