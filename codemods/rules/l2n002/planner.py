@@ -309,14 +309,14 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
       for inner in (arm.body if arm is not None else ()):
         _setup_statement(ctx, plan, inner, counts)
       for child in plan.children[len(before):]:
-        child.alternative = child.attr in {c.attr for c in built}
+        child.alternative = child.attr is not None and child.attr in {c.attr for c in built}
         built.append(child)
     plan.children = [*before, *built]
     return
-  elif not constructions.wrapped_binding(ctx, statement):  # plain code (`head_dim = ...`, `if ...: raise`): it
-    _plain_setup_code(ctx, plan, statement)                # stays, in its place in __init__
-    return
-  else:  # `CheckpointLayer = remat(Layer, ...)`: the NNX class, bound where Linen bound it
+  elif constructions.wrapped_binding(ctx, statement):  # `CheckpointLayer = remat(Layer, ...)`: the NNX class, bound
+    return                                              # where Linen bound it
+  else:  # plain code (`head_dim = ...`, `if ...: raise`): it stays, in its place in __init__
+    _plain_setup_code(ctx, plan, statement)
     return
   if target in {c.attr for c in plan.children}:
     raise Unsupported(statement, f'self.{target} assigned twice')
