@@ -55,7 +55,6 @@ from codemods.vocabulary import (
   MODULE_NAMES,
   SCOPE_APIS,
 )
-from nnx_bridge.layer_signatures import LINEN_CALL_PARAMS
 from nnx_bridge.layer_table import WRAPPERS, find_layer
 
 _DEFERRED = {**DEFERRING, cst.SetComp: 'a set comprehension', cst.FunctionDef: 'a function'}
@@ -187,7 +186,7 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite) -> None:
     first = next(c for c in plan.children if c.attr == child.attr and not c.alternative)
     listed = first.ctor in ctx.loops.sites or child.ctor in ctx.loops.sites
     signature = lambda c: (c.sibling.call_params, [m[:2] for m in c.sibling.mode_params]) if c.sibling is not None \
-        else LINEN_CALL_PARAMS.get(c.spec.linen, ()) if c.spec is not None else c
+        else c.spec if c.spec is not None else c
     if child.bridged or first.bridged or (child.sibling is None) != (first.sibling is None) \
         or signature(child) != signature(first) or listed and child.sibling is not first.sibling:
       raise Unsupported(child.ctor, f'self.{child.attr} is built by two arms of an if, as modules that take other '

@@ -328,6 +328,7 @@ class SizeWalk(LastAxisWalk):
     self.active: list[cst.FunctionDef] = []
     self.variables = {c.ctor: c for c in plan.children if c.api is not None and c.hoisted}
     self.size_locals: dict[str, Dim] = {}  # `d = x.shape[-1]`: what the code said of x there
+    self.whole_shapes: dict[str, Dim] = {}  # `shape = x.shape`: the same, for `y.reshape(shape)`
 
   def run(self) -> Dim:
     """Walks `__call__` (and every child call it does not reach); the carry's size for a scanned cell."""
@@ -388,6 +389,9 @@ class SizeWalk(LastAxisWalk):
     target = reshape_target(self.ctx, expr)
     if target and isinstance(target[-1].value, cst.Name) and target[-1].value.value in self.size_locals:
       return self.size_locals[target[-1].value.value]  # `jnp.reshape(x, (n, h * w, c))` after `n, h, w, c = x.shape`
+    if target and len(target) == 1 and not isinstance(target[0], cst.StarredElement) \
+        and isinstance(target[0].value, cst.Name) and target[0].value.value in self.whole_shapes:
+      return self.whole_shapes[target[0].value.value]  # `x.reshape(shape)` after `shape = h.shape` (OPT's layers)
     last = reshaped_last(self.ctx, expr)
     return Known(last) if last is not None else None
 
@@ -418,11 +422,17 @@ class SizeWalk(LastAxisWalk):
     local = size_local_of(part) if isinstance(part, cst.Assign) else None
     if local is not None:
       self.size_locals[local[0]] = env.get(local[1]) if self.derive else None
+    if isinstance(part, cst.Assign) and len(part.targets) == 1 and isinstance(part.targets[0].target, cst.Name) \
+        and isinstance(part.value, cst.Attribute) and part.value.attr.value == 'shape' \
+        and isinstance(part.value.value, cst.Name):  # `shape = h.shape`: a whole shape, reshaped to later
+      self.whole_shapes[part.targets[0].target.value] = env.get(part.value.value.value) if self.derive else None
     if super().assign(part, env):
       return True
     if isinstance(part, cst.Assign) and len(part.targets) == 1 and part.value in self.calls:
       self.value(part, env)
       first = self.scanned_carry(part.targets[0].target, part.value, env)
+      if first is None and isinstance(part.targets[0].target, cst.Tuple) and self.derive:
+        first = self.firsts.get(part.value)  # `hidden_states, weights = self.self_attn(...)`: the tuple's first
       for sub in (part.targets[0].target, *descendants(part.targets[0].target)):
         if isinstance(sub, cst.Name):
           env[sub.value] = first if first is not None and sub is part.targets[0].target.elements[0].value else None

@@ -277,3 +277,85 @@ def test_a_width_bound_to_a_setup_local_sizes_the_blocks_after_the_first():
   model = nnx_ns['FlaxBlockCollection'](nnx_ns['Config'](), blocks_ln_1_num_features=8, rngs=nnx.Rngs(0))
   report = nnx_bridge.compare(module, variables, model, x)
   assert report.ok, report.to_text()
+
+
+# In the style of transformers' OPT: the attention's output is unpacked from a tuple, and the feed-forward runs on
+# the tokens flattened, then reshaped back to a shape saved before.
+OPT_STYLE = '''import flax.linen as nn
+import jax.numpy as jnp
+
+
+class Config:
+  def __init__(self, hidden_size=8, ffn_dim=16, num_layers=2):
+    self.hidden_size = hidden_size
+    self.ffn_dim = ffn_dim
+    self.num_layers = num_layers
+
+
+class FlaxAttention(nn.Module):
+  embed_dim: int
+
+  def setup(self):
+    self.q_proj = nn.Dense(self.embed_dim)
+    self.out_proj = nn.Dense(self.embed_dim)
+
+  def __call__(self, hidden_states):
+    weights = nn.softmax(self.q_proj(hidden_states), axis=-1)
+    return self.out_proj(weights * hidden_states), weights
+
+
+class FlaxDecoderLayer(nn.Module):
+  config: Config
+
+  def setup(self):
+    self.embed_dim = self.config.hidden_size
+    self.self_attn = FlaxAttention(self.embed_dim)
+    self.fc1 = nn.Dense(self.config.ffn_dim)
+    self.fc2 = nn.Dense(self.embed_dim)
+
+  def __call__(self, hidden_states):
+    residual = hidden_states
+    hidden_states, self_attn_weights = self.self_attn(hidden_states)
+    hidden_states = residual + hidden_states
+    hidden_states_shape = hidden_states.shape
+    hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])
+    residual = hidden_states
+    hidden_states = self.fc2(nn.relu(self.fc1(hidden_states)))
+    hidden_states = (residual + hidden_states).reshape(hidden_states_shape)
+    return (hidden_states, self_attn_weights)
+
+
+class FlaxDecoderLayerCollection(nn.Module):
+  config: Config
+
+  def setup(self):
+    self.layers = [FlaxDecoderLayer(self.config, name=str(i)) for i in range(self.config.num_layers)]
+
+  def __call__(self, hidden_states):
+    for decoder_layer in self.layers:
+      layer_outputs = decoder_layer(hidden_states)
+      hidden_states = layer_outputs[0]
+    return hidden_states
+'''
+
+
+def test_a_tuple_unpacked_output_and_a_saved_shape_size_the_layers_after_the_first():
+  """`hidden_states, weights = self.self_attn(...)` takes the tuple's first size, and `.reshape(shape)` after
+  `shape = hidden_states.shape` the size hidden_states had then: every layer after the first takes the config's."""
+  from codemods import rules as registry
+  from codemods.transform import transform_source
+
+  result = transform_source(OPT_STYLE, registry.select_rules(['L2N002']))
+  assert not [e for e in result.entries if e.kind == 'todo'], result.source
+  assert 'if i == 0 else self.config.hidden_size' in result.source, result.source
+  linen_ns, nnx_ns = {}, {}
+  exec(compile(OPT_STYLE, 'linen', 'exec'), linen_ns)
+  exec(compile(result.source, 'nnx', 'exec'), nnx_ns)
+  x = jax.random.normal(jax.random.key(0), (2, 3, 8))
+  module = linen_ns['FlaxDecoderLayerCollection'](linen_ns['Config']())
+  variables = module.init(jax.random.key(1), x)
+  sizes = {p: 8 for p in __import__('inspect').signature(nnx_ns['FlaxDecoderLayerCollection'].__init__).parameters
+           if p.endswith('_features')}
+  model = nnx_ns['FlaxDecoderLayerCollection'](nnx_ns['Config'](), **sizes, rngs=nnx.Rngs(0))
+  report = nnx_bridge.compare(module, variables, model, x)
+  assert report.ok, report.to_text()
