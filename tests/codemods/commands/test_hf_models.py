@@ -25,19 +25,22 @@ def test_every_converted_class_of_bert_matches_its_linen_original():
   assert unexplained == []
   verified = {c.name for c in result.classes if c.status == 'verified'}
   # The attention's output dense reads the heads merged back by a reshape: its size is traced (to_linen's
-  # traced_sizes), so the attention converts and is verified itself.
+  # traced_sizes), so the attention converts and is verified itself; the layer collection's gradient
+  # checkpointing (remat under `if self.gradient_checkpointing:`) converts, and the layers and encoder with it.
   assert {'FlaxBertEmbeddings', 'FlaxBertSelfAttention', 'FlaxBertAttention', 'FlaxBertSelfOutput',
-          'FlaxBertIntermediate', 'FlaxBertOutput'} <= verified, verified
+          'FlaxBertIntermediate', 'FlaxBertOutput', 'FlaxBertLayer', 'FlaxBertLayerCollection',
+          'FlaxBertEncoder'} <= verified, verified
   bridged = {c.name for c in result.linen_parents if c.status == 'verified'}
-  assert {'FlaxBertModule', 'FlaxBertLayer', 'FlaxBertForNextSentencePredictionModule'} <= bridged
+  assert {'FlaxBertModule', 'FlaxBertForNextSentencePredictionModule'} <= bridged
 
 
 @pytest.mark.slow
 def test_linen_classes_that_build_converted_classes_through_to_linen_run_on_their_own_variables():
-  """GPT-J's block stays Linen and builds its converted attention (decode cache, causal mask and rotary table
-  included) and MLP through nnx_bridge.to_linen: the migrated block creates the original's variables and, on them,
-  gives the original's outputs and gradients."""
+  """GPT-J's model module stays Linen (its wrapper holds it as module_class) and builds its converted block
+  collection (attention with decode cache, causal mask and rotary table; MLP) through nnx_bridge.to_linen: the
+  migrated module creates the original's variables and, on them, gives the original's outputs and gradients."""
   (result,), _ = hf_zoo.run(['gptj'], jobs=2)
-  assert {c.name for c in result.classes if c.status == 'verified'} == {'FlaxGPTJAttention'}
-  assert [c.name for c in result.linen_parents] == ['FlaxGPTJBlock']
+  assert {c.name for c in result.classes if c.status == 'verified'} == {'FlaxGPTJAttention', 'FlaxGPTJBlock',
+                                                                       'FlaxGPTJBlockCollection'}
+  assert [c.name for c in result.linen_parents] == ['FlaxGPTJModule']
   assert [(c.status, c.reason) for c in result.linen_parents] == [('verified', '')]
