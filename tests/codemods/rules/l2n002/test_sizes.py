@@ -259,24 +259,32 @@ class FlaxBlockCollection(nn.Module):
 '''
 
 
-def test_a_width_bound_to_a_setup_local_sizes_the_blocks_after_the_first():
-  """The MLP's output width `embed_dim` is `self.config.hidden_size` bound in its setup(), and the block's output is
-  the first element of `(hidden_states,) + outputs`: every block after the first takes the config's width."""
+def _collection_matches_linen(source: str, name: str, later_size: str) -> None:
+  """Converts `source` with no TODO, the layers after the first sized `later_size` in the port, and compares the
+  collection `name` with its Linen original (the first layer's sizes given as 8)."""
+  import inspect
+
   from codemods import rules as registry
   from codemods.transform import transform_source
 
-  result = transform_source(GPT_NEO_STYLE, registry.select_rules(['L2N002']))
+  result = transform_source(source, registry.select_rules(['L2N002']))
   assert not [e for e in result.entries if e.kind == 'todo'], result.source
-  assert 'ln_1_num_features=blocks_ln_1_num_features if i == 0 else self.config.hidden_size' in result.source
+  assert f'if i == 0 else {later_size}' in result.source, result.source
   linen_ns, nnx_ns = {}, {}
-  exec(compile(GPT_NEO_STYLE, 'linen', 'exec'), linen_ns)
+  exec(compile(source, 'linen', 'exec'), linen_ns)
   exec(compile(result.source, 'nnx', 'exec'), nnx_ns)
   x = jax.random.normal(jax.random.key(0), (2, 3, 8))
-  module = linen_ns['FlaxBlockCollection'](linen_ns['Config']())
+  module = linen_ns[name](linen_ns['Config']())
   variables = module.init(jax.random.key(1), x)
-  model = nnx_ns['FlaxBlockCollection'](nnx_ns['Config'](), blocks_ln_1_num_features=8, rngs=nnx.Rngs(0))
-  report = nnx_bridge.compare(module, variables, model, x)
+  sizes = {p: 8 for p in inspect.signature(nnx_ns[name].__init__).parameters if p.endswith('_features')}
+  report = nnx_bridge.compare(module, variables, nnx_ns[name](nnx_ns['Config'](), **sizes, rngs=nnx.Rngs(0)), x)
   assert report.ok, report.to_text()
+
+
+def test_a_width_bound_to_a_setup_local_sizes_the_blocks_after_the_first():
+  """The MLP's output width `embed_dim` is `self.config.hidden_size` bound in its setup(), and the block's output is
+  the first element of `(hidden_states,) + outputs`: every block after the first takes the config's width."""
+  _collection_matches_linen(GPT_NEO_STYLE, 'FlaxBlockCollection', 'self.config.hidden_size')
 
 
 # In the style of transformers' OPT: the attention's output is unpacked from a tuple, and the feed-forward runs on
@@ -342,20 +350,4 @@ class FlaxDecoderLayerCollection(nn.Module):
 def test_a_tuple_unpacked_output_and_a_saved_shape_size_the_layers_after_the_first():
   """`hidden_states, weights = self.self_attn(...)` takes the tuple's first size, and `.reshape(shape)` after
   `shape = hidden_states.shape` the size hidden_states had then: every layer after the first takes the config's."""
-  from codemods import rules as registry
-  from codemods.transform import transform_source
-
-  result = transform_source(OPT_STYLE, registry.select_rules(['L2N002']))
-  assert not [e for e in result.entries if e.kind == 'todo'], result.source
-  assert 'if i == 0 else self.config.hidden_size' in result.source, result.source
-  linen_ns, nnx_ns = {}, {}
-  exec(compile(OPT_STYLE, 'linen', 'exec'), linen_ns)
-  exec(compile(result.source, 'nnx', 'exec'), nnx_ns)
-  x = jax.random.normal(jax.random.key(0), (2, 3, 8))
-  module = linen_ns['FlaxDecoderLayerCollection'](linen_ns['Config']())
-  variables = module.init(jax.random.key(1), x)
-  sizes = {p: 8 for p in __import__('inspect').signature(nnx_ns['FlaxDecoderLayerCollection'].__init__).parameters
-           if p.endswith('_features')}
-  model = nnx_ns['FlaxDecoderLayerCollection'](nnx_ns['Config'](), **sizes, rngs=nnx.Rngs(0))
-  report = nnx_bridge.compare(module, variables, model, x)
-  assert report.ok, report.to_text()
+  _collection_matches_linen(OPT_STYLE, 'FlaxDecoderLayerCollection', 'self.config.hidden_size')
