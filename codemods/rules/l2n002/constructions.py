@@ -354,8 +354,7 @@ def _wrapping_options(ctx: ClassContext, lifted: cst.Call, sibling: ClassRewrite
   kwargs = {a.keyword.value: a.value for a in lifted.args if a.keyword is not None}
   func, name = ctx.facts.code(lifted.func), sibling.name
   given = ', '.join(f'{k}={ctx.facts.code(v)}' for k, v in kwargs.items())
-  numbers = {k: literal_ints(v) for k, v in kwargs.items() if k.endswith('argnums')}
-  numbers = {k: v if v is None else [n + offset for n in v] for k, v in numbers.items()}
+  numbers = {k: literal_ints(v, offset) for k, v in kwargs.items() if k.endswith('argnums')}
   if any(a.star for a in lifted.args) or set(kwargs) - set(accepted) or None in numbers.values():
     raise Unsupported(lifted, f'{func}({name}, {given}) is converted only with the options '
                                f'{", ".join(accepted)} (argnums literal), which {transform} takes')

@@ -53,16 +53,17 @@ def decide_classes(facts: FileFacts) -> ClassDecisions:
   nnx_bridge.to_linen."""
   kept, first = dict(facts.kept_linen), dict[str, LeftLinen]()
   users: dict[str, str] = {}  # a class kept because a class left as Linen uses it -> that class
+  order = _plan_order(facts)
   while True:
     facts = dataclasses.replace(facts, kept_linen=kept)
-    file, left = _plan_all(facts)
+    file, left = _plan_all(facts, order)
     first = {**left, **first}  # a class keeps the reason it was first left for, not a consequence of it
     used, bridges = _used_by_linen(facts, file, left)
     if not used:
       settled = {name: first[name] for name in left}
       for name in {bridge.user for bridge in bridges} & set(users):
         built = {bridge.built for bridge in bridges if bridge.user == name}
-        settled[name] = _settled_reason(facts, file, name, users[name], built, left) or settled[name]
+        settled[name] = _settled_reason(facts, file, order, name, users[name], built, left) or settled[name]
       return ClassDecisions(file, settled, facts, bridges)
     kept = {**kept, **{name: message for name, (user, message) in used.items()}}
     users.update((name, user) for name, (user, _) in used.items())
@@ -84,11 +85,11 @@ def _plan_order(facts: FileFacts) -> list[cst.ClassDef]:
   return order
 
 
-def _plan_all(facts: FileFacts) -> tuple[FileRewrite, dict[str, LeftLinen]]:
-  """Each Linen class of the file planned in `_plan_order`, those before it known: its plan, or why it stays
-  Linen."""
+def _plan_all(facts: FileFacts, order: list[cst.ClassDef]) -> tuple[FileRewrite, dict[str, LeftLinen]]:
+  """Each Linen class of the file planned in `order` (`_plan_order`), those before it known: its plan, or why it
+  stays Linen."""
   file, left = FileRewrite(), {}
-  for node in _plan_order(facts):
+  for node in order:
     name = node.name.value
     if name in facts.kept_linen:
       left[name] = LeftLinen(node, _kept_message(name, facts.kept_linen[name]))
@@ -145,8 +146,8 @@ def _used_message(user: str, why: str) -> str:
   return f'the class {user}, left as Linen, uses it, and cannot wrap it with nnx_bridge.to_linen: {why}'
 
 
-def _settled_reason(facts: FileFacts, file: FileRewrite, name: str, user: str, built: set[str],
-                    left: dict[str, LeftLinen]) -> LeftLinen | None:
+def _settled_reason(facts: FileFacts, file: FileRewrite, order: list[cst.ClassDef], name: str, user: str,
+                    built: set[str], left: dict[str, LeftLinen]) -> LeftLinen | None:
   """Why `name`, kept because the Linen class `user` cannot wrap it, stays Linen, as a second run finds it.
 
   The classes below `name` that stayed Linen are Linen code in that run, and those it builds through
@@ -154,7 +155,7 @@ def _settled_reason(facts: FileFacts, file: FileRewrite, name: str, user: str, b
   the one that run gives. None when the answer is not a reason."""
   trial = dataclasses.replace(facts, kept_linen={k: v for k, v in facts.kept_linen.items() if k != name})
   node = facts.class_defs[name]
-  position = {n.name.value: i for i, n in enumerate(_plan_order(facts))}
+  position = {n.name.value: i for i, n in enumerate(order)}
   before = {k: plan for k, plan in file.plans.items() if position.get(k, -1) < position[name] and k not in built}
   try:
     plan = plan_class(trial, before, node, file.variable_classes)

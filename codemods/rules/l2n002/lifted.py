@@ -68,8 +68,7 @@ def _method_transform(ctx: ClassContext, method: cst.FunctionDef, expr: cst.Base
     return False
   _, transform, accepted, _, offset = WRAPPING[kind]
   options = expr.args[1:] if partial else ()
-  numbers = {a.keyword.value: literal_ints(a.value) for a in options if a.keyword is not None}
-  numbers = {k: v if v is None else [n + offset for n in v] for k, v in numbers.items()}
+  numbers = {a.keyword.value: literal_ints(a.value, offset) for a in options if a.keyword is not None}
   if any(a.keyword is None or a.keyword.value not in accepted for a in options) or None in numbers.values():
     raise Unsupported(expr, f'@{code} over {name} is converted with the options {", ".join(accepted)} given by name '
                              f'(argnums literal), which {transform} takes')

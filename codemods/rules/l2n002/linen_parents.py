@@ -192,7 +192,7 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
   for sub in descendants(node):
     if not (isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value == attr):
       continue
-    if _is_target(statement, sub) or isinstance(facts.parent(sub), cst.AssignTarget):
+    if isinstance(facts.parent(sub), cst.AssignTarget):
       continue  # the construction's statement, or another arm of a setup() if assigning the attribute
     use = facts.parent(sub)
     if isinstance(use, cst.Call) and use.func is sub:
@@ -343,6 +343,3 @@ def _statement_of(facts: FileFacts, node: cst.CSTNode) -> cst.SimpleStatementLin
   return node
 
 
-def _is_target(statement: cst.SimpleStatementLine, attr: cst.Attribute) -> bool:
-  assign = statement.body[0]
-  return isinstance(assign, cst.Assign) and assign.targets[0].target is attr

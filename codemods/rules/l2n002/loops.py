@@ -251,7 +251,10 @@ class Loops:
     if element is None or parent.orelse is not None:
       raise Unsupported(sub, f'{used} used other than by `for layer in self.{child.attr}:`')
     blocks = [s for s in parent.body.body if not isinstance(s, cst.SimpleStatementLine)]
-    if any(not _plain_if(s) for s in blocks) or any(isinstance(n, LOOP_STOPS) for n in descendants(parent.body)):
+    # plain ifs are walked arm by arm for sizes; the layer may be called in them (transformers' LayerDrop:
+    # `if not deterministic and p < self.layerdrop: layer_outputs = (None, None)`, `else: ... = layer(...)`)
+    if any(not (isinstance(s, cst.If) and is_plain_if(s)) for s in blocks) \
+        or any(isinstance(n, LOOP_STOPS) for n in descendants(parent.body)):
       raise Unsupported(parent, f'a for loop over {used} with nested blocks other than ifs of simple statements, '
                                 'or with break, continue or return')
     for block in blocks:  # `if output_attentions: all_attentions += (out[1],)` (transformers): walked arm by arm
@@ -580,13 +583,6 @@ def _class_fields(ctx: ClassContext, node: cst.CSTNode) -> set[str]:
   return {s.body[0].target.value for s in (cls.body.body if cls is not None else ())
           if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.AnnAssign)
           and isinstance(s.body[0].target, cst.Name)}
-
-
-def _plain_if(statement: cst.BaseStatement) -> bool:
-  """A plain `if` (`nodes.is_plain_if`): its arms are walked one by one for sizes; the loop's layer may be called
-  in them (transformers' LayerDrop: `if not deterministic and p < self.layerdrop: layer_outputs = (None, None)`,
-  `else: layer_outputs = layer(...)`)."""
-  return isinstance(statement, cst.If) and is_plain_if(statement)
 
 
 def _setup_name(ctx: ClassContext, ctor: cst.Call, name: cst.BaseExpression, loop: Loop, attr: str) -> str:

@@ -302,12 +302,12 @@ def literal_dict(node: cst.BaseExpression) -> dict[str, cst.BaseExpression] | No
   return {e.key.evaluated_value: e.value for e in node.elements}
 
 
-def literal_ints(node: cst.BaseExpression) -> list[int] | None:
-  """`2` or `(1, 2)` as a list of ints; None for anything else."""
+def literal_ints(node: cst.BaseExpression, offset: int = 0) -> list[int] | None:
+  """`2` or `(1, 2)` as a list of ints, each plus `offset`; None for anything else."""
   if isinstance(node, cst.Integer):
-    return [int(node.value)]
+    return [int(node.value) + offset]
   if isinstance(node, cst.Tuple) and all(isinstance(e.value, cst.Integer) for e in node.elements):
-    return [int(e.value.value) for e in node.elements]
+    return [int(e.value.value) + offset for e in node.elements]
   return None
 
 
