@@ -100,7 +100,7 @@ def test_control_flow_module_positions_and_nnx_counterparts():
 
 
 def test_wrapping_options_are_parameters_of_both_transforms():
-  for names, nnx_name, options, _ in v.WRAPPING.values():
+  for names, nnx_name, options, *_ in v.WRAPPING.values():
     linen_params = inspect.signature(_one_object(names)).parameters
     nnx_params = inspect.signature(getattr(nnx, nnx_name.removeprefix('nnx.'))).parameters
     for option in options:
