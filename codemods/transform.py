@@ -35,6 +35,7 @@ from libcst.codemod.visitors import RemoveImportsVisitor
 from codemods import libcst_speedups
 from codemods.analysis.hierarchy import HIERARCHY_KEY
 from codemods.analysis.hierarchy import LinenHierarchy
+from codemods.nodes import children_cached
 from codemods.options import OPTIONS_KEY
 from codemods.options import MigrationOptions
 from codemods.positions import PositionMap
@@ -107,11 +108,12 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
     tree = cst.parse_module(source)
   except (cst.ParserSyntaxError, UnicodeDecodeError, SyntaxError) as error:
     raise MigrationError(f'does not parse, left untouched: {_one_line(error)}') from None
-  result = _transform_settled(source, tree, rules, options, hierarchy, filename, kept_classes, imported_classes)
-  tidying = {rule.CODE for rule in rules if rule.TIDYING}
-  if tidying and _only_tidied(result, tidying):  # its Linen classes all stay Linen: the TODO lines only
-    rules = [rule for rule in rules if not rule.TIDYING]
+  with children_cached():
     result = _transform_settled(source, tree, rules, options, hierarchy, filename, kept_classes, imported_classes)
+    tidying = {rule.CODE for rule in rules if rule.TIDYING}
+    if tidying and _only_tidied(result, tidying):  # its Linen classes all stay Linen: the TODO lines only
+      rules = [rule for rule in rules if not rule.TIDYING]
+      result = _transform_settled(source, tree, rules, options, hierarchy, filename, kept_classes, imported_classes)
   return result
 
 

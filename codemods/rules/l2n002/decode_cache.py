@@ -12,6 +12,7 @@ import typing as tp
 
 import libcst as cst
 
+from codemods.nodes import children
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import init_code, queries, sizes
 from codemods.rules.l2n002.context import ClassContext
@@ -348,7 +349,7 @@ class CacheShapes(WholeShapeWalk[tuple[str, ...]]):
     if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, ARITHMETIC):
       left, right = self.value(expr.left, env), self.value(expr.right, env)
       return right if is_number(expr.left) else left if is_number(expr.right) else broadcast_shape(left, right)
-    for sub in expr.children:
+    for sub in children(expr):
       self.value(sub, env)
     return reshaped(self.ctx, expr, env)
 

@@ -25,6 +25,7 @@ import typing as tp
 
 import libcst as cst
 
+from codemods.nodes import children
 from codemods.nodes import descendants
 from codemods.rules.l2n002.nodes import (
   ARITHMETIC,
@@ -250,7 +251,7 @@ class WholeShapeWalk(BodyWalk[V]):
       elif name is not None:
         self.bind(name, part, env)
       elif not self.augmented(part, env):
-        for sub in part.children:
+        for sub in children(part):
           self.value(sub, env)
         forget(part, env)
     return output
@@ -325,7 +326,7 @@ class LastAxisWalk(BodyWalk[Known | Input]):
     if derive and isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, ARITHMETIC):
       left, right = self.value(expr.left, env), self.value(expr.right, env)
       return right if is_number(expr.left) else left if is_number(expr.right) else broadcast(left, right)
-    for sub in expr.children:
+    for sub in children(expr):
       self.value(sub, env)
     return self.reshaped(expr) if derive else None
 
@@ -334,7 +335,7 @@ class LastAxisWalk(BodyWalk[Known | Input]):
     first = expr.args[0].value if expr.args else None
     axis = [a.value for a in expr.args[1:] if a.keyword is None or a.keyword.value == 'axis']
     if not (isinstance(first, (cst.List, cst.Tuple)) and len(axis) == 1 and is_minus_one(axis[0])):
-      for sub in expr.children:
+      for sub in children(expr):
         self.value(sub, env)
       return None
     parts = self.concatenated_parts([self.value(e.value, env) for e in first.elements], expr)

@@ -12,6 +12,7 @@ import typing as tp
 
 import libcst as cst
 
+from codemods.nodes import children
 from codemods.nodes import descendants
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.nodes import (
@@ -53,7 +54,7 @@ def check_hoistable(ctx: ClassContext, value: cst.CSTNode, skip: tp.Collection[c
         and not _setup_local(ctx, assignments) and not _lambda_parameter(ctx, assignments):
       alias = _self_alias(ctx, assignments) or _value_alias(ctx, value, assignments)
       ctx.plan.aliases[value] = alias
-  for child in value.children:
+  for child in children(value):
     check_hoistable(ctx, child, skip, linen)
 
 
