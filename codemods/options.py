@@ -31,6 +31,7 @@ class MigrationOptions:
   train_state: str = 'nnx'
   step_style: str = 'functional'
   example_sizes: ExampleSizes = ExampleSizes()  # from `--examples FILE.py` (codemods/examples.py)
+  unsafe_fixes: bool = False  # `--unsafe-fixes`: a class refused at a statement converts, the statement under a TODO
 
   def __post_init__(self) -> None:
     if self.train_state not in TRAIN_STATE_STYLES:

@@ -18,6 +18,7 @@ import ast
 import codecs
 import contextlib
 import dataclasses
+import functools
 import gc
 import io
 import tokenize
@@ -49,6 +50,7 @@ from codemods.rule import KNOWN_CLASSES_KEY
 from codemods.rule import REPORT_KEY
 from codemods.rule import UNBRIDGED_CLASSES_KEY
 from codemods.rule import MigrationRule
+from codemods.unsafe_fixes import with_unsafe_fixes
 
 libcst_speedups.install()
 
@@ -101,9 +103,27 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
   change again (a TODO of theirs depended on what the bridge replaced) build their classes as before,
   and the rules run again; when that does not settle them, no class of the file bridges. So a run on
   its own output changes nothing.
+
+  With `options.unsafe_fixes`, a class refused at a statement of a method converts anyway, that statement kept as
+  written under a TODO (`unsafe_fixes.py`).
   """
   if isinstance(source, bytes):
     check_encoding(source)
+  run = functools.partial(_transform_source, rules=rules, options=options, hierarchy=hierarchy, filename=filename,
+                          kept_classes=kept_classes, imported_classes=imported_classes)
+  if not options.unsafe_fixes:
+    return run(source)
+  if isinstance(source, str):
+    return with_unsafe_fixes(source, run)
+  encoding = _text_encoding(source)
+  result = with_unsafe_fixes(source.decode(encoding), lambda text: _decoded(run(text.encode(encoding)), encoding))
+  return dataclasses.replace(result, source=result.source.encode(encoding))
+
+
+def _transform_source(source: Source, *, rules: tp.Sequence[type[MigrationRule]], options: MigrationOptions,
+                      hierarchy: LinenHierarchy, filename: str | None, kept_classes: tp.Mapping[str, str],
+                      imported_classes: tp.Mapping[str, ConvertedClass]) -> Transformed[Source]:
+  """`transform_source` without unsafe fixes."""
   try:
     tree = cst.parse_module(source)
   except (cst.ParserSyntaxError, UnicodeDecodeError, SyntaxError) as error:
@@ -115,6 +135,16 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
       rules = [rule for rule in rules if not rule.TIDYING]
       result = _transform_settled(source, tree, rules, options, hierarchy, filename, kept_classes, imported_classes)
   return result
+
+
+def _text_encoding(source: bytes) -> str:
+  """The encoding Python reads `source` in (checked by `check_encoding`), a UTF-8 BOM kept in the text."""
+  encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+  return 'utf-8' if encoding == 'utf-8-sig' else encoding
+
+
+def _decoded(result: Transformed[bytes], encoding: str) -> Transformed[str]:
+  return dataclasses.replace(result, source=result.source.decode(encoding))
 
 
 def _only_tidied(result: Transformed[Source], tidying: tp.Collection[str]) -> bool:
