@@ -12,6 +12,7 @@ SCHEMA_VERSION = 1
 CHANGED, UNCHANGED, SKIPPED, FAILED = 'changed', 'unchanged', 'skipped', 'failed'
 FIELD, INPUT_DIMENSION, UNDETERMINED, RNGS = 'field', 'input_dimension', 'undetermined', 'rngs'
 TO_LINEN_BRIDGED = 'wrapped with nnx_bridge.to_linen'  # in the entry of each construction L2N002 bridges so
+UNSAFE_FIX = 'unsafe fix: '  # the start of the TODO over each statement `--unsafe-fixes` kept as written
 INPUT_SIZE_SOURCES = ('code', 'examples', 'arguments')
 """Where a layer's NNX input size came from: derived from the code, from example traces, or left as a constructor
 argument."""
@@ -123,7 +124,8 @@ class MigrationResult:
   def fates(self) -> dict[str, tp.Any]:
     """What became of the Linen classes: `converted`, `kept_linen` (with `kept_because`: reason -> count),
     `bridged` (Linen children wrapped with nnx_bridge.from_linen, NNX classes a Linen class builds through
-    nnx_bridge.to_linen), and `todos` (the TODO(linen2nnx) lines the files hold)."""
+    nnx_bridge.to_linen), `todos` (the TODO(linen2nnx) lines the files hold) and `unsafe_fixes` (those of
+    them over statements `--unsafe-fixes` kept as written in converted classes)."""
     entries = [e for outcome in self.files for e in outcome.entries]
     reasons = [_kept_reason(m.group(2)) for e in entries if e.kind == 'todo' and (m := _KEPT.match(e.message))]
     return {
@@ -132,6 +134,7 @@ class MigrationResult:
         'kept_because': dict(collections.Counter(reasons).most_common()),
         'bridged': sum(1 for e in entries if 'wrapped with nnx_bridge.' in e.message),
         'todos': sum(outcome.todos for outcome in self.files),
+        'unsafe_fixes': sum(1 for e in entries if e.kind == 'todo' and e.message.startswith(UNSAFE_FIX)),
     }
 
   def input_sizes(self) -> dict[str, int]:

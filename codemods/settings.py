@@ -9,11 +9,12 @@ jobs = 2                      # as -j
 train-state = "keep"          # as --train-state
 step-style = "cached"         # as --step-style
 fail-on-todo = true           # as --fail-on-todo
+unsafe-fixes = true           # as --unsafe-fixes
 ```
 
 The nearest pyproject.toml at or above the current directory is read. Command-line globs add
 to the configured ones; `--select`, `-j`, `--train-state` and `--step-style` replace them, and
-`--fail-on-todo` turns `fail-on-todo` on.
+`--fail-on-todo` and `--unsafe-fixes` turn theirs on.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import tomllib
 import typing as tp
 
 _KEYS = {'include': list, 'exclude': list, 'select': list, 'jobs': int, 'train-state': str, 'step-style': str,
-         'fail-on-todo': bool}
+         'fail-on-todo': bool, 'unsafe-fixes': bool}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Settings:
   train_state: str | None = None
   step_style: str | None = None
   fail_on_todo: bool = False
+  unsafe_fixes: bool = False
   source: str | None = None
 
 
@@ -83,5 +85,6 @@ def load_settings(start: str | os.PathLike[str] = '.') -> Settings:
       train_state=table.get('train-state'),
       step_style=table.get('step-style'),
       fail_on_todo=table.get('fail-on-todo', False),
+      unsafe_fixes=table.get('unsafe-fixes', False),
       source=path,
   )

@@ -25,14 +25,12 @@ from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from codemods.nodes import descendants
-from codemods.report import Entry
+from codemods.report import UNSAFE_FIX, Entry
 from codemods.rule import TODO_PREFIX
 
 if tp.TYPE_CHECKING:
   from codemods.transform import Transformed
 
-UNSAFE_FIX = 'unsafe fix: '
-"""The start of the message of each line an unsafe fix kept as written in a converted class."""
 MAX_ROUNDS = 8
 """How many times a file is migrated again with more statements masked, at most."""
 _REFUSED = re.compile(r'class (\w+) left as Linen: (.*)', re.S)

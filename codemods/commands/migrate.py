@@ -30,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
           '.ipynb or a Python script, a folder without .py or .ipynb files) and an output path that cannot be '
           'written (checked before anything is written); a .py file that never mentions flax is skipped (exit 0). '
           'Defaults come from [tool.linen2nnx] in the nearest pyproject.toml (include, exclude, select, jobs, '
-          'train-state, step-style, fail-on-todo); command-line globs add to them, the other options replace them.'
+          'train-state, step-style, fail-on-todo, unsafe-fixes); command-line globs add to them, the other options '
+          'replace them.'
       ),
   )
   parser.add_argument('paths', nargs='+', metavar='PATH',
@@ -65,6 +66,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
       help='exit 1 when a TODO(linen2nnx) is left anywhere (for CI; [tool.linen2nnx] fail-on-todo = true)',
   )
   parser.add_argument(
+      '--unsafe-fixes', action='store_true', default=None,
+      help='convert a class L2N002 refuses at a statement of a method anyway: that statement is kept as written '
+           'under a TODO(linen2nnx) saying why, and the class may not run until it is rewritten by hand (the '
+           'default keeps such a class Linen; [tool.linen2nnx] unsafe-fixes = true)',
+  )
+  parser.add_argument(
       '--examples', metavar='FILE.py',
       help='a Python file whose public functions each return (linen_module, inputs[, call_kwargs]): the models '
            'are initialised abstractly (this imports and runs your code) and each layer input size the code does '
@@ -88,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     jobs = args.jobs if args.jobs is not None else settings.jobs
     options = MigrationOptions(train_state=args.train_state or settings.train_state or 'nnx',
                                step_style=args.step_style or settings.step_style or 'functional',
-                               example_sizes=_example_sizes(args.examples))
+                               example_sizes=_example_sizes(args.examples),
+                               unsafe_fixes=bool(args.unsafe_fixes or settings.unsafe_fixes))
     for failure in options.example_sizes.failures:
       print(f'linen2nnx migrate: warning: {failure.describe()}', file=sys.stderr)
     if jobs is not None and jobs < 1:
@@ -120,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
   fates = result.fates()
   print(
       f'linen2nnx migrate: classes: {fates["converted"]} converted, {fates["kept_linen"]} kept as Linen, '
-      f'{fates["bridged"]} bridged with nnx_bridge; {fates["todos"]} TODOs left',
+      f'{fates["bridged"]} bridged with nnx_bridge; {fates["todos"]} TODOs left'
+      + (f' ({fates["unsafe_fixes"]} of them statements an unsafe fix kept as written)' if fates['unsafe_fixes']
+         else ''),
       file=sys.stderr,
   )
   if fates['kept_because']:

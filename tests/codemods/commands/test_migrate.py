@@ -376,7 +376,7 @@ def test_plain_code_using_a_converted_class_gets_a_todo_at_its_line(tmp_path, mo
   lines = pathlib.Path('pkg/train.py').read_text().splitlines()
   assert lines[6].startswith('  # TODO(linen2nnx): Block is now an NNX module') and lines[7] == '  block = Block(3)'
   fates = json.loads(pathlib.Path('report.json').read_text())['fates']
-  assert fates == {'converted': 1, 'kept_linen': 0, 'kept_because': {}, 'bridged': 0, 'todos': 2}
+  assert fates == {'converted': 1, 'kept_linen': 0, 'kept_because': {}, 'bridged': 0, 'todos': 2, 'unsafe_fixes': 0}
   assert _main('pkg', '--check', '-j', '1') == 0  # the TODOs are not added again
   assert _main('pkg', '--check', '--fail-on-todo') == 1  # TODOs left: CI fails
 
