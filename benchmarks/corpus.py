@@ -204,10 +204,12 @@ def fates_of(document: tp.Any) -> Fates:
                failed)
 
 
-def migrate(tree: pathlib.Path, root: str, report: pathlib.Path, jobs: int, check: bool) -> tuple[dict, float]:
-  """`linen2nnx migrate --write` (or `--check`) over `tree/root`, run in `tree`: (its report, seconds)."""
+def migrate(tree: pathlib.Path, root: str, report: pathlib.Path, jobs: int, check: bool,
+            flags: tp.Sequence[str] = ()) -> tuple[dict, float]:
+  """`linen2nnx migrate --write` (or `--check`) over `tree/root` with `flags`, run in `tree`: (its report,
+  seconds)."""
   command = [sys.executable, '-m', 'codemods.cli', 'migrate', '--check' if check else '--write',
-             '--report-json', str(report), '-j', str(jobs), root]
+             '--report-json', str(report), '-j', str(jobs), *flags, root]
   start = time.perf_counter()
   done = subprocess.run(command, cwd=tree, capture_output=True, text=True)
   seconds = time.perf_counter() - start
@@ -432,8 +434,9 @@ class PackageResult:
 
 
 def run_package(package: Package, cache: pathlib.Path, jobs: int, verify: bool,
-                hf_families: tp.Collection[str] | None = None) -> PackageResult:
-  """Fetches, migrates, migrates again with --check and (with `verify`) verifies one package."""
+                hf_families: tp.Collection[str] | None = None, flags: tp.Sequence[str] = ()) -> PackageResult:
+  """Fetches, migrates, migrates again with --check and (with `verify`) verifies one package; `flags` are more
+  options of both migrate runs (`--unsafe-fixes`)."""
   found = PackageResult(package.name, package.version, verified=verify)
   wheel = fetch_wheel(package, cache)
   with tempfile.TemporaryDirectory(prefix=f'corpus-{package.root}-') as folder:
@@ -442,9 +445,9 @@ def run_package(package: Package, cache: pathlib.Path, jobs: int, verify: bool,
     found.files = len(extract(wheel, package.root, tree, flax_only=True))
     report = tree / 'report.json'  # beside the package root: the report's paths resolve from its folder
     try:
-      document, found.seconds = migrate(tree, package.root, report, jobs, check=False)
+      document, found.seconds = migrate(tree, package.root, report, jobs, check=False, flags=flags)
       found.fates = fates_of(document)
-      second, _ = migrate(tree, package.root, scratch / 'check.json', jobs, check=True)
+      second, _ = migrate(tree, package.root, scratch / 'check.json', jobs, check=True, flags=flags)
     except (RuntimeError, ValueError) as error:
       found.error = str(error)
       return found
@@ -560,13 +563,17 @@ def main() -> int:
   parser.add_argument('--no-verify', action='store_true', help='migrate and count only')
   parser.add_argument('--hf-families', help='verify only these transformers families (default: every family whose '
                       'file has converted classes)')
+  parser.add_argument('--unsafe-fixes', action='store_true',
+                      help='migrate with --unsafe-fixes (classes refused at a statement convert, the statement under '
+                           'a TODO; such classes do not verify until it is rewritten)')
   args = parser.parse_args()
   cache = pathlib.Path(os.path.expanduser(args.cache))
   families = set(args.hf_families.split(',')) if args.hf_families else None
   results = []
   for package in select(args.packages):
     try:
-      results.append(run_package(package, cache, args.jobs, not args.no_verify, families))
+      results.append(run_package(package, cache, args.jobs, not args.no_verify, families,
+                                 ('--unsafe-fixes',) if args.unsafe_fixes else ()))
     except RegistryError as error:
       print(f'corpus: {error}', file=sys.stderr)
       return EXIT_NO_REGISTRY

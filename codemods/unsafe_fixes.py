@@ -5,8 +5,9 @@ the TODO names it at its line. With unsafe fixes, as with ruff's `--unsafe-fixes
 method is set aside: it is masked (a `pass` marker in its place, over as many lines), the file migrated again,
 and so on while classes are refused at statements of their methods (at most `MAX_ROUNDS` times). Once a class
 converts, each statement masked in it goes back where its marker ended up (setup() code moves into `__init__`),
-as written, under `# TODO(linen2nnx): unsafe fix: ...` saying why L2N002 could not convert it. The class is NNX
-then, but it may not run until each such line is rewritten by hand; the report counts them (`UNSAFE_FIX`). A
+as written, under `# TODO(linen2nnx): unsafe fix: ...` saying why L2N002 could not convert it, and the rules run
+over the result once more, as a second run would (L2N001 rewrites the initializers of what came back). The class
+is NNX then, but it may not run until each such line is rewritten by hand; the report counts them (`UNSAFE_FIX`). A
 class that stays Linen anyway, or whose marker the conversion did not keep, gets its statements back unmasked and
 stays Linen as in safe mode. A refusal at a class's head, a field, a decorator or a signature is no statement
 of a method: its class stays Linen.
@@ -25,6 +26,7 @@ from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from codemods.nodes import descendants
+from codemods.positions import PositionMap
 from codemods.report import UNSAFE_FIX, Entry
 from codemods.rule import TODO_PREFIX
 
@@ -79,9 +81,17 @@ def with_unsafe_fixes(text: str, run: tp.Callable[[str], Transformed[str]]) -> T
     source = _with_imports(_restored(result.source, masks), text, set().union(*(m.reads for m in masks.values())))
   except cst.ParserSyntaxError:  # a statement that does not fit where its marker went: the safe migration
     return run(text)
-  entries = [Entry(m.start, len(m.indent) + 1, 'L2N002', 'todo', _message(m)) for m in masks.values()]
-  return dataclasses.replace(result, source=source, entries=tuple(sorted([*result.entries, *entries],
-                                                                         key=Entry.sort_key)))
+  entries = [*result.entries, *(Entry(m.start, len(m.indent) + 1, 'L2N002', 'todo', _message(m))
+                                 for m in masks.values())]
+  again = run(source)  # as a second run would: the rules over the statements put back (L2N001's initializers)
+  if again.source != source:
+    positions = PositionMap(text, source)
+    mapped = [dataclasses.replace(e, **dict(zip(('line', 'column'), positions.original(e.line, e.column))))
+              for e in again.entries]
+    known = {(e.line, e.code, e.kind, e.message) for e in entries}
+    entries += [e for e in mapped if (e.line, e.code, e.kind, e.message) not in known]
+    source = again.source
+  return dataclasses.replace(result, source=source, entries=tuple(sorted(entries, key=Entry.sort_key)))
 
 
 def _message(mask: _Mask) -> str:

@@ -161,3 +161,26 @@ def test_the_command_line_counts_the_unsafe_fixes(tmp_path, monkeypatch, capsys,
   assert _main('model.py', '--check', '-j', '1', '--fail-on-todo', *flags) == 1  # the TODO is left to do
   (tmp_path / 'pyproject.toml').write_text('[tool.linen2nnx]\nunsafe-fixes = "yes"\n')
   assert _main('model.py', '--check', '-j', '1') == 2  # a wrong value is a usage error
+
+
+def test_the_rules_run_over_the_statements_put_back():
+  source = textwrap.dedent('''\
+      import flax.linen as nn
+
+
+      class QNetwork(nn.Module):
+          num_actions: int
+
+          @nn.compact
+          def __call__(self, x):
+              layer = nn.Dense(features=512, kernel_init=nn.initializers.xavier_uniform())
+              x = nn.relu(layer(x))
+              layer = nn.Dense(features=self.num_actions, kernel_init=nn.initializers.xavier_uniform())
+              return layer(x)
+  ''')
+  result = _migrate(source)
+  assert result.classes
+  assert '        layer = nn.Dense(features=512, kernel_init=nnx.initializers.xavier_uniform())\n' in result.source
+  initializers = [(e.line, e.column) for e in result.entries if e.code == 'L2N001']
+  assert initializers == [(9, 52), (11, 65)]  # at the user's lines, the one put back included
+  assert _migrate(result.source).source == result.source
