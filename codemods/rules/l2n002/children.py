@@ -50,7 +50,7 @@ def build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr:
     raise Unsupported(ctor, 'parent= is not converted')
   name = kwargs.pop('name', None)
   listed = ctx.loops.list_name(ctx, ctor, name)  # built in a loop, name=f'layer_{i}': the nnx.List `layers`
-  if name is not None and listed is None and not literal_identifier(name):
+  if name is not None and listed is None and not _named_right(name, attr):
     raise Unsupported(ctor, 'name= is not a literal identifier')
   cell = _cell(ctx, ctor, wrapper, kwargs.pop(wrapper.cell_kwarg, None), counts) if wrapper is not None else None
   refs = queries.size_refs(ctx, kwargs.values())
@@ -59,7 +59,7 @@ def build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr:
   explicit = listed or (name.evaluated_value if name is not None else attr)
   if not explicit:
     counts[short] = counts.get(short, -1) + 1  # Linen numbers auto-named children per class
-  child = Child(explicit or '', explicit or f'{short}_{counts[short]}', ctor, spec, sibling, kwargs,
+  child = Child(listed or attr or explicit or '', explicit or f'{short}_{counts[short]}', ctor, spec, sibling, kwargs,
                  wrapper=wrapper, cell=cell, scan=ctx.plan.scans.get(ctor), remat=ctx.plan.remats.get(ctor), stacked=stacked,
                  shape_refs=refs)
   return child
@@ -70,7 +70,7 @@ def _bridged_child(ctx: ClassContext, ctor: cst.Call, linen: str, counts: dict[s
   from example inputs the converted class takes as a constructor argument."""
   queries.check_hoistable(ctx, ctor, linen=True)
   name = next((a.value for a in ctor.args if a.keyword is not None and a.keyword.value == 'name'), None)
-  if name is not None and not literal_identifier(name):
+  if name is not None and not _named_right(name, attr):
     raise Unsupported(ctor, 'name= is not a literal identifier')
   explicit = name.evaluated_value if name is not None else attr
   if isinstance(ctor.func, cst.Call):  # Linen names nn.map_variables(Block) Map_variablesBlock_0
@@ -80,7 +80,13 @@ def _bridged_child(ctx: ClassContext, ctor: cst.Call, linen: str, counts: dict[s
   if not explicit:
     counts[short] = counts.get(short, -1) + 1
   why = ctx.facts.kept_linen.get(linen, 'it was not converted (see its TODO)')
-  return Child(explicit or '', explicit or f'{short}_{counts[short]}', ctor, None, None, {}, bridged=why)
+  return Child(attr or explicit or '', explicit or f'{short}_{counts[short]}', ctor, None, None, {}, bridged=why)
+
+
+def _named_right(name: cst.BaseExpression, attr: str | None) -> bool:
+  """Whether `name=` is a Linen name L2N002 keeps: a string literal; an identifier unless a setup() attribute
+  (`self.<attr> = ...`, the NNX name then) holds the child, since NNX names it after `name=` then."""
+  return literal_identifier(name) or attr is not None and isinstance(name, cst.SimpleString)
 
 
 def inline_calls(ctx: ClassContext, plan: ClassRewrite, inline: dict[cst.Call, cst.Call]) -> dict[cst.Call, Child]:
