@@ -67,7 +67,7 @@ def with_unsafe_fixes(text: str, run: tp.Callable[[str], Transformed[str]]) -> T
       break
     masks.update((mask.key, mask) for mask in found)
     result = run(_masked(text, masks))
-  for _ in range(2):  # once more without the masks of classes that stayed Linen or lost a marker
+  for _ in range(3):  # again without the masks of classes that stayed Linen or lost a marker
     converted = {record.linen_name for record in result.classes}
     kept = _markers(result.source)
     stuck = {m.owner for m in masks.values() if m.owner not in converted or m.key not in kept}
@@ -75,6 +75,8 @@ def with_unsafe_fixes(text: str, run: tp.Callable[[str], Transformed[str]]) -> T
       break
     masks = {key: mask for key, mask in masks.items() if mask.owner not in stuck}
     result = run(_masked(text, masks))
+  else:  # unmasking some classes kept others from converting, round after round: the safe migration
+    return run(text)
   if not masks:
     return result
   try:

@@ -84,8 +84,9 @@ def _bridged_child(ctx: ClassContext, ctor: cst.Call, linen: str, counts: dict[s
 
 
 def _named_right(name: cst.BaseExpression, attr: str | None) -> bool:
-  """Whether `name=` is a Linen name L2N002 keeps: a string literal; an identifier unless a setup() attribute
-  (`self.<attr> = ...`, the NNX name then) holds the child, since NNX names it after `name=` then."""
+  """Whether L2N002 keeps `name=`: any string literal when a setup() attribute holds the child (the attribute is
+  the NNX name, `name=` only where Linen keeps the variables), else an identifier (the NNX attribute is named
+  after it)."""
   return literal_identifier(name) or attr is not None and isinstance(name, cst.SimpleString)
 
 
