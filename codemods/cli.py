@@ -34,12 +34,24 @@ class CommandParser(argparse.ArgumentParser):
     return namespace, unknown
 
 
+class _Version(argparse.Action):
+  """`--version`: the version read only when asked for (importlib.metadata takes a while to import)."""
+
+  def __init__(self, option_strings: tp.Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+    super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+  def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: tp.Any,
+               option_string: str | None = None) -> None:
+    print(f'{parser.prog} {package_version()}')
+    parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='linen2nnx',
       description='Linen-to-NNX migration and interop toolkit for Flax.',
   )
-  parser.add_argument('--version', action='version', version='%(prog)s ' + package_version())
+  parser.add_argument('--version', action=_Version, help="show program's version number and exit")
   subparsers = parser.add_subparsers(dest='command', metavar='COMMAND', parser_class=CommandParser)
   for command in COMMANDS:
     command.add_parser(subparsers)

@@ -8,7 +8,8 @@ import pathlib
 import tempfile
 import typing as tp
 
-import pathspec
+if tp.TYPE_CHECKING:
+  import pathspec
 
 SUFFIXES = ('.py', '.ipynb')
 MENTIONS = (b'flax', b'linen')
@@ -49,8 +50,8 @@ def find_files(
   Python file at all, before the globs (a file that is not .py, .ipynb or a Python script, a folder
   without .py or .ipynb files but .gitignore'd ones): the command line is wrong, not the code.
   """
-  include_spec = pathspec.GitIgnoreSpec.from_lines(include) if include else None
-  exclude_spec = pathspec.GitIgnoreSpec.from_lines(exclude)
+  include_spec = _gitignore_spec(include) if include else None
+  exclude_spec = _gitignore_spec(exclude) if exclude else None
   found: set[str] = set()
   unreadable: dict[str, str] = {}
   left_out = 0
@@ -66,7 +67,8 @@ def find_files(
       raise FileNotFoundError(f'no such file or directory: {path}')
     for file, relative in candidates:
       relative = pathlib.PurePath(relative).as_posix()
-      if include_spec is not None and not include_spec.match_file(relative) or exclude_spec.match_file(relative):
+      if include_spec is not None and not include_spec.match_file(relative) \
+          or exclude_spec is not None and exclude_spec.match_file(relative):
         left_out += 1
       else:
         found.add(pathlib.PurePath(file).as_posix())
@@ -155,9 +157,17 @@ def _ignores_above(root: str) -> list[tuple[str, pathspec.GitIgnoreSpec]]:
 def _read_gitignore(directory: str) -> pathspec.GitIgnoreSpec | None:
   try:
     with open(os.path.join(directory, '.gitignore'), encoding='utf-8', errors='replace') as file:
-      return pathspec.GitIgnoreSpec.from_lines(file)
+      return _gitignore_spec(file)
   except OSError:
     return None
+
+
+def _gitignore_spec(lines: tp.Iterable[str]) -> pathspec.GitIgnoreSpec:
+  """gitignore-style patterns; pathspec is imported here, so that a run over files named on the command line
+  with no globs (a pre-commit hook's) does not import it."""
+  import pathspec
+
+  return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
 def _ignored(path: str, is_dir: bool, ignores: list[tuple[str, pathspec.GitIgnoreSpec]]) -> bool:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib
 import typing as tp
 
-from nnx_bridge.distribution import package_version
-
 if tp.TYPE_CHECKING:
   from nnx_bridge.checkpoint_restore import restore_linen_checkpoint as restore_linen_checkpoint
   from nnx_bridge.collectionlib import collection_name as collection_name
@@ -38,8 +36,6 @@ if tp.TYPE_CHECKING:
   from nnx_bridge.transfer import optimizer_state_to_nnx as optimizer_state_to_nnx
   from nnx_bridge.treemap import LeafRule as LeafRule
   from nnx_bridge.treemap import TreeMapping as TreeMapping
-
-__version__ = package_version()
 
 _DEFINED_IN = {
     'restore_linen_checkpoint': 'checkpoint_restore',
@@ -102,7 +98,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> tp.Any:
-  """Imports the submodule defining a public name on first use and caches the name here."""
+  """Imports the submodule defining a public name on first use and caches the name here; `__version__` too (read
+  from the installed distribution only when asked for)."""
+  if name == '__version__':
+    from nnx_bridge.distribution import package_version
+
+    globals()[name] = package_version()
+    return globals()[name]
   module = _DEFINED_IN.get(name)
   if module is None:
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -7,15 +7,18 @@ without a package registry, imported through `PYTHONPATH`) reads it from its own
 
 from __future__ import annotations
 
-import importlib.metadata
 import pathlib
-import tomllib
 
 PYPROJECT = pathlib.Path(__file__).resolve().parents[1] / 'pyproject.toml'
 
 
 def package_version() -> str:
-  """The installed distribution's version, else the source tree's `pyproject.toml` one, else '0+unknown'."""
+  """The installed distribution's version, else the source tree's `pyproject.toml` one, else '0+unknown'.
+
+  Its imports are here: the command line builds its `--version` without calling it."""
+  import importlib.metadata
+  import tomllib
+
   try:
     return importlib.metadata.version('linen2nnx')
   except importlib.metadata.PackageNotFoundError:

@@ -17,16 +17,14 @@ and a tolerance loose enough for that would pass wrong ports on a CPU. So there 
   precisions agree, the noise is 0 and the modes give the same verdict.
 
 The precision is a `jax.config` context: it is part of jit's cache key, so functions the models
-jit are traced and compiled again inside it, at its precision. jax is imported where it is used, so
-that the command line reads `PRECISIONS` for its parser without importing jax.
+jit are traced and compiled again inside it, at its precision. jax and numpy are imported where they are used,
+so that the command line reads `PRECISIONS` for its parser without importing them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import typing as tp
-
-import numpy as np
 
 HIGHEST, DEFAULT = 'highest', 'default'
 PRECISIONS = (HIGHEST, DEFAULT)
@@ -68,6 +66,8 @@ def noise(at_default: tp.Any, at_highest: tp.Any) -> float:
   Leaves of different shapes, or not finite, have no noise scale to calibrate from: 0, so the
   comparison keeps the plain tolerances.
   """
+  import numpy as np
+
   at_default, at_highest = np.asarray(at_default, np.float64), np.asarray(at_highest, np.float64)
   if at_default.shape != at_highest.shape:
     return 0.0
@@ -78,6 +78,8 @@ def noise(at_default: tp.Any, at_highest: tp.Any) -> float:
 def within(got: tp.Any, want: tp.Any, *, atol: float, rtol: float, noise: float = 0.0,
            factor: float = NOISE_FACTOR) -> bool:
   """Whether `|got - want| <= atol + rtol * |want| + factor * noise` everywhere (shapes must agree)."""
+  import numpy as np
+
   got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
   if got.shape != want.shape:
     return False

@@ -10,6 +10,9 @@ from codemods.example_sizes import ExampleSizes
 from codemods.options import STEP_STYLES
 from codemods.options import TRAIN_STATE_STYLES
 from codemods.options import MigrationOptions
+from codemods.report import SKIPPED
+from codemods.report import FileOutcome
+from codemods.report import MigrationResult
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_FAILED = 0, 1, 2
 _REASONS = 5  # the most frequent reasons for keeping classes Linen the summary names
@@ -82,30 +85,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  from codemods import engine
   from codemods import files
-  from codemods import rules as registry
   from codemods import settings as project_settings
 
   try:
     files.check_output('--report-json', args.report_json)  # before anything is written
     settings = project_settings.load_settings()
     select = args.select.split(',') if args.select else settings.select
-    rules = registry.select_rules(select) if select else registry.ALL_RULES
     jobs = args.jobs if args.jobs is not None else settings.jobs
-    options = MigrationOptions(train_state=args.train_state or settings.train_state or 'nnx',
-                               step_style=args.step_style or settings.step_style or 'functional',
-                               example_sizes=_example_sizes(args.examples),
-                               unsafe_fixes=bool(args.unsafe_fixes or settings.unsafe_fixes))
-    for failure in options.example_sizes.failures:
-      print(f'linen2nnx migrate: warning: {failure.describe()}', file=sys.stderr)
     if jobs is not None and jobs < 1:
       raise ValueError(f'-j must be at least 1, got {jobs}')
-    result = engine.migrate(
-        args.paths, rules=rules, write=args.write, jobs=jobs,
-        include=[*settings.include, *args.include], exclude=[*settings.exclude, *args.exclude],
-        progress=sys.stderr.isatty(), options=options,
-    )
+    include, exclude = [*settings.include, *args.include], [*settings.exclude, *args.exclude]
+    result = None if select or args.examples else _nothing_to_migrate(args.paths, include, exclude, args.write)
+    if result is None:
+      from codemods import engine  # libcst and the rules: most of a small run's time
+      from codemods import rules as registry
+
+      rules = registry.select_rules(select) if select else registry.ALL_RULES
+      options = MigrationOptions(train_state=args.train_state or settings.train_state or 'nnx',
+                                 step_style=args.step_style or settings.step_style or 'functional',
+                                 example_sizes=_example_sizes(args.examples),
+                                 unsafe_fixes=bool(args.unsafe_fixes or settings.unsafe_fixes))
+      for failure in options.example_sizes.failures:
+        print(f'linen2nnx migrate: warning: {failure.describe()}', file=sys.stderr)
+      result = engine.migrate(args.paths, rules=rules, write=args.write, jobs=jobs, include=include, exclude=exclude,
+                              progress=sys.stderr.isatty(), options=options)
   except (ValueError, FileNotFoundError) as error:  # ExamplesError is a ValueError
     print(f'linen2nnx migrate: {error}', file=sys.stderr)
     return EXIT_FAILED
@@ -167,6 +171,25 @@ def _write_report(path: str, text: str) -> bool:
           'give a path in a folder you can write to', file=sys.stderr)
     return False
   return True
+
+
+def _nothing_to_migrate(paths: list[str], include: list[str], exclude: list[str], write: bool) -> MigrationResult | None:
+  """The result of a run none of whose files mentions flax or linen, decided from their bytes before libcst and the
+  rules are imported (a pre-commit hook over staged files that are no Flax code); None when there may be work, a
+  file cannot be read, or no file is found (`engine.migrate` then says why)."""
+  from codemods import files
+
+  found = files.find_files(paths, include, exclude)
+  if not found.files or found.unreadable:
+    return None
+  for path in found.files:
+    try:
+      with open(path, 'rb') as file:
+        if files.mentions_flax(file.read()):
+          return None
+    except OSError:
+      return None
+  return MigrationResult(tuple(FileOutcome(path, SKIPPED) for path in sorted(found.files)), written=write)
 
 
 def _example_sizes(path: str | None) -> ExampleSizes:
