@@ -37,7 +37,7 @@ from codemods.rules.l2n002.nodes import (
   is_number,
   paren,
 )
-from codemods.vocabulary import CONCATENATE, ELEMENTWISE, POOLING, REDUCTIONS, TILE
+from codemods.vocabulary import CASTS, CONCATENATE, ELEMENTWISE, POOLING, REDUCTIONS, TILE
 
 if tp.TYPE_CHECKING:
   from codemods.rules.l2n002.facts import FileFacts
@@ -303,6 +303,10 @@ class LastAxisWalk(BodyWalk[Known | Input]):
     if derive and isinstance(expr, cst.Call) and self.facts.has_name(expr.func, ELEMENTWISE) \
         and len(expr.args) == 1 and expr.args[0].keyword is None and not expr.args[0].star:
       return self.value(expr.args[0].value, env)
+    if derive and isinstance(expr, cst.Call) and _cast_of(self.facts, expr) is not None:
+      for arg in expr.args[1:]:
+        self.value(arg.value, env)
+      return self.value(_cast_of(self.facts, expr), env)
     if derive and isinstance(expr, cst.Call) and self.facts.has_name(expr.func, POOLING) and expr.args \
         and expr.args[0].keyword is None and not expr.args[0].star:
       for arg in expr.args[1:]:
@@ -392,6 +396,17 @@ class LastAxisWalk(BodyWalk[Known | Input]):
     if isinstance(value, cst.Name):
       return env.get(first_of_tuple(value.value))
     return self.firsts.get(value)
+
+
+def _cast_of(facts: FileFacts, call: cst.Call) -> cst.BaseExpression | None:
+  """The array a dtype cast keeps the shape of: `jnp.asarray(x, dtype)`'s `x`, `x.astype(dtype)`'s `x`."""
+  if call.args and call.args[0].keyword is None and not any(a.star for a in call.args) \
+      and facts.has_name(call.func, CASTS):
+    return call.args[0].value
+  if isinstance(call.func, cst.Attribute) and call.func.attr.value == 'astype' and len(call.args) == 1 \
+      and not call.args[0].star:
+    return call.func.value
+  return None
 
 
 def first_of_tuple(name: str) -> str:

@@ -351,3 +351,63 @@ def test_a_tuple_unpacked_output_and_a_saved_shape_size_the_layers_after_the_fir
   """`hidden_states, weights = self.self_attn(...)` takes the tuple's first size, and `.reshape(shape)` after
   `shape = hidden_states.shape` the size hidden_states had then: every layer after the first takes the config's."""
   _collection_matches_linen(OPT_STYLE, 'FlaxDecoderLayerCollection', 'self.config.hidden_size')
+
+
+CONV1D = '''import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+class FlaxTinyConv1D(nn.Module):
+    features: int
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, inputs):
+        inputs = jnp.asarray(inputs, self.dtype)
+        kernel = self.param("kernel", jax.nn.initializers.normal(stddev=0.02), (self.features, inputs.shape[-1]))
+        kernel = jnp.asarray(kernel.transpose(), self.dtype)
+        return lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())))
+
+
+class FlaxTinyMLP(nn.Module):
+    hidden_size: int = 6
+
+    def setup(self):
+        self.c_fc = FlaxTinyConv1D(4 * self.hidden_size)
+        self.ln = nn.LayerNorm()
+
+    def __call__(self, hidden_states):
+        hidden_states = self.ln(hidden_states.astype(jnp.float32))
+        return self.c_fc(hidden_states)
+'''
+
+
+@pytest.mark.parametrize('cast, derived', [('jnp.asarray(inputs, self.dtype)', True), ('jnp.tanh(inputs)', True),
+                                           ('jnp.cumsum(inputs)', False)])
+def test_sizes_flow_through_dtype_casts(cast, derived):
+  """transformers' GPT-2 `FlaxConv1D` casts its input (`inputs = jnp.asarray(inputs, self.dtype)`) before reading
+  `inputs.shape[-1]` for its kernel, and callers cast with `.astype`: a cast keeps the shape, so the kernel's input
+  size is the call argument's, and the MLP's children are sized from its own input. A function the walk does not
+  know (a flattening `cumsum`) leaves the size a constructor argument."""
+  from codemods import rules as registry
+  from codemods.transform import transform_source
+
+  source = CONV1D.replace('inputs = jnp.asarray(inputs, self.dtype)', f'inputs = {cast}')
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  records = {c.linen_name: c for c in result.classes}
+  assert set(records) == {'FlaxTinyConv1D', 'FlaxTinyMLP'}, result.source
+  kernel = next(a for a in records['FlaxTinyConv1D'].arguments if a.name == 'kernel_features')
+  assert (kernel.origin, kernel.input) == (('input_dimension', 'inputs') if derived else ('undetermined', None))
+  namespace: dict = {}
+  exec(compile(result.source, '<converted>', 'exec'), namespace)
+  if not derived:
+    return
+  linen_namespace: dict = {}
+  exec(compile(source, '<linen>', 'exec'), linen_namespace)
+  linen_module = linen_namespace['FlaxTinyMLP']()
+  variables = jax.tree.map(lambda v: v + 0.5, linen_module.init(jax.random.key(0), TOKENS))
+  model = namespace['FlaxTinyMLP'](**{a.name: 6 for a in records['FlaxTinyMLP'].arguments
+                                      if a.origin == 'input_dimension'}, rngs=nnx.Rngs(0))
+  assert nnx_bridge.compare(linen_module, variables, model, TOKENS).ok
