@@ -51,7 +51,8 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
   """The to_linen bridges for every construction of `built` in the Linen class `user`, or why there are none.
 
   `blocker` is the node that keeps `user` Linen: a construction inside it (or holding it) stays, since the
-  TODO there speaks of it and a second run must find the same blocker. None: `user` is kept for a use
+  TODO there speaks of it and a second run must find the same blocker; but for a construction in setup() code
+  (`_setup_code_blocker`), which a second run reads in its bridge. None: `user` is kept for a use
   outside its body (`FileFacts.kept_linen`), which its constructions do not change.
   """
   plan = plans[built]
@@ -72,7 +73,8 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
     call = facts.parent(name)
     if not (isinstance(call, cst.Call) and call.func is name):
       return f'it uses {built} other than by building it'
-    if blocker is not None and (_inside(facts, call, blocker) or _inside(facts, blocker, call)):
+    if blocker is not None and (_inside(facts, call, blocker) or _inside(facts, blocker, call)) \
+        and not _setup_code_blocker(blocker, call, setup):
       return f'a construction of {built} is what keeps {user} Linen'
     reason = _construction_blocker(facts, plan, call, setup) or _calls_blocker(facts, node, plan, call)
     if reason is not None:
@@ -327,6 +329,13 @@ def _bridge_code(facts: FileFacts, built: str, call: cst.Call, flags: dict[str, 
 
 def _method(node: cst.ClassDef, name: str) -> cst.FunctionDef | None:
   return next((s for s in node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+
+
+def _setup_code_blocker(blocker: cst.CSTNode, call: cst.Call, setup: cst.FunctionDef | None) -> bool:
+  """Whether `user` is kept for this very construction in setup() code (`X(...)` inside a list, a conditional
+  expression: `setup_code.setup_code_blocker`), which a second run finds again in `nnx_bridge.to_linen(X, ...)`
+  and says the same of: the construction is bridged where it is."""
+  return blocker is call.func and setup is not None and any(node is call for node in descendants(setup))
 
 
 def _inside(facts: FileFacts, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:

@@ -19,6 +19,7 @@ from libcst.metadata import QualifiedNameSource
 from codemods.nodes import descendants
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.nodes import DEFERRING, field_name, is_self_attr, scope_api
+from codemods.vocabulary import TO_LINEN_NAMES
 
 _INSIDE = {**DEFERRING, cst.List: 'a list', cst.Tuple: 'a tuple', cst.Dict: 'a dict',  # where it sits in a statement
            cst.If: 'an if block', cst.For: 'a for loop', cst.While: 'a while loop'}
@@ -60,6 +61,8 @@ def setup_code_blocker(facts: FileFacts, node: cst.ClassDef, statement: cst.CSTN
                    f'self.{scope_api(sub)}(...)` is converted')
     if isinstance(sub, (cst.Name, cst.Attribute)) and _names_linen_class(facts, sub):
       return sub, f'{facts.code(sub)}, a Linen module class, {_where(facts, sub, statement)}'
+    if isinstance(sub, cst.Call) and _bridged_class(facts, sub) is not None:  # what a first run made of `X()`
+      return sub, f'{_bridged_class(facts, sub)}, a Linen module class, {_where(facts, sub, statement, built=True)}'
     if isinstance(sub, cst.Call) and not (isinstance(sub.func, (cst.Name, cst.Attribute)) and _names_linen_class(facts, sub.func)):
       blocker = _call_blocker(facts, sub, node)
       if blocker is not None:
@@ -74,10 +77,20 @@ def _names_linen_class(facts: FileFacts, node: cst.Name | cst.Attribute) -> bool
              for q in facts.qualified_names(node))
 
 
-def _where(facts: FileFacts, node: cst.CSTNode, statement: cst.CSTNode) -> str:
-  """How a Linen class is used in a plain statement, for the TODO: built inside some construct, or named."""
+def _bridged_class(facts: FileFacts, call: cst.Call) -> str | None:
+  """The class `nnx_bridge.to_linen(X, ...)` builds as a Linen module (the code of X), else None: a second run
+  finds there the `X(...)` the first run bridged, and says of it what the first run said of `X(...)`."""
+  if facts.has_name(call.func, TO_LINEN_NAMES) and call.args and call.args[0].keyword is None \
+      and isinstance(call.args[0].value, (cst.Name, cst.Attribute)):
+    return facts.code(call.args[0].value)
+  return None
+
+
+def _where(facts: FileFacts, node: cst.CSTNode, statement: cst.CSTNode, built: bool = False) -> str:
+  """How a Linen class is used in a plain statement, for the TODO: built inside some construct, or named;
+  `built`: `node` is the construction itself."""
   parent = facts.parent(node)
-  built = isinstance(parent, cst.Call) and parent.func is node
+  built = built or isinstance(parent, cst.Call) and parent.func is node
   inside = None
   while parent is not None and inside is None and node is not statement:
     inside, node, parent = _INSIDE.get(type(parent)), parent, facts.parent(parent)
