@@ -74,7 +74,7 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
     if not (isinstance(call, cst.Call) and call.func is name):
       return f'it uses {built} other than by building it'
     if blocker is not None and (_inside(facts, call, blocker) or _inside(facts, blocker, call)) \
-        and not _setup_code_blocker(blocker, call, setup):
+        and not _setup_code_blocker(facts, blocker, call, setup):
       return f'a construction of {built} is what keeps {user} Linen'
     reason = _construction_blocker(facts, plan, call, setup) or _calls_blocker(facts, node, plan, call)
     if reason is not None:
@@ -331,11 +331,11 @@ def _method(node: cst.ClassDef, name: str) -> cst.FunctionDef | None:
   return next((s for s in node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
 
 
-def _setup_code_blocker(blocker: cst.CSTNode, call: cst.Call, setup: cst.FunctionDef | None) -> bool:
+def _setup_code_blocker(facts: FileFacts, blocker: cst.CSTNode, call: cst.Call, setup: cst.FunctionDef | None) -> bool:
   """Whether `user` is kept for this very construction in setup() code (`X(...)` inside a list, a conditional
   expression: `setup_code.setup_code_blocker`), which a second run finds again in `nnx_bridge.to_linen(X, ...)`
   and says the same of: the construction is bridged where it is."""
-  return blocker is call.func and setup is not None and any(node is call for node in descendants(setup))
+  return blocker is call.func and setup is not None and _inside(facts, call, setup)
 
 
 def _inside(facts: FileFacts, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
