@@ -60,13 +60,15 @@ def with_unsafe_fixes(text: str, run: tp.Callable[[str], Transformed[str]]) -> T
   """`run(text)` (a migration of the whole file), with the statements L2N002 refuses in methods masked until
   their classes convert, then put back under their TODO."""
   masks: dict[int, _Mask] = {}
-  result = run(text)
+  current = text  # what `result` migrated: `text` with the masks so far
+  result = run(current)
   for _ in range(MAX_ROUNDS):
-    found = _refused_statements(_masked(text, masks), result, len(masks))
+    found = _refused_statements(current, result, len(masks))
     if not found:
       break
     masks.update((mask.key, mask) for mask in found)
-    result = run(_masked(text, masks))
+    current = _masked(text, masks)
+    result = run(current)
   for _ in range(3):  # again without the masks of classes that stayed Linen or lost a marker
     converted = {record.linen_name for record in result.classes}
     kept = _markers(result.source)

@@ -1,6 +1,5 @@
 """`--unsafe-fixes`: a class refused at a statement of a method converts, that statement kept as written under a TODO."""
 
-import argparse
 import ast
 import textwrap
 
@@ -11,10 +10,10 @@ from flax import nnx
 
 import nnx_bridge
 from codemods import rules as registry
-from codemods.commands import migrate as migrate_command
 from codemods.options import MigrationOptions
 from codemods.report import UNSAFE_FIX
 from codemods.transform import transform_source
+from tests.codemods.commands.test_migrate import _main
 
 # In the style of transformers' DINOv2 layer scale: a param scaled inside a setup() statement.
 LAYER_SCALE = textwrap.dedent('''\
@@ -137,13 +136,6 @@ def test_bytes_keep_their_line_endings():
   assert isinstance(result.source, bytes) and result.classes
   assert b'\r\n' in result.source and b'\n' not in result.source.replace(b'\r\n', b'')
   assert REFUSED.replace('\n', '\r\n').encode() in result.source
-
-
-def _main(*argv: str) -> int:
-  parser = argparse.ArgumentParser()
-  migrate_command.add_parser(parser.add_subparsers())
-  args = parser.parse_args(['migrate', *argv])
-  return args.run(args)
 
 
 @pytest.mark.parametrize('how', ['flag', 'settings'])
