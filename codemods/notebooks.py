@@ -18,9 +18,9 @@ from codemods.analysis.hierarchy import LinenHierarchy
 from codemods.options import MigrationOptions
 from codemods.report import ConvertedClass
 from codemods.report import Entry
+from codemods.report import Transformed
 from codemods.rule import MigrationRule
 from codemods.transform import MigrationError
-from codemods.transform import Transformed
 from codemods.transform import transform_source
 
 _MARKER = '__linen2nnx_cell_{}__'

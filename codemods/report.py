@@ -81,6 +81,18 @@ class ConvertedClass:
     return (-1 if self.cell is None else self.cell, self.line, self.linen_name)
 
 
+Source = tp.TypeVar('Source', str, bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Transformed(tp.Generic[Source]):
+  """The migrated source (same type as the input), the report entries and the classes converted."""
+
+  source: Source
+  entries: tuple[Entry, ...]
+  classes: tuple[ConvertedClass, ...] = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class FileOutcome:
   """The result for one file: its status, the unified diff, the report entries and the classes converted."""

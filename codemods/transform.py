@@ -43,6 +43,8 @@ from codemods.positions import PositionMap
 from codemods.report import ConvertedClass
 from codemods.report import Entry
 from codemods.report import TO_LINEN_BRIDGED
+from codemods.report import Source
+from codemods.report import Transformed
 from codemods.rule import CLASSES_KEY
 from codemods.rule import IMPORTED_CLASSES_KEY
 from codemods.rule import KEPT_CLASSES_KEY
@@ -62,20 +64,8 @@ _IMPORT_VISITORS: dict[str, type[Codemod]] = {
 
 _COLLECT_AFTER = 100_000  # container objects allocated, less those freed, since the last collection
 
-Source = tp.TypeVar('Source', str, bytes)
-
-
 class MigrationError(Exception):
   """A file that could not be migrated; the message says why, and the file is left untouched."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Transformed(tp.Generic[Source]):
-  """The migrated source (same type as the input), the report entries and the classes converted."""
-
-  source: Source
-  entries: tuple[Entry, ...]
-  classes: tuple[ConvertedClass, ...] = ()
 
 
 def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],

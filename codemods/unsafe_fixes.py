@@ -27,11 +27,8 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from codemods.nodes import descendants
 from codemods.positions import PositionMap
-from codemods.report import UNSAFE_FIX, Entry
+from codemods.report import UNSAFE_FIX, Entry, Transformed
 from codemods.rule import TODO_PREFIX
-
-if tp.TYPE_CHECKING:
-  from codemods.transform import Transformed
 
 MAX_ROUNDS = 8
 """How many times a file is migrated again with more statements masked, at most."""

@@ -6,6 +6,7 @@ Each checker is a plain function over source text, so that the tests below also 
 
 import ast
 import pathlib
+import typing as tp
 
 import pytest
 
@@ -111,6 +112,59 @@ def pass_imports(module: str, source: str) -> list[str]:
   return found
 
 
+def module_name(path: pathlib.Path) -> str:
+  """'codemods.rules.l2n002.plan' for its file; a package is named by its `__init__.py`."""
+  parts = path.relative_to(ROOT).with_suffix('').parts
+  return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def module_imports(module: str, source: str, modules: tp.Collection[str], package: bool = False) -> set[str]:
+  """The modules of `modules` that `module` imports: every import counts, type-only and lazy ones included (an
+  annotation is a dependency too). `from pkg import name` imports the submodule `pkg.name` when there is one, else
+  the package."""
+  base = module if package else module.rpartition('.')[0]
+  found = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.ImportFrom):
+      parent = base
+      for _ in range(node.level - 1):
+        parent = parent.rpartition('.')[0]
+      target = (f'{parent}.{node.module}' if node.module else parent) if node.level else node.module
+      found.update(f'{target}.{a.name}' if f'{target}.{a.name}' in modules else target for a in node.names)
+    elif isinstance(node, ast.Import):
+      found.update(a.name for a in node.names)
+  return {m for m in found if m in modules and m != module}
+
+
+def import_cycles(imports: tp.Mapping[str, tp.Collection[str]]) -> list[list[str]]:
+  """The groups of modules that import each other, directly or through others (strongly connected components of
+  the import graph with more than one module), each sorted."""
+  index: dict[str, int] = {}
+  low: dict[str, int] = {}
+  stack: list[str] = []
+  cycles = []
+
+  def visit(module: str) -> None:
+    index[module] = low[module] = len(index)
+    stack.append(module)
+    for other in imports.get(module, ()):
+      if other not in index:
+        visit(other)
+        low[module] = min(low[module], low[other])
+      elif other in stack:
+        low[module] = min(low[module], index[other])
+    if low[module] == index[module]:
+      group = stack[stack.index(module):]
+      del stack[stack.index(module):]
+      if len(group) > 1:
+        cycles.append(sorted(group))
+
+  for module in sorted(imports):
+    if module not in index:
+      visit(module)
+  return sorted(cycles)
+
+
 def _relative(path: pathlib.Path) -> str:
   return str(path.relative_to(ROOT))
 
@@ -144,6 +198,12 @@ def test_l2n002_passes_share_through_queries_not_each_other(path):
   assert not pass_imports(module, path.read_text()), f'{_relative(path)}: {pass_imports(module, path.read_text())}'
 
 
+def test_no_import_cycles():
+  modules = {module_name(p): p for p in SOURCES}
+  imports = {m: module_imports(m, p.read_text(), modules, p.name == '__init__.py') for m, p in modules.items()}
+  assert not import_cycles(imports), f'modules that import each other: {import_cycles(imports)}'
+
+
 def test_the_checkers_reject_what_they_look_for():
   assert long_module('x = 1\n' * (MAX_MODULE_LINES + 1)) == MAX_MODULE_LINES + 1
   assert long_module('x = 1\n' * MAX_MODULE_LINES) is None
@@ -167,3 +227,9 @@ def test_the_checkers_reject_what_they_look_for():
   assert pass_imports('loops', 'from codemods.rules.l2n002 import children, sizes\n') == ['loops -> children']
   assert pass_imports('children', 'from codemods.rules.l2n002 import lifted, queries\n') == ['children -> lifted']
   assert pass_imports('context', 'if tp.TYPE_CHECKING:\n  from codemods.rules.l2n002.loops import Loops\n') == []
+  modules = {'p', 'p.a', 'p.b', 'p.c'}
+  assert module_imports('p.a', 'if tp.TYPE_CHECKING:\n  from p.b import B\ndef f():\n  from . import c\n',
+                        modules) == {'p.b', 'p.c'}
+  assert module_imports('p', 'from .a import f\nfrom p import g\nimport os\n', modules, package=True) == {'p.a'}
+  assert import_cycles({'p.a': {'p.b'}, 'p.b': {'p.c'}, 'p.c': {'p.a'}, 'p': {'p.a'}}) == [['p.a', 'p.b', 'p.c']]
+  assert import_cycles({'p.a': {'p.b'}, 'p.b': {'p.c'}, 'p.c': set()}) == []

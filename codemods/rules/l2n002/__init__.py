@@ -55,7 +55,7 @@ A class left as Linen keeps the classes it uses Linen too where no to_linen brid
 on the same variables (`linen_parents.py` says when).
 
 ## Layout
-Analyse: `facts.py` (`FileFacts`, once per file, with `factory_fields.scan_factories`). Decide:
+Analyse: `facts.py` (`FileFacts`, once per file, with `factory_scan.with_factories`). Decide:
 `head.py` checks the class head and fields (what stays as it is), then `planner.py` fills a fresh `plan.ClassRewrite` per class with the planning passes, functions of a
 `context.ClassContext` (`scope.py`, `children.py`, `lifted.py`, `modes.py`, `decode_cache.py`, `loops.py`,
 `factories.py`, `tied.py`, `example_shapes.py`), which share through modules that import no pass: `queries.py`,

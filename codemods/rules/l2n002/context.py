@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 import typing as tp
 
-from codemods.rules.l2n002.facts import FileFacts
-from codemods.rules.l2n002.plan import ClassRewrite
+import libcst as cst
 
-if tp.TYPE_CHECKING:
-  from codemods.rules.l2n002.loops import Loops
+from codemods.rules.l2n002.dims import Dim
+from codemods.rules.l2n002.facts import FileFacts
+from codemods.rules.l2n002.plan import Child, ClassRewrite
 
 
 @dataclasses.dataclass
@@ -21,5 +21,52 @@ class ClassContext:
   facts: FileFacts
   converted: tp.Mapping[str, ClassRewrite]  # the classes of the file converted before this one, by name
   plan: ClassRewrite  # what the class becomes
-  loops: Loops  # layers built in for loops -> nnx.List attributes
+  loops: LoopPass  # layers built in for loops -> nnx.List attributes (`loops.Loops`)
   plain_attributes: set[str] = dataclasses.field(default_factory=set)  # set by plain setup() code: not for children
+
+
+class LoopPass(tp.Protocol):
+  """What the other passes ask of the for-loop pass (`loops.Loops`, which the planner puts in each `ClassContext`).
+
+  The loop pass and the size walk call each other (a loop's iterations are sized by the walk, the walk meets the
+  loop), so the passes reach it through its context, by this interface, and no module imports it but the planner.
+  """
+
+  @property
+  def loops(self) -> tp.Collection[cst.For]:
+    """The for loops of the class that build layers."""
+
+  @property
+  def sites(self) -> tp.Collection[cst.Call]:
+    """The constructions built in those loops (each an element of an nnx.List)."""
+
+  @property
+  def refs(self) -> tp.Collection[cst.Name]:
+    """The loop names constructor arguments read: valid in the list's comprehension."""
+
+  def plan(self, ctx: ClassContext, statement: cst.For, built: set[cst.Call]) -> None: ...
+
+  def setup_append(self, ctx: ClassContext, statement: cst.BaseStatement, setup: cst.FunctionDef) -> bool: ...
+
+  def appended(self, ctx: ClassContext, value: cst.BaseExpression, attr: str) -> cst.Call | None: ...
+
+  def setup_list(self, ctx: ClassContext, value: cst.ListComp, attr: str) -> cst.Call: ...
+
+  def list_use(self, ctx: ClassContext, sub: cst.Attribute, child: Child, calls: dict[cst.Call, Child]) -> bool: ...
+
+  def list_name(self, ctx: ClassContext, ctor: cst.Call, name: cst.BaseExpression | None) -> str | None: ...
+
+  def plural(self, child: Child, base: str) -> str: ...
+
+  def after_calls(self, ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.Call, Child]) -> None: ...
+
+  def wrap(self, ctx: ClassContext, child: Child) -> str: ...
+
+  def cache_line(self, child: Child, line: str) -> str: ...
+
+  def shapes(self, statement: cst.For, env: dict[str, tp.Any], walk: tp.Callable[..., tp.Any]) -> None: ...
+
+  def seen(self, ctx: ClassContext, child: Child, node: cst.Call, arg_dims: list[Dim]) -> None: ...
+
+  def derive(self, ctx: ClassContext, plan: ClassRewrite, statement: cst.For, env: dict[str, Dim], derive: bool,
+             walk: tp.Callable[[cst.BaseSuite, dict[str, Dim]], Dim], shared: dict[tp.Any, str]) -> None: ...

@@ -39,8 +39,12 @@ from codemods.rules.l2n002.nodes import (
 )
 from codemods.vocabulary import CASTS, CONCATENATE, ELEMENTWISE, POOLING, REDUCTIONS, TILE
 
-if tp.TYPE_CHECKING:
-  from codemods.rules.l2n002.facts import FileFacts
+
+class Names(tp.Protocol):
+  """What the interpreter asks of a file's facts (`facts.FileFacts`): whether an expression names one of the given
+  Linen or JAX names, imports and aliases resolved."""
+
+  def has_name(self, node: cst.CSTNode, names: tp.Collection[str]) -> bool: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,7 +275,7 @@ class WholeShapeWalk(BodyWalk[V]):
 class LastAxisWalk(BodyWalk[Known | Input]):
   """Last-axis sizes through plain array code: names, elementwise functions, pooling, arithmetic, concatenate."""
 
-  def __init__(self, facts: FileFacts, ifs: tp.Mapping[cst.If, bool] = NO_IFS,
+  def __init__(self, facts: Names, ifs: tp.Mapping[cst.If, bool] = NO_IFS,
                branches: tp.Collection[cst.If] = ()) -> None:
     super().__init__(ifs, branches)
     self.facts = facts
@@ -398,7 +402,7 @@ class LastAxisWalk(BodyWalk[Known | Input]):
     return self.firsts.get(value)
 
 
-def _cast_of(facts: FileFacts, call: cst.Call) -> cst.BaseExpression | None:
+def _cast_of(facts: Names, call: cst.Call) -> cst.BaseExpression | None:
   """The array a dtype cast keeps the shape of: `jnp.asarray(x, dtype)`'s `x`, `x.astype(dtype)`'s `x`."""
   if call.args and call.args[0].keyword is None and not any(a.star for a in call.args) \
       and facts.has_name(call.func, CASTS):

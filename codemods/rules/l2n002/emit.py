@@ -10,11 +10,10 @@ import libcst as cst
 
 from codemods.rules.l2n002.nodes import (
   field_name,
-  init_params,
   is_docstring,
   stream_access,
 )
-from codemods.rules.l2n002.plan import Call, Child, ClassRewrite
+from codemods.rules.l2n002.plan import Call, Child, ClassRewrite, init_params
 from codemods.vocabulary import EVAL_ATTRIBUTES
 
 

@@ -14,8 +14,7 @@ from codemods.report import (
   ChildName,
   ConstructorArgument,
 )
-from codemods.rules.l2n002.nodes import init_params, linen_class
-from codemods.rules.l2n002.plan import ClassRewrite
+from codemods.rules.l2n002.plan import ClassRewrite, init_params, linen_class
 
 INIT_CACHE = 'init_cache(input_shape, dtype=jnp.float32)'
 """The method every converted class holding a decode cache gets; input_shape is the shape of its first

@@ -6,7 +6,7 @@ as fields typed `ModuleDef`, and the block builds its layers by calling them: `s
 the ResNet itself holds `block_cls: ModuleDef`, a class of the file. In NNX a factory is called in `__init__` with
 the input size and `rngs`: `self.conv1 = self.conv(in_features=..., out_features=self.filters, ..., rngs=rngs)`,
 and the parent passes `partial(nnx.Conv, use_bias=False)`. What each factory field makes is found once per file
-(`factory_fields.scan_factories`).
+(`factory_scan.with_factories`).
 
 Planning functions over a `context.ClassContext`, run by `planner.plan_class`: they read the file's facts and
 fill the class's plan.

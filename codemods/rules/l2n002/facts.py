@@ -24,6 +24,7 @@ from libcst.metadata import (
 from codemods.analysis.hierarchy import LinenHierarchy
 from codemods.nodes import descendants
 from codemods.options import MigrationOptions
+from codemods.rules.l2n002.factory_fields import FactoryFields
 from codemods.vocabulary import (
   CONTROL_FLOW,
   JIT_NAMES,
@@ -35,7 +36,6 @@ from codemods.vocabulary import (
 )
 
 if tp.TYPE_CHECKING:
-  from codemods.rules.l2n002.factory_fields import FactoryFields
   from codemods.rules.l2n002.plan import ClassRewrite
 
 Metadata = tp.Callable[..., tp.Any]
@@ -163,15 +163,13 @@ class FileFacts:
 def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, options: MigrationOptions,
                  hierarchy: LinenHierarchy, kept: tp.Mapping[str, str] = {},
                  unbridged: tp.Collection[str] = (), imported: tp.Mapping[str, ClassRewrite] = {}) -> FileFacts:
-  """The facts of one file, with its factory fields (`factory_fields.scan_factories`).
+  """The facts of one file, but its factory fields (`factory_scan.with_factories` adds them).
 
   `kept`: classes of the file the run has decided to keep as Linen (`MigrationRule.kept_classes`), with why.
   `unbridged`: Linen classes that must not wrap converted classes with to_linen (`MigrationRule.unbridged_classes`).
   `imported`: the classes other files of the run converted, by qualified name, as plans that stand in for them
   (`interface.sibling_plan`).
   """
-  from codemods.rules.l2n002.factory_fields import scan_factories
-
   facts = FileFacts(module, metadata, filename, options, hierarchy, unbridged=frozenset(unbridged), imported=imported)
   scope = facts.scope(module)
   facts = dataclasses.replace(facts, aliases=_flax_aliases(facts, scope))
@@ -184,8 +182,7 @@ def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, o
   class_defs = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
   facts = dataclasses.replace(facts, linen_classes=linen, class_defs=class_defs, global_names=global_names,
                               scanned_cells=scanned)
-  facts = dataclasses.replace(facts, kept_linen={**_held_classes(facts), **_linen_only_uses(facts), **kept})
-  return dataclasses.replace(facts, factories=scan_factories(facts))
+  return dataclasses.replace(facts, kept_linen={**_held_classes(facts), **_linen_only_uses(facts), **kept})
 
 
 def _flax_aliases(facts: FileFacts, scope: Scope | None) -> dict[str, frozenset[QualifiedName]]:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from codemods.rules.l2n002.dims import Dim, Shape
-from codemods.rules.l2n002.nodes import draws_rngs
-from codemods.rules.l2n002.plan import ClassRewrite
+from codemods.rules.l2n002.plan import ClassRewrite, draws_rngs
 
 
 @dataclasses.dataclass(frozen=True)

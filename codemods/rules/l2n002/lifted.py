@@ -16,8 +16,8 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
-from codemods.rules.l2n002.nodes import draws_rngs, int_tuple, literal_ints, renumbered
-from codemods.rules.l2n002.plan import Child, Unsupported
+from codemods.rules.l2n002.nodes import int_tuple, literal_ints, renumbered
+from codemods.rules.l2n002.plan import Child, Unsupported, draws_rngs
 from codemods.vocabulary import (
   COMPACT_NAMES,
   CONTROL_FLOW,

@@ -18,9 +18,6 @@ from codemods.vocabulary import (
   nnx_initializer_target,
 )
 
-if tp.TYPE_CHECKING:
-  from codemods.rules.l2n002.plan import Child, ClassRewrite
-
 HAS_VARIABLE_HINT = (' (a decode cache or a lazily created variable: in NNX, create it in an explicit '
                      'cache-initialisation method)')
 """Why the scope API has_variable has no automatic conversion."""
@@ -41,21 +38,6 @@ def nnx_counterpart(qualified: str) -> str | None:
     return f'nnx.{initializer}' if initializer.rpartition('.')[2] in NNX_INITIALIZERS | {'initializers'} else None
   name = qualified.rpartition('.')[2]
   return f'nnx.{name}' if name in NNX_TWINS | NNX_SAME_SIGNATURE else None
-
-
-def draws_rngs(plan: ClassRewrite) -> bool:
-  """Whether a converted class draws random numbers in its call: a layer the table says draws dropout keys,
-  make_rng, or a child that does."""
-  return plan.draws or bool(plan.streams) or any(
-      c.spec is not None and c.spec.draws_dropout is not None
-      and (c.spec.draws_dropout == 'always' or c.spec.draws_dropout in c.kwargs)
-      or c.sibling is not None and draws_rngs(c.sibling) for c in plan.children)
-
-
-def init_params(plan: ClassRewrite) -> list[str]:
-  """The NNX `__init__` parameters after self: the fields, then keyword-only sizes, example inputs and rngs."""
-  return [*plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params),
-          *(f'{p}: bool = False' for p in plan.flags), *(f'{p}: tuple' for p in plan.example_params), 'rngs: nnx.Rngs']
 
 
 def snake(name: str) -> str:
@@ -81,15 +63,6 @@ class Replace(cst.CSTTransformer):
                           cst.Float, cst.Tuple, cst.List, cst.Dict)) or value.lpar:
       return value
     return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-
-
-def linen_class(child: Child) -> str | None:
-  """'flax.linen.Dense' for a table layer, 'Block' for a class converted with it, None for a variable."""
-  if child.spec is not None or child.wrapper is not None:
-    return (child.spec or child.wrapper).linen
-  if child.bridged:
-    return child.ctor.func.value if isinstance(child.ctor.func, cst.Name) else cst.Module([]).code_for_node(child.ctor.func)
-  return child.sibling.name if child.sibling is not None else None
 
 
 def scope_api(call: cst.Call) -> str | None:

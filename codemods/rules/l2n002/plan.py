@@ -202,3 +202,27 @@ class FileRewrite:
     self.stack_calls.update(plan.stack_calls)
     self.removed |= plan.removed
     self.while_loops |= plan.while_loops
+
+
+def draws_rngs(plan: ClassRewrite) -> bool:
+  """Whether a converted class draws random numbers in its call: a layer the table says draws dropout keys,
+  make_rng, or a child that does."""
+  return plan.draws or bool(plan.streams) or any(
+      c.spec is not None and c.spec.draws_dropout is not None
+      and (c.spec.draws_dropout == 'always' or c.spec.draws_dropout in c.kwargs)
+      or c.sibling is not None and draws_rngs(c.sibling) for c in plan.children)
+
+
+def init_params(plan: ClassRewrite) -> list[str]:
+  """The NNX `__init__` parameters after self: the fields, then keyword-only sizes, example inputs and rngs."""
+  return [*plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params),
+          *(f'{p}: bool = False' for p in plan.flags), *(f'{p}: tuple' for p in plan.example_params), 'rngs: nnx.Rngs']
+
+
+def linen_class(child: Child) -> str | None:
+  """'flax.linen.Dense' for a table layer, 'Block' for a class converted with it, None for a variable."""
+  if child.spec is not None or child.wrapper is not None:
+    return (child.spec or child.wrapper).linen
+  if child.bridged:
+    return child.ctor.func.value if isinstance(child.ctor.func, cst.Name) else cst.Module([]).code_for_node(child.ctor.func)
+  return child.sibling.name if child.sibling is not None else None

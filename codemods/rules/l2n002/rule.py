@@ -13,6 +13,7 @@ from codemods.rule import CLASSES_KEY, MigrationRule
 from codemods.rules.l2n002 import emit, entries
 from codemods.rules.l2n002.decide import LeftLinen, decide_classes
 from codemods.rules.l2n002.factory_fields import unconverted_suppliers
+from codemods.rules.l2n002.factory_scan import with_factories
 from codemods.rules.l2n002.facts import FileFacts, analyse_file
 from codemods.rules.l2n002.interface import interface_of, sibling_plan
 from codemods.rules.l2n002.linen_parents import ToLinenBridge
@@ -38,8 +39,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
   def visit_Module(self, node: cst.Module) -> None:
     imported = {name: sibling_plan(record.interface, name.rpartition('.')[0])  # by qualified name, of its module
                 for name, record in self.imported_classes.items() if record.interface is not None}
-    facts = analyse_file(node, self.get_metadata, self.context.filename, self.options, self.hierarchy,
-                         self.kept_classes, self.unbridged_classes, imported)
+    facts = with_factories(analyse_file(node, self.get_metadata, self.context.filename, self.options, self.hierarchy,
+                                        self.kept_classes, self.unbridged_classes, imported))
     decisions = decide_classes(facts)
     self.facts, self.file, self.left = decisions.facts, decisions.file, decisions.left
     for bridge in decisions.bridges:

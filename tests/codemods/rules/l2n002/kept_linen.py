@@ -2,7 +2,7 @@
 Linen with it (M would otherwise run an NNX module through a Linen transform)."""
 
 from codemods.report import Entry
-from codemods.transform import Transformed
+from codemods.report import Transformed
 
 
 def kept_with(result: Transformed, child: str) -> Entry:

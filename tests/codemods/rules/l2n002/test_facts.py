@@ -13,6 +13,7 @@ from codemods.analysis.hierarchy import LinenHierarchy
 from codemods.options import MigrationOptions
 from codemods.rules.l2n002.factory_fields import Factory
 from codemods.rules.l2n002.facts import FileFacts
+from codemods.rules.l2n002.factory_scan import with_factories
 from codemods.rules.l2n002.facts import analyse_file
 
 SOURCE = """
@@ -71,7 +72,7 @@ class _Analyse(cst.CSTVisitor):
     self.check, self.facts, self.checked = check, None, None
 
   def visit_Module(self, node: cst.Module) -> bool:
-    self.facts = analyse_file(node, self.get_metadata, 'model.py', MigrationOptions(), LinenHierarchy())
+    self.facts = with_factories(analyse_file(node, self.get_metadata, 'model.py', MigrationOptions(), LinenHierarchy()))
     self.checked = self.check(self.facts)
     return False
 
