@@ -20,6 +20,7 @@ recursive parser overflows the C stack (a segfault) on such input, and so is a f
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import io
@@ -266,6 +267,8 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]],
     if depth > MAX_NESTING:
       raise MigrationError(f'too deeply nested to parse safely (nesting depth {depth} > {MAX_NESTING}): split '
                            'the expression into smaller ones, or --exclude the file')
+    if not kept_classes and not imported_classes and _nothing_to_migrate(path, old, hierarchy):
+      return FileOutcome(path, UNCHANGED)
     if path.endswith('.ipynb'):
       result = transform_notebook(old, rules, options, hierarchy.for_file(path), path)
     else:
@@ -285,6 +288,19 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]],
   finally:
     if os.environ.get(SLEEP_ENV):
       time.sleep(float(os.environ[SLEEP_ENV]))
+
+
+def _nothing_to_migrate(path: str, data: bytes, hierarchy: LinenHierarchy) -> bool:
+  """Whether no rule can change the .py file, which is then not parsed by libcst (most of a run's files that mention
+  flax only in strings or comments, as `transformers/__init__.py`): it imports no flax, names no Linen class of the
+  run, and parses (a file that does not is reported by libcst's parse, as any other)."""
+  if not path.endswith('.py') or files.imports_flax(data) or hierarchy.named_in(data):
+    return False
+  try:
+    ast.parse(data)
+  except (SyntaxError, ValueError):
+    return False
+  return True
 
 
 def _migrate_task(task: Task, rules: tp.Sequence[type[MigrationRule]], options: MigrationOptions,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 import tempfile
 import typing as tp
 
@@ -13,6 +14,8 @@ if tp.TYPE_CHECKING:
 
 SUFFIXES = ('.py', '.ipynb')
 MENTIONS = (b'flax', b'linen')
+_FLAX_IMPORT = re.compile(  # `import flax`, `from flax import linen as nn`, `import jax, flax.linen as fl`
+    rb'(?:^(?:\xef\xbb\xbf)?|[\r;])[ \t]*(?:from[ \t]+flax\b|import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*flax\b)', re.M)
 # Named on the command line, these are Python too: what pre-commit's `python` type passes besides .py files (its
 # `identify` table), so that the hooks of .pre-commit-hooks.yaml never hand migrate a file it refuses.
 SCRIPT_SUFFIXES = ('.pyw', '.wsgi', '.tac', '.gyp', '.gypi', '.pdbrc')
@@ -183,6 +186,12 @@ def _ignored(path: str, is_dir: bool, ignores: list[tuple[str, pathspec.GitIgnor
 def mentions_flax(data: bytes) -> bool:
   """The cheap test run before any parse: a file that never says flax or linen has nothing to migrate."""
   return any(word in data for word in MENTIONS)
+
+
+def imports_flax(data: bytes) -> bool:
+  """Whether the code has a statement importing flax, which every Linen name the rules resolve goes through (a file
+  that only says flax in strings or comments, as `transformers/__init__.py` does, has none)."""
+  return _FLAX_IMPORT.search(data) is not None
 
 
 def write_atomic(path: str, data: bytes) -> None:

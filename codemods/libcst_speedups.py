@@ -11,6 +11,9 @@ not (libcst issue #880):
 
 Besides, `BatchableCSTVisitor.get_visitors`, run for each metadata provider whenever metadata
 is computed, looks through all the attributes again for the `visit_*` / `leave_*` methods (~1 ms).
+And `ParentNodeProvider`, which every rule declares, visits the tree and asks each node for its
+`children`, a second visit of it: reading the children off the node's dataclass fields instead gives
+the same parents in an eighth of the time (0.03 s against 0.26 s on transformers' BERT file).
 
 Each answer depends on the class only. `install()` wraps these helpers so that a class found,
 once, to have no matcher decorators is not looked through again and visits nodes as the plain
@@ -20,9 +23,11 @@ method names once per class. A class with decorators goes the original way every
 
 from __future__ import annotations
 
+import dataclasses
 import typing as tp
 
 import libcst as cst
+from libcst.metadata import ParentNodeProvider
 from libcst.matchers import MatcherDecoratableTransformer
 from libcst.matchers import MatcherDecoratableVisitor
 
@@ -37,6 +42,7 @@ _INSTALLED = '_linen2nnx_per_class'
 # Visitor classes (few, defined once) by what the scans found on their instances.
 _EMPTY: dict[str, set[type]] = {name: set() for name in _MATCHER_SCANS}
 _PLAIN: set[type] = set()  # the classes every scan found nothing on
+_FIELDS: dict[type, tuple[str, ...]] = {}  # node class -> the names of its dataclass fields
 
 Function = tp.Callable[..., tp.Any]
 
@@ -53,6 +59,36 @@ def install() -> None:
         setattr(decoratable, name, _plain_when_possible(getattr(decoratable, name), getattr(plain, name)))
   if not hasattr(cst.BatchableCSTVisitor.get_visitors, _INSTALLED):
     cst.BatchableCSTVisitor.get_visitors = _by_class(cst.BatchableCSTVisitor.get_visitors)
+  if not hasattr(ParentNodeProvider.visit_Module, _INSTALLED):
+    setattr(_set_parents, _INSTALLED, True)
+    _set_parents.__name__ = 'visit_Module'  # the name `get_visitors` finds a batched provider's methods by
+    ParentNodeProvider.visit_Module = _set_parents
+
+
+def _set_parents(provider: ParentNodeProvider, module: cst.Module) -> None:
+  """`ParentNodeProvider.visit_Module`: each node's parent, with its children read off its fields (`field_children`)."""
+  stack: list[cst.CSTNode] = [module]
+  while stack:
+    node = stack.pop()
+    for child in field_children(node):
+      provider.set_metadata(child, node)
+      stack.append(child)
+
+
+def field_children(node: cst.CSTNode) -> list[cst.CSTNode]:
+  """The nodes `node.children` holds, not in its order: those its dataclass fields hold, alone or in a sequence
+  (libcst visits each of them, and nothing else)."""
+  names = _FIELDS.get(type(node))
+  if names is None:
+    names = _FIELDS[type(node)] = tuple(field.name for field in dataclasses.fields(node))
+  found = []
+  for name in names:
+    value = getattr(node, name)
+    if isinstance(value, cst.CSTNode):
+      found.append(value)
+    elif isinstance(value, (list, tuple)):
+      found.extend(item for item in value if isinstance(item, cst.CSTNode))
+  return found
 
 
 def _recording_empty(name: str, scan: Function) -> Function:

@@ -32,7 +32,7 @@ class ConvertFooRule(MigrationRule):
   (declare `ScopeProvider` to use them).
 - A rule must be idempotent: its output, migrated again, is unchanged.
 - Optional, for speed: `REQUIRES = ('initializers', 'zeros_init')` runs the rule only on code
-  that contains at least one of these words. Every part of a qualified name is in each way of
+  that holds at least one of these words as a whole word (`init` is not in `__init__`). Every part of a qualified name is in each way of
   writing it, whatever the import style (`import flax` + `flax.linen.Dense` and `from
   flax.linen import Dense as D` both contain `Dense`; the alias `nn` need not be there), so
   listing the last part of each name the rule matches is safe.
@@ -78,6 +78,10 @@ class MigrationRule(VisitorBasedCodemodCommand):
   # True: the rule's rewrites only tidy (the same objects under NNX names), no reason to change a file where the other
   # rules converted nothing and left TODOs (its Linen classes all stay Linen): there they are left out
   TIDYING: tp.ClassVar[bool] = False
+  # True: the rule decides which classes convert (L2N002), so that a second run over its output may decide again (a
+  # class left Linen that builds a converted one through nnx_bridge.to_linen); the others, idempotent, change no class
+  # of a first run's output, and `transform_source` runs only the deciding rules when it checks a second run
+  DECIDES_CLASSES: tp.ClassVar[bool] = False
   METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
 
   def __init__(self, context: cst.codemod.CodemodContext) -> None:

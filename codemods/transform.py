@@ -7,7 +7,7 @@ the results are the same), without the work that cannot change them:
 - Metadata (scopes, qualified names, positions) is computed once per tree, not once per rule
   and per import step: a step that leaves the tree as it was hands the next one the same tree,
   with the metadata computed so far, and the tree straight from the parser is not copied.
-- A rule with `REQUIRES` words does not run on code that contains none of them, nor the name of
+- A rule with `REQUIRES` words does not run on code that holds none of them as a whole word, nor the name of
   a base class of the run's Linen hierarchy (a subclass of one may never say Module).
 - libcst looks each visitor class over once, not at each new visitor (`libcst_speedups`).
 """
@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import gc
 import io
+import re
 import tokenize
 import typing as tp
 
@@ -164,8 +165,9 @@ def _transform_settled(source: Source, tree: cst.Module, rules: tp.Sequence[type
       if not any(TO_LINEN_BRIDGED in e.message for e in result.entries):
         return result
       first = cst.parse_module(result.source)
+      deciding = [rule for rule in rules if rule.DECIDES_CLASSES]  # the others change no class of their own output
       try:
-        again = _transform(result.source, first, rules, options, hierarchy, filename, kept, imported_classes,
+        again = _transform(result.source, first, deciding, options, hierarchy, filename, kept, imported_classes,
                            frozenset())  # as a second run starts: it has found no users to leave unbridged yet
       except (_ClassFailed, MigrationError):  # a converter bug the second run would report: not the bridges' doing
         return result
@@ -259,7 +261,7 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
   classes: list[ConvertedClass] = []
   base_words = hierarchy.base_words()
   for rule in rules:
-    if rule.REQUIRES and not any(word in code(wrapper) for word in (*rule.REQUIRES, *base_words)):
+    if rule.REQUIRES and not _names_any(code(wrapper), (*rule.REQUIRES, *base_words)):
       continue
     context = CodemodContext(filename=filename, scratch={KNOWN_CLASSES_KEY: tuple(classes), OPTIONS_KEY: options,
                                                          HIERARCHY_KEY: hierarchy, KEPT_CLASSES_KEY: kept,
@@ -295,6 +297,11 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
   entries.sort(key=Entry.sort_key)
   classes.sort(key=ConvertedClass.sort_key)
   return Transformed(new, tuple(entries), tuple(classes))
+
+
+def _names_any(code: str, words: tp.Sequence[str]) -> bool:
+  """Whether `code` holds one of `words` as a whole word (`init` in `model.init(x)`, not in `__init__`)."""
+  return re.search(rf'\b(?:{"|".join(map(re.escape, words))})\b', code) is not None
 
 
 def _check_parses(rule: type[MigrationRule], wrapper: MetadataWrapper, new: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing as tp
 
 import libcst as cst
@@ -33,6 +34,7 @@ from codemods.vocabulary import STATE_APIS
 
 HIERARCHY_KEY = 'linen2nnx.hierarchy'  # where rules find it in the codemod context's scratch
 _STATE_METHODS = frozenset({'setup', '__call__'})
+_WORD = re.compile(rb'[A-Za-z_][A-Za-z0-9_]*')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +85,11 @@ class LinenHierarchy:
     if '.' not in qualified and self.module:
       return f'{self.module}.{qualified}'
     return qualified
+
+  def named_in(self, data: bytes) -> bool:
+    """Whether the code names a Linen class of the run (the last part of its name, as a word): it may subclass,
+    build or call one."""
+    return bool({name.rpartition('.')[2].encode() for name in self.classes} & set(_WORD.findall(data)))
 
   def base_words(self) -> tuple[str, ...]:
     """The last part of each base's name: in every file that subclasses one, however it is imported."""

@@ -377,6 +377,7 @@ class _PinRule(MigrationRule):
 
 def test_a_rule_runs_only_on_code_with_a_word_it_requires():
   assert not transform_source('import flax\n\nprint(x)\n', [_PinRule]).entries
+  assert not transform_source('import flax\n\ndef _pin_it(needles):\n  return needles\n', [_PinRule]).entries  # words
   assert transform_source('import flax  # a pin\n\nprint(x)\n', [_PinRule]).entries
   assert transform_source('import flax\n\nprint(x)\n', [_RenameXRule, _PinRule]).entries  # the needle L2N902 wrote
 
@@ -482,3 +483,49 @@ def test_a_file_over_the_size_limit_fails_before_it_is_parsed(tmp_path, monkeypa
   assert result.failed[0].error == 'too big to migrate (3 KB > 2 KB): split the file, --exclude it, or set ' \
                                    'LINEN2NNX_FILE_MAX_KB higher'
   assert (tmp_path / 'big.py').read_text() == big
+
+
+def test_a_run_parses_with_libcst_only_the_files_that_import_flax_or_name_a_linen_class_of_it(tmp_path, monkeypatch):
+  """transformers' __init__.py names flax only in strings: no rule can change it, and libcst never parses it."""
+  base = 'import flax.linen as nn\n\n\nclass Base(nn.Module):\n  features: int = 2\n'
+  user = 'from models import Base\n\n\nclass Head(Base):\n  pass\n'  # no flax import: a Linen class of the run
+  strings = '_IMPORTS = {"modeling_flax_bert": ["FlaxBertModel"]}  # flax\n'
+  broken = '# flax\nthis is not python (\n'
+  _tree(tmp_path, {'models.py': base, 'user.py': user, 'strings.py': strings, 'broken.py': broken})
+  parsed = []
+  parse = cst.parse_module
+  monkeypatch.setattr(cst, 'parse_module', lambda source, *a, **k: parsed.append(source) or parse(source, *a, **k))
+  monkeypatch.chdir(tmp_path)
+  result = migrate(['.'], rules=registry.ALL_RULES, jobs=1)
+  status = _status(result)
+  assert status['strings.py'] == 'unchanged' and status['broken.py'] == 'failed'
+  assert not any(b'_IMPORTS' in (s if isinstance(s, bytes) else s.encode()) for s in parsed)
+  assert any(b'class Head' in (s if isinstance(s, bytes) else s.encode()) for s in parsed)  # a class of the run
+  assert 'does not parse' in next(o.error for o in result.files if o.path.endswith('broken.py'))
+
+
+def test_parents_read_off_the_fields_are_libcst_s():
+  """codemods.libcst_speedups's ParentNodeProvider gives what libcst's own visitor gives, on this project's code."""
+  from libcst.metadata import MetadataWrapper, ParentNodeProvider
+  from libcst.metadata.parent_node_provider import ParentNodeVisitor
+
+  from codemods import libcst_speedups
+
+  libcst_speedups.install()
+  assert ParentNodeProvider.visit_Module.__module__ == 'codemods.libcst_speedups'
+
+  class Recorder:
+    def __init__(self):
+      self.parents = {}
+
+    def set_metadata(self, node, parent):
+      self.parents[node] = parent
+
+  root = pathlib.Path(__file__).resolve().parents[2]
+  sources = [*sorted((root / 'codemods' / 'rules' / 'l2n002').glob('*.py'))[:6], *sorted(FIXTURES.glob('L2N002/*.py'))]
+  for path in sources:
+    module = cst.parse_module(path.read_bytes())
+    expected = Recorder()
+    module.visit(ParentNodeVisitor(expected))
+    found = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
+    assert dict(found) == expected.parents, path

@@ -174,3 +174,17 @@ def test_a_new_folder_must_not_exist_and_may_need_its_parents(tmp_path):
   (tmp_path / 'f').write_text('')
   with pytest.raises(ValueError, match='f is a file, not a folder'):
     files.check_output('DST', str(tmp_path / 'f' / 'new'), new_folder=True)
+
+
+@pytest.mark.parametrize('code, imports', [
+    (b'import flax.linen as nn\n', True),
+    (b'from flax import linen as nn\n', True),
+    (b'\xef\xbb\xbfimport jax, flax\r\n', True),
+    (b'if True:\n  from flax.training import train_state\n', True),
+    (b'x = 1; import flax\n', True),
+    (b'# uses flax\n_MODELS = {"modeling_flax_bert": ["FlaxBertModel"]}\n', False),
+    (b'import flaxformer\nfrom flaxy import x\n', False),
+    (b'import jax  # not flax\n', False),
+])
+def test_imports_flax_reads_import_statements_not_mentions(code, imports):
+  assert files.imports_flax(code) is imports

@@ -26,6 +26,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
 
   CODE = 'L2N002'
   REQUIRES = ('Module',)
+  DECIDES_CLASSES = True
   DESCRIPTION = 'nn.Module classes (setup or @nn.compact) -> nnx.Module with __init__(..., rngs).'
   METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider)
 
