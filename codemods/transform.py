@@ -272,7 +272,9 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
     try:
       wrapper = _next(wrapper, _apply(codemod, wrapper))
       for key, visitor in _IMPORT_VISITORS.items():
-        if key in context.scratch:
+        if key == RemoveImportsVisitor.CONTEXT_KEY and key in context.scratch:
+          context.scratch[key] = _unread_imports(code(wrapper), context.scratch[key])
+        if context.scratch.get(key):
           wrapper = _next(wrapper, _apply(visitor(context), wrapper))
     except SkipFile:
       continue
@@ -297,6 +299,19 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
   entries.sort(key=Entry.sort_key)
   classes.sort(key=ConvertedClass.sort_key)
   return Transformed(new, tuple(entries), tuple(classes))
+
+
+def _unread_imports(code: str, removals: list[tuple[str, str | None, str | None]]
+                    ) -> list[tuple[str, str | None, str | None]]:
+  """The import removals a rule asked for (`RemoveImportsVisitor`: module, object, alias) whose bound name `code`
+  no longer reads anywhere. A name still read keeps its import: libcst's scope analysis, which costs as much as a
+  rule, then runs only for the others (most files keep `nn` for the classes that stay Linen)."""
+  try:
+    read = {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
+  except (SyntaxError, ValueError):  # the rule's code does not parse: `_check_parses` says where
+    return removals
+  return [(module, obj, alias) for module, obj, alias in removals
+          if (alias or obj or module.partition('.')[0]) not in read]
 
 
 def _names_any(code: str, words: tp.Sequence[str]) -> bool:

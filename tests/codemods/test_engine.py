@@ -529,3 +529,24 @@ def test_parents_read_off_the_fields_are_libcst_s():
     module.visit(ParentNodeVisitor(expected))
     found = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
     assert dict(found) == expected.parents, path
+
+
+class _DropLinenRule(MigrationRule):
+  CODE = 'L2N906'
+  DESCRIPTION = 'asks for `import flax.linen as nn` and `from flax.linen import Dense` to go, as L2N002 does.'
+
+  def visit_Module(self, node):
+    self.remove_unused_import('flax.linen', asname='nn')
+    self.remove_unused_import('flax.linen', 'Dense')
+
+
+@pytest.mark.parametrize('code, kept', [
+    ('x = 1\n', ''),
+    ('x = nn.relu\n', 'import flax.linen as nn\n'),
+    ('def f():\n  return Dense(3)\n', 'from flax.linen import Dense\n'),
+    ('x = [nn for nn in range(3)]\ny = Dense\n',  # a name read anywhere keeps its import, whatever it binds there
+     'import flax.linen as nn\nfrom flax.linen import Dense\n'),
+])
+def test_an_import_a_rule_asks_to_remove_goes_only_when_nothing_reads_its_name(code, kept):
+  source = 'import flax.linen as nn\nfrom flax.linen import Dense\n' + code
+  assert transform_source(source, [_DropLinenRule]).source == kept + code
