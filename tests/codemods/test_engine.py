@@ -10,6 +10,7 @@ import sys
 import libcst as cst
 import libcst.matchers as m
 import pytest
+from libcst.metadata import PositionProvider
 from libcst.metadata import QualifiedNameProvider
 
 from codemods import rules as registry
@@ -550,3 +551,28 @@ class _DropLinenRule(MigrationRule):
 def test_an_import_a_rule_asks_to_remove_goes_only_when_nothing_reads_its_name(code, kept):
   source = 'import flax.linen as nn\nfrom flax.linen import Dense\n' + code
   assert transform_source(source, [_DropLinenRule]).source == kept + code
+
+
+class _TwiceRule(MigrationRule):
+  CODE = 'L2N907'
+  DESCRIPTION = 'appends one statement node twice: a node at two places of the tree.'
+
+  def leave_Module(self, original_node, updated_node):
+    twice = cst.SimpleStatementLine([cst.Expr(cst.parse_expression('needle(1)'))])
+    return updated_node.with_changes(body=[*updated_node.body, twice, twice])
+
+
+class _CallLinesRule(MigrationRule):
+  CODE = 'L2N908'
+  DESCRIPTION = 'records the line of each call it visits, from the metadata.'
+  lines: list[int] = []
+
+  def visit_Call(self, node):
+    _CallLinesRule.lines.append(self.get_metadata(PositionProvider, node).start.line)
+
+
+def test_a_node_a_rule_puts_at_two_places_has_each_place_s_metadata_in_the_next_rule():
+  _CallLinesRule.lines = []
+  result = transform_source('import flax\n', [_TwiceRule, _CallLinesRule])
+  assert result.source == 'import flax\nneedle(1)\nneedle(1)\n'
+  assert _CallLinesRule.lines == [2, 3]
