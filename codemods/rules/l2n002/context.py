@@ -29,7 +29,7 @@ class LoopPass(tp.Protocol):
   """What the other passes ask of the for-loop pass (`loops.Loops`, which the planner puts in each `ClassContext`).
 
   The loop pass and the size walk call each other (a loop's iterations are sized by the walk, the walk meets the
-  loop), so the passes reach it through its context, by this interface, and no module imports it but the planner.
+  loop), so the passes reach it through its context, by this interface; of the passes, only the planner imports it.
   """
 
   @property
