@@ -15,7 +15,8 @@ if tp.TYPE_CHECKING:
 SUFFIXES = ('.py', '.ipynb')
 MENTIONS = (b'flax', b'linen')
 _FLAX_IMPORT = re.compile(  # `import flax`, `from flax import linen as nn`, `import jax, flax.linen as fl`
-    rb'(?:^(?:\xef\xbb\xbf)?|[\r;])[ \t]*(?:from[ \t]+flax\b|import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*flax\b)', re.M)
+    rb'(?:^(?:\xef\xbb\xbf)?|[\r;])[ \t]*'
+    rb'(?:from[ \t]+flax\b|import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*flax\b)', re.M)
 # Named on the command line, these are Python too: what pre-commit's `python` type passes besides .py files (its
 # `identify` table), so that the hooks of .pre-commit-hooks.yaml never hand migrate a file it refuses.
 SCRIPT_SUFFIXES = ('.pyw', '.wsgi', '.tac', '.gyp', '.gypi', '.pdbrc')
