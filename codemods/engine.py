@@ -294,13 +294,13 @@ def _nothing_to_migrate(path: str, data: bytes, hierarchy: LinenHierarchy) -> bo
   """Whether no rule can change the .py file, which is then not parsed by libcst (most of a run's files that mention
   flax only in strings or comments, as `transformers/__init__.py`): it imports no flax, names no Linen class of the
   run, and parses (a file that does not is reported by libcst's parse, as any other)."""
-  if not path.endswith('.py') or files.imports_flax(data) or hierarchy.named_in(data):
+  if not path.endswith('.py') or hierarchy.named_in(data):
     return False
   try:
-    ast.parse(data)
+    tree = ast.parse(data)
   except (SyntaxError, ValueError):
     return False
-  return True
+  return not files.imports_flax(tree)
 
 
 def _migrate_task(task: Task, rules: tp.Sequence[type[MigrationRule]], options: MigrationOptions,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 import pathlib
-import re
 import tempfile
 import typing as tp
 
@@ -14,9 +14,6 @@ if tp.TYPE_CHECKING:
 
 SUFFIXES = ('.py', '.ipynb')
 MENTIONS = (b'flax', b'linen')
-_FLAX_IMPORT = re.compile(  # `import flax`, `from flax import linen as nn`, `import jax, flax.linen as fl`
-    rb'(?:^(?:\xef\xbb\xbf)?|[\r;])[ \t]*'
-    rb'(?:from[ \t]+flax\b|import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*flax\b)', re.M)
 # Named on the command line, these are Python too: what pre-commit's `python` type passes besides .py files (its
 # `identify` table), so that the hooks of .pre-commit-hooks.yaml never hand migrate a file it refuses.
 SCRIPT_SUFFIXES = ('.pyw', '.wsgi', '.tac', '.gyp', '.gypi', '.pdbrc')
@@ -189,10 +186,13 @@ def mentions_flax(data: bytes) -> bool:
   return any(word in data for word in MENTIONS)
 
 
-def imports_flax(data: bytes) -> bool:
-  """Whether the code has a statement importing flax, which every Linen name the rules resolve goes through (a file
-  that only says flax in strings or comments, as `transformers/__init__.py` does, has none)."""
-  return _FLAX_IMPORT.search(data) is not None
+def imports_flax(tree: ast.Module) -> bool:
+  """Whether the code has a statement importing flax (anywhere: in a function, under `try:`), which every Linen name
+  the rules resolve goes through; a file that only says flax in strings or comments, as transformers'
+  `__init__.py` does, has none."""
+  return any(isinstance(node, ast.Import) and any(alias.name.partition('.')[0] == 'flax' for alias in node.names)
+             or isinstance(node, ast.ImportFrom) and not node.level and (node.module or '').partition('.')[0] == 'flax'
+             for node in ast.walk(tree))
 
 
 def write_atomic(path: str, data: bytes) -> None:

@@ -1,6 +1,7 @@
 """`codemods.files`: unreadable directories are reported, symlinks written through, owner and mode kept, a
 path that holds no Python file is a usage error, and an output path that cannot be written is refused."""
 
+import ast
 import json
 import os
 import pathlib
@@ -182,9 +183,11 @@ def test_a_new_folder_must_not_exist_and_may_need_its_parents(tmp_path):
     (b'\xef\xbb\xbfimport jax, flax\r\n', True),
     (b'if True:\n  from flax.training import train_state\n', True),
     (b'x = 1; import flax\n', True),
+    (b'try: import flax\nexcept ImportError: flax = None\n', True),
+    (b'import os, \\\n    flax.linen\n', True),
     (b'# uses flax\n_MODELS = {"modeling_flax_bert": ["FlaxBertModel"]}\n', False),
-    (b'import flaxformer\nfrom flaxy import x\n', False),
+    (b'"""\nimport flax\n"""\nimport flaxformer\nfrom flaxy import x\nfrom .flax import y\n', False),
     (b'import jax  # not flax\n', False),
 ])
 def test_imports_flax_reads_import_statements_not_mentions(code, imports):
-  assert files.imports_flax(code) is imports
+  assert files.imports_flax(ast.parse(code)) is imports
