@@ -32,14 +32,16 @@ class ConvertFooRule(MigrationRule):
   (declare `ScopeProvider` to use them).
 - A rule must be idempotent: its output, migrated again, is unchanged.
 - Optional, for speed: `REQUIRES = ('initializers', 'zeros_init')` runs the rule only on code
-  that holds at least one of these words as a whole word (`init` is not in `__init__`). Every part of a qualified name is in each way of
-  writing it, whatever the import style (`import flax` + `flax.linen.Dense` and `from
+  that holds at least one of these words as a whole word (`init` is not in `__init__`). Every
+  part of a qualified name is in each way of writing it, whatever the import style (`import flax` + `flax.linen.Dense` and `from
   flax.linen import Dense as D` both contain `Dense`; the alias `nn` need not be there), so
-  listing the last part of each name the rule matches is safe.
+  listing the last part of each name the rule matches is safe. `REQUIRES_PATTERN`, sharper, runs it
+  only on code a regular expression finds (L2N003: a call `name.init(`, where each of its rewrites starts).
 """
 
 from __future__ import annotations
 
+import re
 import typing as tp
 
 import libcst as cst
@@ -74,6 +76,7 @@ class MigrationRule(VisitorBasedCodemodCommand):
   CODE: tp.ClassVar[str] = ''
   DESCRIPTION: tp.ClassVar[str] = ''
   REQUIRES: tp.ClassVar[tuple[str, ...]] = ()  # empty: the rule runs on every file
+  REQUIRES_PATTERN: tp.ClassVar[re.Pattern[str] | None] = None  # None: REQUIRES alone decides
   AFTER: tp.ClassVar[tuple[str, ...]] = ()  # the codes of the rules it builds on, selected with it
   # True: the rule's rewrites only tidy (the same objects under NNX names), no reason to change a file where the other
   # rules converted nothing and left TODOs (its Linen classes all stay Linen): there they are left out

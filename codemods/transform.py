@@ -8,7 +8,8 @@ the results are the same), without the work that cannot change them:
   and per import step: a step that leaves the tree as it was hands the next one the same tree,
   with the metadata computed so far, and the tree straight from the parser is not copied.
 - A rule with `REQUIRES` words does not run on code that holds none of them as a whole word, nor the name of
-  a base class of the run's Linen hierarchy (a subclass of one may never say Module).
+  a base class of the run's Linen hierarchy (a subclass of one may never say Module); one with a
+  `REQUIRES_PATTERN` not on code the pattern does not find.
 - An import a rule asks to remove goes to libcst's `RemoveImportsVisitor` (a scope analysis) only when
   the code no longer reads its name anywhere.
 - The check that a second run leaves a bridged result as it is runs only the rules that decide classes.
@@ -266,7 +267,8 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
   classes: list[ConvertedClass] = []
   base_words = hierarchy.base_words()
   for rule in rules:
-    if rule.REQUIRES and not _names_any(code(wrapper), (*rule.REQUIRES, *base_words)):
+    if rule.REQUIRES and not _names_any(code(wrapper), (*rule.REQUIRES, *base_words)) \
+        or rule.REQUIRES_PATTERN is not None and not rule.REQUIRES_PATTERN.search(code(wrapper)):
       continue
     context = CodemodContext(filename=filename, scratch={KNOWN_CLASSES_KEY: tuple(classes), OPTIONS_KEY: options,
                                                          HIERARCHY_KEY: hierarchy, KEPT_CLASSES_KEY: kept,

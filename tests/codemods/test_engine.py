@@ -383,6 +383,26 @@ def test_a_rule_runs_only_on_code_with_a_word_it_requires():
   assert transform_source('import flax\n\nprint(x)\n', [_RenameXRule, _PinRule]).entries  # the needle L2N902 wrote
 
 
+class _InitPatternRule(MigrationRule):
+  CODE = 'L2N909'
+  DESCRIPTION = 'reports the module, on code where L2N003 looks for model sites.'
+  REQUIRES_PATTERN = registry.select_rules(['L2N003'])[-1].REQUIRES_PATTERN
+
+  def visit_Module(self, node):
+    self.report_change(node, 'ran')
+
+
+@pytest.mark.parametrize('code, runs', [
+    ('variables = model.init(key, x)\n', True),
+    ('variables = (model) \\\n  .init(key, x)\n', True),
+    ('params = freeze(cnn.init(key, x))["params"]\n', True),
+    ('random_params = self.module.init(rngs, input_ids)\n', False),  # transformers' wrappers: no model site
+    ('class A:\n  def __init__(self):\n    self.cache = x.init_cache(1)\n', False),
+])
+def test_a_rule_with_a_pattern_runs_only_on_code_it_finds(code, runs):
+  assert bool(transform_source('import flax\n' + code, [_InitPatternRule]).entries) is runs
+
+
 class _DecoratedRule(MigrationRule):
   CODE = 'L2N905'
   DESCRIPTION = 'renames `x` to `y` inside functions only, through libcst matcher decorators.'

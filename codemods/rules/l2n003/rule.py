@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import typing as tp
 
 import libcst as cst
@@ -28,7 +29,8 @@ class ConvertInitApplyRule(MigrationRule):
   DESCRIPTION = ('model.init(key, x) -> Model(..., rngs=nnx.Rngs(key)); model.apply(variables, x) -> model(x); '
                  'training steps over params -> nnx.jit steps over the model with nnx.Optimizer.')
   AFTER = ('L2N002',)
-  REQUIRES = ('init',)
+  # every rewrite starts at `target = model.init(...)` (`analyse.init_statement`: a name's init, split over lines too)
+  REQUIRES_PATTERN = re.compile(r'(?<![\w.])[A-Za-z_]\w*[\s\\)]*\.[\s\\]*init[\s\\]*\(')
   METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider)
 
   def __init__(self, context: cst.codemod.CodemodContext) -> None:
