@@ -33,10 +33,11 @@ class ConvertFooRule(MigrationRule):
 - A rule must be idempotent: its output, migrated again, is unchanged.
 - Optional, for speed: `REQUIRES = ('initializers', 'zeros_init')` runs the rule only on code
   that holds at least one of these words as a whole word (`init` is not in `__init__`). Every
-  part of a qualified name is in each way of writing it, whatever the import style (`import flax` + `flax.linen.Dense` and `from
-  flax.linen import Dense as D` both contain `Dense`; the alias `nn` need not be there), so
-  listing the last part of each name the rule matches is safe. `REQUIRES_PATTERN`, sharper, runs it
-  only on code a regular expression finds (L2N003: a call `name.init(`, where each of its rewrites starts).
+  part of a qualified name is in each way of writing it, whatever the import style (`import flax`
+  + `flax.linen.Dense` and `from flax.linen import Dense as D` both contain `Dense`; the alias `nn`
+  need not be there), so listing the last part of each name the rule matches is safe.
+  `REQUIRES_PATTERN`, sharper, runs it only on code a regular expression finds (L2N003: a call
+  `name.init(`, where each of its rewrites starts).
 """
 
 from __future__ import annotations
