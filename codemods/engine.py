@@ -267,7 +267,7 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]],
     if depth > MAX_NESTING:
       raise MigrationError(f'too deeply nested to parse safely (nesting depth {depth} > {MAX_NESTING}): split '
                            'the expression into smaller ones, or --exclude the file')
-    if not kept_classes and not imported_classes and _nothing_to_migrate(path, old, hierarchy):
+    if not kept_classes and not imported_classes and _no_rule_applies(path, old, hierarchy):
       return FileOutcome(path, UNCHANGED)
     if path.endswith('.ipynb'):
       result = transform_notebook(old, rules, options, hierarchy.for_file(path), path)
@@ -290,7 +290,7 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]],
       time.sleep(float(os.environ[SLEEP_ENV]))
 
 
-def _nothing_to_migrate(path: str, data: bytes, hierarchy: LinenHierarchy) -> bool:
+def _no_rule_applies(path: str, data: bytes, hierarchy: LinenHierarchy) -> bool:
   """Whether no rule can change the .py file, which is then not parsed by libcst (most of a run's files that mention
   flax only in strings or comments, as `transformers/__init__.py`): it imports no flax, names no Linen class of the
   run, and parses (a file that does not is reported by libcst's parse, as any other)."""
