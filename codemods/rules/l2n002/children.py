@@ -121,7 +121,8 @@ def setup_child_calls(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, 
       if child.api == 'param':
         if isinstance(parent, (cst.AssignTarget, cst.AugAssign)) or isinstance(parent, cst.Del):
           raise Unsupported(sub, f'self.{child.attr} (a param) assigned to')
-        ctx.plan.exprs[sub] = f'self.{child.attr}[...]'
+        if not _none_test(parent, sub):  # `if self.lambda_1 is not None:`: the Param, or None where it is not made
+          ctx.plan.exprs[sub] = f'self.{child.attr}[...]'
       elif child.api == 'variable':
         if isinstance(parent, cst.Attribute) and parent.value is sub and parent.attr.value == 'value':
           ctx.plan.exprs[parent] = f'self.{child.attr}[...]'  # `.value` is deprecated in NNX

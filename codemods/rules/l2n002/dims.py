@@ -78,13 +78,14 @@ def broadcast(left: Dim, right: Dim) -> Dim:
 
   Two arrays combined elementwise have the same last axis unless one of them is 1 and
   broadcasts: a size the code fixes (a field) wins over an input's, or over one it does not say
-  (a residual reassigned in one arm of an `if`).
+  (a residual reassigned in one arm of an `if`); an input's wins over one the code does not say
+  (`self.drop_path(self.mlp(h)) + hidden_states`, a residual around layers of unknown output).
   """
   if left == right:
     return left
   if isinstance(left, Known) or isinstance(right, Known):
     return left if isinstance(left, Known) else right
-  return None
+  return right if left is None else left if right is None else None
 
 
 def split_last(shape: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
