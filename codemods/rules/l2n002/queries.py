@@ -203,14 +203,23 @@ def size_local(ctx: ClassContext, name: cst.Name) -> str | None:
 
 
 def bound_local(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call) -> cst.Name | None:
-  """The local `name` of a statement `name = <ctor>` of the method's own body, else None."""
+  """The local `name` of a statement `name = <ctor>` of the method's own body or of the arms of its `if`s (jax-md's
+  `elif self.embedding_type == 'lin_emb': linear = nn.Dense(...)`, called further down), else None."""
   assign = ctx.facts.parent(ctor)
   line = ctx.facts.parent(assign) if isinstance(assign, cst.Assign) else None
-  if isinstance(assign, cst.Assign) and assign.value is ctor and len(assign.targets) == 1 \
-      and isinstance(assign.targets[0].target, cst.Name) and isinstance(line, cst.SimpleStatementLine) \
-      and len(line.body) == 1 and line in method.body.body:
-    return assign.targets[0].target
-  return None
+  if not (isinstance(assign, cst.Assign) and assign.value is ctor and len(assign.targets) == 1
+          and isinstance(assign.targets[0].target, cst.Name) and isinstance(line, cst.SimpleStatementLine)
+          and len(line.body) == 1):
+    return None
+  block = ctx.facts.parent(line)
+  while block is not method.body:  # an arm (`IndentedBlock`, `Else`) of an `if`, and so on up to the body
+    arm = ctx.facts.parent(block)
+    if not (isinstance(block, cst.IndentedBlock) and isinstance(arm, (cst.If, cst.Else))):
+      return None
+    block = ctx.facts.parent(arm)
+    while isinstance(block, (cst.If, cst.Else)):  # an `elif`, or the `else` of one, up to the first `if`
+      block = ctx.facts.parent(block)
+  return assign.targets[0].target
 
 
 def local_uses(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call, kind: str) -> tuple[list[cst.Call], list[cst.Name]]:

@@ -60,3 +60,32 @@ class M(nn.Module):
   result = transform_source(source, registry.select_rules(['L2N002']))
   (todo,) = [e for e in result.entries if e.kind == 'todo']
   assert 'the submodule dense used other than by calling it or one of its methods' in todo.message
+
+
+def test_a_local_bound_in_an_if_arm_is_built_under_its_condition_but_not_one_bound_in_a_loop_or_with():
+  arm = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  kind: str = 'dense'
+
+  @nn.compact
+  def __call__(self, x):
+    if self.kind == 'dense':
+      dense = nn.Dense(3)
+      x = x * 2
+    else:
+      return x
+    return dense(x)
+'''
+  result = transform_source(arm, registry.select_rules(['L2N002']))
+  assert not [e for e in result.entries if e.kind == 'todo']
+  code = result.source
+  assert "self.linear = nnx.Linear(in_features=linear_in_features, out_features=3, rngs=rngs) if self.kind == 'dense' " \
+         "else None" in code
+  assert 'return self.linear(x)' in code and 'dense = ' not in code
+  for block in ('for _ in range(2):', 'with jax.named_scope("a"):'):
+    source = arm.replace("if self.kind == 'dense':", block).replace('    else:\n      return x\n', '')
+    result = transform_source(source, registry.select_rules(['L2N002']))
+    (todo,) = [e for e in result.entries if e.kind == 'todo']
+    assert todo.message.startswith('class M left as Linen: '), todo.message  # built per iteration / in a block
