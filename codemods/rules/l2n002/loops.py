@@ -247,6 +247,10 @@ class Loops:
       element = names[1] if names is not None else None
     elif isinstance(parent, cst.For) and parent.iter is sub and isinstance(parent.target, cst.Name):
       element = parent.target.value
+    elif (indexed := _indexed_call(ctx, sub)) is not None:  # `for n in range(...): self.layers[n](...)` (Bloom)
+      parent, call = indexed
+      element = ''
+      calls[call] = child
     used = f'self.{child.attr} (a list of layers)'
     if element is None or parent.orelse is not None:
       raise Unsupported(sub, f'{used} used other than by `for layer in self.{child.attr}:`')
@@ -512,6 +516,26 @@ class Loops:
           f"the input dimension of self.{child.attr}'s call argument {argument}{when}"
       shared[key] = sizes.size_param(ctx, plan, child, nnx_arg, where, source, node)
     return shared[key]
+
+
+def _indexed_call(ctx: ClassContext, sub: cst.Attribute) -> tuple[cst.For, cst.Call] | None:
+  """`self.layers[n](...)` in the body of a `for n in range(...):` loop (transformers' Bloom): the loop and the call.
+  Iteration k calls layer k, as `for layer in self.layers:` does; the loop's own range bounds it (an index past the
+  list fails in NNX as in Linen)."""
+  subscript = ctx.facts.parent(sub)
+  call = ctx.facts.parent(subscript) if isinstance(subscript, cst.Subscript) else None
+  if not (isinstance(call, cst.Call) and call.func is subscript and subscript.value is sub
+          and len(subscript.slice) == 1 and isinstance(subscript.slice[0].slice, cst.Index)
+          and isinstance(subscript.slice[0].slice.value, cst.Name)):
+    return None
+  index = subscript.slice[0].slice.value.value
+  loop = enclosing(ctx, call, cst.For)
+  if not (isinstance(loop, cst.For) and isinstance(loop.target, cst.Name) and loop.target.value == index
+          and isinstance(loop.iter, cst.Call) and is_builtin(ctx, loop.iter.func, 'range')):
+    return None
+  assigned = {n.value for s in descendants(loop.body) if isinstance(s, (cst.AssignTarget, cst.AugAssign))
+              for n in (s.target, *descendants(s.target)) if isinstance(n, cst.Name)}
+  return None if index in assigned else (loop, call)
 
 
 def _class_name(ctx: ClassContext, child: Child) -> str:

@@ -279,3 +279,17 @@ def test_a_layerdrop_port_with_the_switch_inverted_is_rejected():
   linen, variables, port, (x, mask) = _layerdrop(wrong)
   with pytest.raises(nnx_bridge.MappingError):
     nnx_bridge.compare(linen, variables, port, x, mask)
+
+
+def test_a_list_indexed_other_than_by_the_range_loop_target_stays_linen():
+  """`self.layers[n](...)` converts only inside `for n in range(...)` with `n` not reassigned: iteration k calls
+  layer k. An index computed in the body (ALBERT's layer groups), or a loop over something else, is refused."""
+  source = (FIXTURES / 'hf_indexed_layers.in.py').read_text()
+  for changed in (source.replace('layer_outputs = self.layers[layer_number](',
+                                 'layer_number = layer_number // 2\n      layer_outputs = self.layers[layer_number]('),
+                  source.replace('for layer_number in range(self.config.num_hidden_layers):',
+                                 'for layer_number in [0, 0, 1]:')):
+    result = transform_source(changed, registry.select_rules(['L2N002']))
+    todos = [e.message for e in result.entries if e.kind == 'todo']
+    assert any('FlaxTinyBloomBlockCollection left as Linen' in m and 'self.layers (a list of layers) used other than'
+               in m for m in todos), todos
