@@ -26,8 +26,9 @@ iterations that built one: their names are left to the call order (`LayerNorm_{n
 setup() lists: `self.layers = [nn.Dense(f) for f in self.features]`, or `layers = []`, `for f in ...:
 layers.append(nn.Dense(f))`, `self.layers = layers` (Linen's `layers_0`, `layers_1`, ...), become
 `nnx.List([...])`, sized by walking the `for layer in self.layers:` loops of `__call__` as above (their
-body may hold `if`s of simple statements not using the layer, as transformers' layer collections do); any
-other use of the list (`self.layers[-1]`, a slice) keeps the class Linen. A list's `name=str(i)`
+body may hold `if`s of simple statements not using the layer, as transformers' layer collections do), or
+`for n in range(...): self.layers[n](...)` (Bloom: iteration k calls layer k); any other use of the list
+(`self.layers[-1]`, a slice) keeps the class Linen. A list's `name=str(i)`
 (transformers': Linen's `0`, `1`, ...) or `name=f'block_{i}'` goes; Linen's names are recorded.
 """
 
