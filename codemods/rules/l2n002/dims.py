@@ -6,7 +6,9 @@ there. The interpreter walks a method body in order, with one abstract value per
 - `LastAxisWalk` follows last-axis sizes (`Dim`): `Known(code)` (code valid in `__init__`, such
   as `self.features`), `Input(i)` (the last axis of call argument i) or None (the code does not
   say). Elementwise functions, pooling and arithmetic keep a size, `concatenate` on the last axis sums
-  known sizes; anything else forgets it. `sizes.SizeWalk` adds what the class's children, variables
+  known sizes; anything else forgets it. A tuple (transformers' `outputs = (hidden_states,) + outputs`) keeps
+  the sizes of its first and last elements, read back by `[0]` and `[-1]`. `sizes.SizeWalk` adds what the
+  class's children, variables
   and own methods say (for the hoisting, loop and factory passes).
 - `WholeShapeWalk` follows whole shapes: `decode_cache.CacheShapes` in terms of the first input's
   (`input_shape`), for the decode-cache pass; `example_shapes.ExampleShapes` as axes of the example
@@ -282,29 +284,33 @@ class LastAxisWalk(BodyWalk[Known | Input]):
     self.facts = facts
     self.derive = True  # False: walk for the calls only, every size unknown
     self.firsts: dict[cst.CSTNode, Dim] = {}  # a tuple display or call walked -> its first element's size
+    self.lasts: dict[cst.CSTNode, Dim] = {}  # ... and its last element's (DistilBERT's `layer_outputs[-1]`)
 
   def value(self, expr: cst.CSTNode, env: dict[str, Dim]) -> Dim:
     derive = self.derive
     if derive and isinstance(expr, cst.Name):
       return env.get(expr.value)
-    if derive and isinstance(expr, cst.Tuple):  # `(hidden_states,)`: a tuple has no last axis; its first is kept
+    if derive and isinstance(expr, cst.Tuple):  # `(hidden_states,)`: a tuple has no last axis; its ends are kept
       dims = [self.value(e.value, env) for e in expr.elements]
       if dims and not isinstance(expr.elements[0], cst.StarredElement):
         self.firsts[expr] = dims[0]
+      if dims and not isinstance(expr.elements[-1], cst.StarredElement):
+        self.lasts[expr] = dims[-1]
       return None
     if derive and isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add) \
-        and isinstance(expr.left, cst.Tuple):  # `(hidden_states,) + outputs[1:]`: the left tuple's first
-      self.value(expr.left, env)
-      self.value(expr.right, env)
-      self.firsts[expr] = self.first_element(expr.left, env)
+        and (isinstance(expr.left, cst.Tuple) or isinstance(expr.right, cst.Tuple)):
+      self.value(expr.left, env)  # `(hidden_states,) + outputs[1:]`: the left tuple's first; `(w,) + output`: the
+      self.value(expr.right, env)  # right one's last
+      self.firsts[expr] = self.first_element(expr.left, env) if isinstance(expr.left, cst.Tuple) else None
+      self.lasts[expr] = self.last_element(expr.right, env)
       return None
     if derive and isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Name) \
-        and first_of_tuple(expr.value.value) in env and _index_zero(expr):
-      return env[first_of_tuple(expr.value.value)]  # `layer_outputs[0]` of a name holding a tuple
-    if derive and isinstance(expr, cst.Subscript) and isinstance(expr.value, (cst.Call, cst.Tuple)) \
-        and _index_zero(expr):
+        and (end := _end_index(expr)) is not None and tuple_end(expr.value.value, end) in env:
+      return env[tuple_end(expr.value.value, end)]  # `layer_outputs[0]` / `[-1]` of a name holding a tuple
+    if derive and isinstance(expr, cst.Subscript) and (end := _end_index(expr)) is not None \
+        and isinstance(expr.value, (cst.Call, cst.Tuple, cst.BinaryOperation)):
       self.value(expr.value, env)
-      return self.firsts.get(expr.value)  # `block(x)[0]` of a call returning a tuple
+      return (self.firsts if end == 0 else self.lasts).get(expr.value)  # `block(x)[0]` of a call returning a tuple
     if derive and isinstance(expr, cst.Call) and self.facts.has_name(expr.func, ELEMENTWISE) \
         and len(expr.args) == 1 and expr.args[0].keyword is None and not expr.args[0].star:
       return self.value(expr.args[0].value, env)
@@ -374,8 +380,13 @@ class LastAxisWalk(BodyWalk[Known | Input]):
           for sub in (target, *descendants(target)):
             if isinstance(sub, cst.Name):
               env[sub.value] = None
-              if not extended:  # `outputs += (attn,)` keeps a tuple's first element
+              if not extended:  # `outputs += (attn,)` keeps a tuple's first element, and its last is attn's
                 env.pop(first_of_tuple(sub.value), None)
+              last = self.last_element(part.value, env) if extended and sub is target else None
+              if last is not None:
+                env[tuple_end(sub.value, -1)] = last
+              else:
+                env.pop(tuple_end(sub.value, -1), None)
     return output
 
   def returned(self, value: cst.BaseExpression, env: dict[str, Dim]) -> Dim:
@@ -387,12 +398,11 @@ class LastAxisWalk(BodyWalk[Known | Input]):
     if isinstance(part, cst.Assign) and len(part.targets) == 1 and isinstance(part.targets[0].target, cst.Name):
       name = part.targets[0].target.value
       env[name] = self.value(part.value, env)
-      first = env.get(first_of_tuple(part.value.value)) if isinstance(part.value, cst.Name) \
-          else self.firsts.get(part.value)
-      if first is not None:
-        env[first_of_tuple(name)] = first
-      else:
-        env.pop(first_of_tuple(name), None)
+      for end, found in ((0, self.first_element(part.value, env)), (-1, self.last_element(part.value, env))):
+        if found is not None:
+          env[tuple_end(name, end)] = found
+        else:
+          env.pop(tuple_end(name, end), None)
       return True
     return False
 
@@ -401,6 +411,12 @@ class LastAxisWalk(BodyWalk[Known | Input]):
     if isinstance(value, cst.Name):
       return env.get(first_of_tuple(value.value))
     return self.firsts.get(value)
+
+  def last_element(self, value: cst.BaseExpression, env: dict[str, Dim]) -> Dim:
+    """The last element's size of the tuple `value` (walked already), as `first_element`."""
+    if isinstance(value, cst.Name):
+      return env.get(tuple_end(value.value, -1))
+    return self.lasts.get(value)
 
 
 def _cast_of(facts: Names, call: cst.Call) -> cst.BaseExpression | None:
@@ -417,9 +433,17 @@ def _cast_of(facts: Names, call: cst.Call) -> cst.BaseExpression | None:
 def first_of_tuple(name: str) -> str:
   """The key under which a walk's `env` holds the first element's size of the tuple `name` holds (`outputs[0]`):
   not an identifier, so it never meets a name."""
-  return f'{name}[0]'
+  return tuple_end(name, 0)
 
 
-def _index_zero(expr: cst.Subscript) -> bool:
-  return len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index) \
-      and isinstance(expr.slice[0].slice.value, cst.Integer) and expr.slice[0].slice.value.value == '0'
+def tuple_end(name: str, end: int) -> str:
+  """The `env` key of the first (`end` 0) or last (-1) element's size of the tuple `name` holds."""
+  return f'{name}[{end}]'
+
+
+def _end_index(expr: cst.Subscript) -> int | None:
+  """0 for `t[0]`, -1 for `t[-1]`, else None."""
+  if not (len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index)):
+    return None
+  code = cst.Module([]).code_for_node(expr.slice[0].slice.value).replace(' ', '')
+  return {'0': 0, '-1': -1}.get(code)

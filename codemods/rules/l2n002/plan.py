@@ -110,6 +110,7 @@ class ClassRewrite:
   output: Dim = None  # the last-axis size `__call__` returns, when the code determines it
   carry_output: Dim = None  # for a class the file scans: the last-axis size of the carry `__call__` returns
   first_output: Dim = None  # of the first element of the tuple `__call__` returns (transformers' `outputs[0]`)
+  last_output: Dim = None  # of its last element (DistilBERT's `layer_outputs[-1]`)
   size_arguments: list[ConstructorArgument] = dataclasses.field(default_factory=list)
   mode_params: list[tuple[int, str, bool]] = dataclasses.field(default_factory=list)
   linen_nodes: list[cst.CSTNode] = dataclasses.field(default_factory=list)

@@ -19,7 +19,7 @@ from codemods.nodes import descendants
 from codemods.report import INPUT_DIMENSION, UNDETERMINED, ConstructorArgument
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
-from codemods.rules.l2n002.dims import Dim, Input, Known, LastAxisWalk, first_of_tuple
+from codemods.rules.l2n002.dims import Dim, Input, Known, LastAxisWalk, first_of_tuple, tuple_end
 from codemods.rules.l2n002.nodes import (
   assigned_name,
   assigned_names,
@@ -229,6 +229,14 @@ def first_output_dim(ctx: ClassContext, child: Child, arg_dims: list[Dim]) -> Di
   return _in_caller_dim(ctx, child, arg_dims, child.sibling.first_output)
 
 
+def last_output_dim(ctx: ClassContext, child: Child, arg_dims: list[Dim]) -> Dim:
+  """The size of the last element of the tuple a same-file class returns (DistilBERT's `layer_outputs[-1]`), as
+  `first_output_dim`."""
+  if child.spec is not None or child.wrapper is not None or child.sibling is None:
+    return None
+  return _in_caller_dim(ctx, child, arg_dims, child.sibling.last_output)
+
+
 def _sibling_output(ctx: ClassContext, child: Child, arg_dims: list[Dim]) -> Dim:
   """A same-file class's output size, in the caller's terms: one of its fields, or an input."""
   return _in_caller_dim(ctx, child, arg_dims, child.sibling.output if child.sibling is not None else None)
@@ -323,6 +331,7 @@ class SizeWalk(LastAxisWalk):
     self.scanned = plan.name in ctx.facts.scanned_cells
     self.returned_carry: list[Dim] = []
     self.returned_first: list[Dim] = []  # of the last `return` of __call__ itself, when it returns a tuple
+    self.returned_last: list[Dim] = []  # ... and of its last element
     self.shared: dict[tp.Any, str] = {}
     self.visited: set[cst.Call] = set()
     self.active: list[cst.FunctionDef] = []
@@ -339,8 +348,9 @@ class SizeWalk(LastAxisWalk):
     self.derive = True
     self.plan.output = self.walk(self.call.body, inputs)
     self.plan.first_output = self.returned_first[0] if self.returned_first else None
+    self.plan.last_output = self.returned_last[0] if self.returned_last else None
     if returns_in_branches(self.ctx, self.call):
-      self.plan.output = self.plan.first_output = None
+      self.plan.output = self.plan.first_output = self.plan.last_output = None
     self.derive = False
     for node in self.calls:  # calls in methods __call__ does not reach: still checked, sizes undetermined
       if node not in self.visited:
@@ -416,6 +426,7 @@ class SizeWalk(LastAxisWalk):
     dim = self.value(value, env)
     if self.active == [self.call]:
       self.returned_first[:] = [self.first_element(value, env)]
+      self.returned_last[:] = [self.last_element(value, env)]
     return dim
 
   def assign(self, part: cst.CSTNode, env: dict[str, Dim]) -> bool:
@@ -437,6 +448,7 @@ class SizeWalk(LastAxisWalk):
         if isinstance(sub, cst.Name):
           env[sub.value] = first if first is not None and sub is part.targets[0].target.elements[0].value else None
           env.pop(first_of_tuple(sub.value), None)
+          env.pop(tuple_end(sub.value, -1), None)
       return True
     return False
 
@@ -492,12 +504,15 @@ class SizeWalk(LastAxisWalk):
     if child.ctor in self.ctx.loops.sites:  # built in a for loop: sized by loops.py from every iteration
       if self.derive:
         self.firsts[node] = first_output_dim(self.ctx, child, arg_dims)
+        self.lasts[node] = last_output_dim(self.ctx, child, arg_dims)
       self.ctx.loops.seen(self.ctx, child, node, arg_dims)
       return output_dim(self.ctx, child, arg_dims)
     group = [child, *(c for c in self.plan.children if c.alternative and c.attr == child.attr)]
     firsts = {first_output_dim(self.ctx, c, arg_dims) for c in group}  # the arms of a setup() if may build
-    if self.derive:                                                     # other modules: sizes for each
+    lasts = {last_output_dim(self.ctx, c, arg_dims) for c in group}  # other modules: sizes for each
+    if self.derive:
       self.firsts[node] = firsts.pop() if len(firsts) == 1 else None
+      self.lasts[node] = lasts.pop() if len(lasts) == 1 else None
     outputs = {self.sized(c, node, arg_dims, env) for c in group}
     return outputs.pop() if len(outputs) == 1 else None
 

@@ -146,3 +146,23 @@ def test_shapes():
   assert broadcast_shape(INPUT_SHAPE, ('*input_shape[:-1]', 'self.d')) == ('*input_shape[:-1]', 'self.d')
   assert broadcast_shape(INPUT_SHAPE, ('1', 'self.d')) is None
   assert broadcast_shape(None, INPUT_SHAPE) is None
+
+
+def test_a_tuples_last_element_is_followed_like_its_first():
+  """`output = (h,)`, `output = (w,) + output` in one arm, `more += (x,)`: `[-1]` reads the last element's size,
+  `[0]` the first's; a tuple whose last element the code does not show has none."""
+  body = '''
+      def f(x, w):
+        output = (x,)
+        if flag:
+          output = (w,) + output
+        more = (w,)
+        more += (x,)
+        return {}
+      '''
+  env = {'x': Input(0), 'w': Input(1)}
+  assert _walk(body.format('output[-1]'), env, branches=True) == Input(0)
+  assert _walk(body.format('more[-1]'), env, branches=True) == Input(0)
+  assert _walk(body.format('more[0]'), env, branches=True) == Input(1)
+  assert _walk(body.format('(rest + (w,))[-1]'), env, branches=True) == Input(1)
+  assert _walk(body.format('((w,) + rest)[-1]'), env, branches=True) is None  # what `rest` ends with is unknown
