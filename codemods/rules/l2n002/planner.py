@@ -186,13 +186,24 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite) -> None:
     first = next(c for c in plan.children if c.attr == child.attr and not c.alternative)
     listed = first.ctor in ctx.loops.sites or child.ctor in ctx.loops.sites
     signature = lambda c: (c.sibling.call_params, [m[:2] for m in c.sibling.mode_params]) if c.sibling is not None \
-        else c.spec if c.spec is not None else c
+        else _layer_signature(c) if c.spec is not None else c
     if child.bridged or first.bridged or (child.sibling is None) != (first.sibling is None) \
         or signature(child) != signature(first) or listed and child.sibling is not first.sibling:
       raise Unsupported(child.ctor, f'self.{child.attr} is built by two arms of an if, as modules that take other '
                                     'call arguments')
     if listed:
       child.sizes, child.size_codes, child.done = dict(first.sizes), dict(first.size_codes), first.done
+
+
+def _layer_signature(child: Child) -> tuple[tp.Any, ...] | Child:
+  """What a call of a table layer relies on: its array inputs, when it has no train/eval switch and draws no rng
+  (diffusers' `self.proj_in` is an `nn.Dense` or a 1x1 `nn.Conv`, both called on the hidden states); the child
+  itself (no other layer fits its calls) otherwise."""
+  spec = child.spec
+  if child.wrapper is not None or child.cell is not None or spec.draws_dropout is not None \
+      or (spec.example is not None and spec.example.mode_argument is not None):
+    return child
+  return ('layer', spec.call_args)
 
 
 def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatementLine], method: cst.FunctionDef | None,

@@ -89,3 +89,42 @@ def test_arms_building_modules_called_otherwise_stay_linen_with_a_todo_at_the_se
   assert todo.message.endswith('self.DenseReluDense is built by two arms of an if, as modules that take other call '
                                'arguments'), todo.message
   assert source.splitlines()[todo.line - 1].strip().startswith('self.DenseReluDense = FlaxTinyDenseActDense(')
+
+
+LAYERS = 'L2N002/alternative_layers'
+
+
+def test_alternative_table_layers_convert_only_when_the_call_fits_both():
+  """diffusers' `self.proj_in`: an nn.Dense or a 1x1 nn.Conv by a field, both called on the hidden states alone
+  (parity in both arms: fixtures/L2N002/alternative_layers.parity.json). A layer with a train/eval switch in the
+  other arm (nn.Dropout takes `deterministic`) keeps the class Linen with the TODO at that arm."""
+  source = (FIXTURES / f'{LAYERS}.in.py').read_text()
+  assert transform_source(source, RULES).classes[0].linen_name == 'FlaxTinyTransformer2DModel'
+  dropout = source.replace('''      self.proj_out = nn.Conv(
+          inner_dim,
+          kernel_size=(1, 1),
+          strides=(1, 1),
+          padding="VALID",
+          dtype=self.dtype,
+      )''', '      self.proj_out = nn.Dropout(0.1)')
+  assert dropout != source
+  result = transform_source(dropout, RULES)
+  (todo,) = [e for e in result.entries if e.kind == 'todo']
+  assert todo.message.endswith('self.proj_out is built by two arms of an if, as modules that take other call '
+                               'arguments'), todo.message
+  assert result.classes == ()
+
+
+def test_a_port_that_swaps_the_projection_arms_fails(tmp_path):
+  """The port with proj_in built as the other arm's layer does not pass as the Linen model."""
+  entry = spec(LAYERS, 'FlaxTinyTransformer2DModel', 'conv')
+  linen_module, variables, _, xs = models(LAYERS, entry)
+  text = (FIXTURES / f'{LAYERS}.out.py').read_text()
+  wrong = text.replace('    if self.use_linear_projection:\n      self.proj_in',
+                       '    if not self.use_linear_projection:\n      self.proj_in', 1)
+  assert wrong != text
+  (tmp_path / 'port.py').write_text(wrong)
+  port = runpy.run_path(str(tmp_path / 'port.py'))['FlaxTinyTransformer2DModel'](
+      **entry['fields'], **entry['sizes'], rngs=nnx.Rngs(0))
+  with pytest.raises(nnx_bridge.MappingError):  # Linen's 1x1 conv kernel has no NNX counterpart of its shape
+    nnx_bridge.compare(linen_module, variables, port, *xs)
