@@ -24,7 +24,8 @@ Linen names: auto-named layers count across iterations (`Dense_0`, `Dense_1`, ..
 iterations that built one: their names are left to the call order (`LayerNorm_{number built before}`).
 
 setup() lists: `self.layers = [nn.Dense(f) for f in self.features]`, or `layers = []`, `for f in ...:
-layers.append(nn.Dense(f))`, `self.layers = layers` (Linen's `layers_0`, `layers_1`, ...), become
+layers.append(nn.Dense(f))`, `self.layers = layers` (Linen's `layers_0`, `layers_1`, ...; the loop may bind locals
+first, the layer among them, whose values are written into the comprehension: diffusers' blocks), become
 `nnx.List([...])`, sized by walking the `for layer in self.layers:` loops of `__call__` as above (their
 body may hold `if`s of simple statements not using the layer, as transformers' layer collections do), or
 `for n in range(...): self.layers[n](...)` (Bloom: iteration k calls layer k); any other use of the list
@@ -186,9 +187,11 @@ class Loops:
     stores = [s for s in body if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
               and isinstance(s.body[0], cst.Assign) and isinstance(s.body[0].value, cst.Name)
               and s.body[0].value.value == name]
-    if ctor is None or len(uses) != 3 or len(stores) != 1 or constructions.constructed(ctx, ctor) is None:
+    if ctor is None or len(uses) != 3 or len(stores) != 1 or constructions.constructed(ctx, ctor) is None \
+        or _loop_locals_read_after(ctx, loop, setup):
       raise Unsupported(statement, f'a setup() list {name} other than `{name} = []`, then `for x in <iterator>: '
-                                        f'{name}.append(<layer>(...))`, then `self.<attr> = {name}`')
+                                        f'{name}.append(<layer>(...))` (the layer may be bound to a local first, '
+                                        f'beside locals of fields and the loop), then `self.<attr> = {name}`')
     self._empty.add(statement)
     self._appends[stores[0].body[0].value] = loop
     ctx.plan.removed.update((statement, loop))
@@ -200,7 +203,11 @@ class Loops:
     if loop_node is None:
       return None
     ctor = _appended(loop_node, value.value)
-    return self._setup_site(ctx, ctor, loop_node, value, attr, 'a loop')
+    self._setup_site(ctx, ctor, loop_node, value, attr, 'a loop')
+    loop = self.sites[ctor].loop  # `in_channels = self.in_channels if i == 0 else ...` read by the layer: inlined
+    self.refs |= {n for n in descendants(loop_node.body) if isinstance(n, cst.Name) and n.value in loop.names}
+    self._body_locals(ctx, loop_node, [ctor], [])
+    return ctor
 
   def setup_list(self, ctx: ClassContext, value: cst.ListComp, attr: str) -> cst.Call:
     """`self.layers = [nn.Dense(f) for f in self.features]` in setup(): registers the construction; returns it."""
@@ -585,17 +592,36 @@ def _empty_list(statement: cst.BaseStatement) -> str | None:
 
 
 def _appended(loop: cst.CSTNode | None, name: str) -> cst.Call | None:
-  """The construction of `for x in <iterator>: name.append(<construction>)`, else None."""
-  if not isinstance(loop, cst.For) or loop.orelse is not None or len(loop.body.body) != 1 \
-      or not isinstance(loop.body.body[0], cst.SimpleStatementLine) or len(loop.body.body[0].body) != 1:
+  """The construction of `for x in <iterator>: name.append(<construction>)`, else None. Before the append, the body
+  may bind locals (diffusers' `in_channels = self.in_channels if i == 0 else self.out_channels`) and the construction
+  itself (`res_block = FlaxResnetBlock2D(...)`, then `resnets.append(res_block)`): simple assignments to names, the
+  append the only other statement."""
+  if not isinstance(loop, cst.For) or loop.orelse is not None \
+      or not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in loop.body.body):
     return None
-  expr = loop.body.body[0].body[0]
-  call = expr.value if isinstance(expr, cst.Expr) else None
-  if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) \
-      and call.func.value.value == name and call.func.attr.value == 'append' and len(call.args) == 1 \
-      and call.args[0].keyword is None and not call.args[0].star and isinstance(call.args[0].value, cst.Call):
-    return call.args[0].value
-  return None
+  *before, last = [s.body[0] for s in loop.body.body]
+  call = last.value if isinstance(last, cst.Expr) else None
+  if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name)
+          and call.func.value.value == name and call.func.attr.value == 'append' and len(call.args) == 1
+          and call.args[0].keyword is None and not call.args[0].star):
+    return None
+  if not all(isinstance(s, cst.Assign) and len(s.targets) == 1 and isinstance(s.targets[0].target, cst.Name)
+             for s in before):
+    return None
+  value = call.args[0].value
+  if isinstance(value, cst.Name):  # `resnets.append(res_block)`: the one construction bound to that local
+    bound = [s.value for s in before if s.targets[0].target.value == value.value]
+    value = bound[0] if len(bound) == 1 else None
+    if sum(isinstance(n, cst.Name) and n.value == call.args[0].value.value for n in descendants(loop.body)) != 2:
+      return None  # the local is bound and appended, nothing else
+  return value if isinstance(value, cst.Call) else None
+
+
+def _loop_locals_read_after(ctx: ClassContext, loop: cst.For, setup: cst.FunctionDef) -> bool:
+  """Whether setup() reads, after the appending loop (which goes), a local the loop binds."""
+  bound = {s.body[0].targets[0].target.value for s in loop.body.body if isinstance(s.body[0], cst.Assign)}
+  after = list(setup.body.body)[list(setup.body.body).index(loop) + 1:]
+  return any(isinstance(n, cst.Name) and n.value in bound for s in after for n in (s, *descendants(s)))
 
 
 def _class_methods(ctx: ClassContext, node: cst.CSTNode) -> set[str]:

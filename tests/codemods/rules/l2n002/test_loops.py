@@ -293,3 +293,20 @@ def test_a_list_indexed_other_than_by_the_range_loop_target_stays_linen():
     todos = [e.message for e in result.entries if e.kind == 'todo']
     assert any('FlaxTinyBloomBlockCollection left as Linen' in m and 'self.layers (a list of layers) used other than'
                in m for m in todos), todos
+
+
+def test_an_appending_loop_whose_code_is_needed_elsewhere_stays_linen():
+  """The appending loop goes whole (its list becomes an nnx.List comprehension): a loop that also does something
+  else, or binds a local that setup() reads after it, keeps the class Linen (fixtures/L2N002/setup_append_locals.*
+  is the converted shape)."""
+  source = (FIXTURES / 'setup_append_locals.in.py').read_text()
+  assert transform_source(source, registry.select_rules(['L2N002'])).classes  # the fixture converts
+  read_after = source.replace('    self.resnets = resnets\n',
+                              '    self.resnets = resnets\n    self.last_in_channels = in_channels\n')
+  more_work = source.replace('      resnets.append(res_block)\n',
+                             '      resnets.append(res_block)\n      print(i)\n')
+  for changed in (read_after, more_work):
+    assert changed != source
+    result = transform_source(changed, registry.select_rules(['L2N002']))
+    todos = [e.message for e in result.entries if e.kind == 'todo']
+    assert any('FlaxTinyDownBlock2D left as Linen: a setup() list resnets other than' in m for m in todos), todos
