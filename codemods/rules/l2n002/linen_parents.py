@@ -15,7 +15,9 @@ parent then runs as before on the same variables, so that its checkpoints still 
   calls passing `shared_embedding` bound by `if self.config.tie_word_embeddings: ... else: None`);
 * every use of the class in the parent builds it where Linen names it as before (a setup() attribute, or
   with `name=`), and every call of what it builds passes the train/eval switches NNX dropped by keyword
-  (to_linen turns them into `train()` / `eval()`).
+  (to_linen turns them into `train()` / `eval()`);
+* a parent kept Linen for a use elsewhere (another file's Linen class builds it) builds it outside loops: a second
+  run plans that parent itself, and a to_linen construction in a loop would give it another reason.
 Otherwise the class stays Linen with its parent, and the reason says which of these failed.
 """
 
@@ -76,6 +78,8 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
     if blocker is not None and (_inside(facts, call, blocker) or _inside(facts, blocker, call)) \
         and not _setup_code_blocker(facts, blocker, call, setup):
       return f'a construction of {built} is what keeps {user} Linen'
+    if blocker is None and _in_loop(facts, call, node):  # kept for a use elsewhere, `user` is planned by a second run
+      return f'{user} builds {built} in a loop, where a second run could not convert {user} with the wrapper'
     reason = _construction_blocker(facts, plan, call, setup) or _calls_blocker(facts, node, plan, call)
     if reason is not None:
       return reason
@@ -336,6 +340,16 @@ def _setup_code_blocker(facts: FileFacts, blocker: cst.CSTNode, call: cst.Call, 
   expression: `setup_code.setup_code_blocker`), which a second run finds again in `nnx_bridge.to_linen(X, ...)`
   and says the same of: the construction is bridged where it is."""
   return blocker is call.func and setup is not None and _inside(facts, call, setup)
+
+
+def _in_loop(facts: FileFacts, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+  """Whether `node` is in a loop or comprehension below `ancestor`: a to_linen construction there is refused when a
+  second run plans the class (loops.py converts no Linen module built in a loop)."""
+  while node is not None and node is not ancestor:
+    if isinstance(node, (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
+      return True
+    node = facts.parent(node)
+  return False
 
 
 def _inside(facts: FileFacts, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:

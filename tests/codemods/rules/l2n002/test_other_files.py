@@ -258,3 +258,59 @@ def test_setup_code_calling_a_plain_module_of_the_run_converts(tmp_path, monkeyp
   linen_block = modules['linen'].Block()
   report = nnx_bridge.compare(linen_block, linen_block.init(jax.random.key(0), x), model, x)
   assert report.ok, report.to_text()
+
+
+BLOCKS = '''import flax.linen as nn
+
+
+class Block(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.features)(x)
+
+
+class Tower(nn.Module):
+  features: int
+  depth: int = 2
+
+  def setup(self):
+    self.blocks = [Block(self.features) for _ in range(self.depth)]
+
+  def __call__(self, x):
+    for block in self.blocks:
+      x = block(x)
+    return x
+'''
+
+USERS = '''import flax.linen as nn
+
+from towers import blocks
+
+
+@nn.jit
+class Head(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return blocks.Tower(4)(x)
+'''
+
+
+def test_a_class_kept_for_another_files_use_does_not_wrap_what_it_builds_in_a_loop(tmp_path, monkeypatch):
+  """`Tower` stays Linen because `Head` (another file, itself Linen) builds it; the Blocks it builds in a setup()
+  list stay Linen with it rather than be wrapped with to_linen there, which a second run would read as a Linen module
+  built in a loop and report another reason for `Tower` (diffusers' transformer blocks in their UNet blocks)."""
+  package = tmp_path / 'towers'
+  package.mkdir()
+  (package / '__init__.py').write_text('')
+  (package / 'blocks.py').write_text(BLOCKS)
+  (package / 'heads.py').write_text(USERS)
+  monkeypatch.chdir(tmp_path)
+  result = migrate(['towers'], rules=registry.ALL_RULES, write=True, jobs=1)
+  again = migrate(['towers'], rules=registry.ALL_RULES, write=False, jobs=1)
+  assert [o.path for o in again.files if o.status == 'changed'] == []  # a second run changes nothing
+  todos = [e.message for o in result.files for e in o.entries if e.kind == 'todo']
+  assert any('class Block kept as Linen: the class Tower, left as Linen, uses it, and cannot wrap it with '
+             'nnx_bridge.to_linen: Tower builds Block in a loop' in m for m in todos), todos
+  assert 'nnx_bridge.to_linen(' not in (package / 'blocks.py').read_text()
