@@ -314,3 +314,86 @@ def test_a_class_kept_for_another_files_use_does_not_wrap_what_it_builds_in_a_lo
   assert any('class Block kept as Linen: the class Tower, left as Linen, uses it, and cannot wrap it with '
              'nnx_bridge.to_linen: Tower builds Block in a loop' in m for m in todos), todos
   assert 'nnx_bridge.to_linen(' not in (package / 'blocks.py').read_text()
+
+
+RESNETS = '''import flax.linen as nn
+import jax.numpy as jnp
+
+
+class ResnetBlock(nn.Module):
+  in_channels: int
+  out_channels: int = None
+
+  def setup(self):
+    out_channels = self.in_channels if self.out_channels is None else self.out_channels
+    self.norm1 = nn.LayerNorm()
+    self.conv1 = nn.Conv(out_channels, kernel_size=(3, 3))
+    self.conv_shortcut = None
+    if self.in_channels != out_channels:
+      self.conv_shortcut = nn.Conv(out_channels, kernel_size=(1, 1))
+
+  def __call__(self, hidden_states):
+    residual = hidden_states
+    hidden_states = self.conv1(nn.swish(self.norm1(hidden_states)))
+    if self.conv_shortcut is not None:
+      residual = self.conv_shortcut(residual)
+    return hidden_states + residual
+'''
+
+DOWN_BLOCKS = '''import flax.linen as nn
+
+from .resnets import ResnetBlock
+
+
+class DownBlock(nn.Module):
+  in_channels: int
+  out_channels: int
+  num_layers: int = 2
+
+  def setup(self):
+    resnets = []
+    for i in range(self.num_layers):
+      in_channels = self.in_channels if i == 0 else self.out_channels
+      res_block = ResnetBlock(in_channels=in_channels, out_channels=self.out_channels)
+      resnets.append(res_block)
+    self.resnets = resnets
+
+  def __call__(self, hidden_states):
+    for resnet in self.resnets:
+      hidden_states = resnet(hidden_states)
+    return hidden_states
+'''
+
+
+def test_a_list_of_another_files_blocks_is_sized_by_what_their_setup_computes(tmp_path, monkeypatch):
+  """diffusers' UNet blocks: the block of the other file returns `out_channels`, a local its setup() binds (named
+  like the field it reads); the interface carries that code, so each later block of the list takes it as input."""
+  for tree in ('linen', 'nnx'):
+    package = tmp_path / tree / 'unet'
+    package.mkdir(parents=True)
+    (package / '__init__.py').write_text('')
+    (package / 'resnets.py').write_text(RESNETS)
+    (package / 'blocks.py').write_text(DOWN_BLOCKS)
+  monkeypatch.chdir(tmp_path / 'nnx')
+  result = migrate(['unet'], rules=registry.ALL_RULES, write=True, jobs=1)
+  assert result.fates()['converted'] == 2 and result.fates()['kept_linen'] == 0
+  assert [o.path for o in migrate(['unet'], rules=registry.ALL_RULES, write=False, jobs=1).files
+          if o.status == 'changed'] == []
+  blocks = (tmp_path / 'nnx' / 'unet' / 'blocks.py').read_text()
+  assert 'norm1_num_features=resnets_norm1_num_features if i == 0 else' in blocks
+
+  def load(tree: str):
+    for name in [m for m in sys.modules if m == 'unet' or m.startswith('unet.')]:
+      monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path / tree))
+    return importlib.import_module('unet.blocks')
+
+  linen_module = load('linen').DownBlock(3, 4)
+  x = jax.random.normal(jax.random.key(1), (2, 5, 5, 3))
+  variables = linen_module.init(jax.random.key(0), x)
+  port = load('nnx').DownBlock(3, 4, resnets_norm1_num_features=3, rngs=nnx.Rngs(0))
+  report = nnx_bridge.compare(linen_module, variables, port, x)
+  assert report.ok, report.to_text()
+  wrong = load('nnx').DownBlock(3, 4, num_layers=1, resnets_norm1_num_features=3, rngs=nnx.Rngs(0))
+  with pytest.raises(nnx_bridge.MappingError):  # one block fewer: Linen's second block has no counterpart
+    nnx_bridge.compare(linen_module, variables, wrong, x)
