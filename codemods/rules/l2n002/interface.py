@@ -32,7 +32,6 @@ class ClassInterface:
   carry_output: Dim
   first_output: Dim
   last_output: Dim
-  setup_codes: tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]
   output_shape: Shape
   example_params: tuple[str, ...]
   tie_flags: tuple[tuple[str, str], ...]
@@ -45,8 +44,7 @@ def interface_of(plan: ClassRewrite) -> ClassInterface:
   return ClassInterface(
       plan.name, tuple(plan.field_names), tuple(plan.linen_fields), tuple(plan.call_params), tuple(plan.mode_params),
       tuple(plan.mode_fields.items()), tuple(plan.switch_defaults.items()), tuple(plan.size_params), plan.output,
-      plan.carry_output, plan.first_output, plan.last_output,
-      (tuple(plan.setup_codes[0].items()), tuple(plan.setup_codes[1].items())), plan.output_shape, tuple(plan.example_params),
+      plan.carry_output, plan.first_output, plan.last_output, plan.output_shape, tuple(plan.example_params),
       tuple(plan.tie_flags.items()), plan.cache_input, draws_rngs(plan))
 
 
@@ -59,6 +57,6 @@ def sibling_plan(interface: ClassInterface, origin: str) -> ClassRewrite:
       mode_fields=dict(interface.mode_fields), switch_defaults=dict(interface.switch_defaults),
       size_params=list(interface.size_params), output=interface.output,
       carry_output=interface.carry_output, first_output=interface.first_output, last_output=interface.last_output,
-      setup_codes=(dict(interface.setup_codes[0]), dict(interface.setup_codes[1])), output_shape=interface.output_shape,
+      output_shape=interface.output_shape,
       example_params=list(interface.example_params), tie_flags=dict(interface.tie_flags),
       cache_input=interface.cache_input, draws=interface.draws_rngs, origin=origin)

@@ -111,7 +111,6 @@ class ClassRewrite:
   carry_output: Dim = None  # for a class the file scans: the last-axis size of the carry `__call__` returns
   first_output: Dim = None  # of the first element of the tuple `__call__` returns (transformers' `outputs[0]`)
   last_output: Dim = None  # of its last element (DistilBERT's `layer_outputs[-1]`)
-  setup_codes: tuple[dict[str, str], dict[str, str]] = ({}, {})  # the code of each attribute / local setup() sets once
   size_arguments: list[ConstructorArgument] = dataclasses.field(default_factory=list)
   mode_params: list[tuple[int, str, bool]] = dataclasses.field(default_factory=list)
   linen_nodes: list[cst.CSTNode] = dataclasses.field(default_factory=list)

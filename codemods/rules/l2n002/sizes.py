@@ -45,7 +45,6 @@ def derive(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, cst.Functio
   (the first of a returned pair) comes back, and a concatenate of known sizes and inputs gets
   a size argument for each input's last axis.
   """
-  plan.setup_codes = _plain_attributes(ctx, plan.name)  # for callers in other files (`in_caller`)
   return SizeWalk(ctx, plan, methods, call, calls, carry).run()
 
 
@@ -259,7 +258,7 @@ def in_caller(ctx: ClassContext, code: str, child: Child, depth: int = 0) -> str
   from plain code (BART's `self.embed_dim = self.config.d_model`) by that code in the caller's terms; None when
   one is not passed."""
   fields, missing = child.sibling.field_names, []
-  plain, bound = child.sibling.setup_codes if depth < 3 else ({}, {})
+  plain, bound = _plain_attributes(ctx, child.sibling.name) if depth < 3 else ({}, {})
 
   class Fields(cst.CSTTransformer):
     def leave_Attribute(_, original: cst.Attribute, updated: cst.BaseExpression) -> cst.BaseExpression:
@@ -311,8 +310,7 @@ def _plain_attributes(ctx: ClassContext, name: str) -> tuple[dict[str, str], dic
              ([t.target for t in sub.targets] if isinstance(sub, cst.Assign) else
               [sub.target] if isinstance(sub, (cst.AugAssign, cst.AnnAssign)) else [])]
   written = [t.attr.value for t in targets if isinstance(t, cst.Attribute) and is_self_attr(t)]
-  inside = set(descendants(setup))  # a local of setup(): bound there once (diffusers' `out_channels`, a field's name)
-  names = [n.value for t in targets if t in inside for n in (t, *descendants(t)) if isinstance(n, cst.Name)]
+  names = [n.value for t in targets for n in (t, *descendants(t)) if isinstance(n, cst.Name)]
   attributes, bound = {}, {}
   for statement in setup.body.body:
     target, local = self_assignment(statement), assigned_name(statement)
