@@ -195,14 +195,14 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite) -> None:
       child.sizes, child.size_codes, child.done = dict(first.sizes), dict(first.size_codes), first.done
 
 
-def _layer_signature(child: Child) -> tuple[tp.Any, ...] | Child:
+def _layer_signature(child: Child) -> tp.Any:
   """What a call of a table layer relies on: its array inputs, when it has no train/eval switch and draws no rng
-  (diffusers' `self.proj_in` is an `nn.Dense` or a 1x1 `nn.Conv`, both called on the hidden states); the child
-  itself (no other layer fits its calls) otherwise."""
+  (diffusers' `self.proj_in` is an `nn.Dense` or a 1x1 `nn.Conv`, both called on the hidden states); otherwise its
+  layer (only the same layer fits its calls)."""
   spec = child.spec
   if child.wrapper is not None or child.cell is not None or spec.draws_dropout is not None \
       or (spec.example is not None and spec.example.mode_argument is not None):
-    return child
+    return spec
   return ('layer', spec.call_args)
 
 

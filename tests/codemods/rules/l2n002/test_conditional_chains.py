@@ -128,3 +128,26 @@ def test_a_port_that_swaps_the_projection_arms_fails(tmp_path):
       **entry['fields'], **entry['sizes'], rngs=nnx.Rngs(0))
   with pytest.raises(nnx_bridge.MappingError):  # Linen's 1x1 conv kernel has no NNX counterpart of its shape
     nnx_bridge.compare(linen_module, variables, port, *xs)
+
+
+def test_alternative_layers_of_one_kind_with_a_switch_still_convert():
+  """Two arms building the same layer with a train/eval switch (nn.Dropout at two rates) fit the same calls."""
+  source = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  strong: bool = False
+
+  def setup(self):
+    self.dense = nn.Dense(4)
+    if self.strong:
+      self.drop = nn.Dropout(0.5)
+    else:
+      self.drop = nn.Dropout(0.1)
+
+  def __call__(self, x, deterministic: bool = True):
+    return self.drop(self.dense(x), deterministic=deterministic)
+'''
+  result = transform_source(source, RULES)
+  assert [c.linen_name for c in result.classes] == ['M'], [e.message for e in result.entries if e.kind == 'todo']
+  assert 'self.drop = nnx.Dropout(rate=0.5' in result.source and 'self.drop = nnx.Dropout(rate=0.1' in result.source
