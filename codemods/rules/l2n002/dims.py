@@ -445,5 +445,5 @@ def _end_index(expr: cst.Subscript) -> int | None:
   """0 for `t[0]`, -1 for `t[-1]`, else None."""
   if not (len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index)):
     return None
-  code = cst.Module([]).code_for_node(expr.slice[0].slice.value).replace(' ', '')
-  return {'0': 0, '-1': -1}.get(code)
+  index = literal_int(expr.slice[0].slice.value)
+  return index if index in (0, -1) else None

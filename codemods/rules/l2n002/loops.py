@@ -188,7 +188,7 @@ class Loops:
               and isinstance(s.body[0], cst.Assign) and isinstance(s.body[0].value, cst.Name)
               and s.body[0].value.value == name]
     if ctor is None or len(uses) != 3 or len(stores) != 1 or constructions.constructed(ctx, ctor) is None \
-        or _loop_locals_read_after(ctx, loop, setup):
+        or _loop_locals_read_after(loop, setup):
       raise Unsupported(statement, f'a setup() list {name} other than `{name} = []`, then `for x in <iterator>: '
                                         f'{name}.append(<layer>(...))` (the layer may be bound to a local first, '
                                         f'beside locals of fields and the loop), then `self.<attr> = {name}`')
@@ -617,7 +617,7 @@ def _appended(loop: cst.CSTNode | None, name: str) -> cst.Call | None:
   return value if isinstance(value, cst.Call) else None
 
 
-def _loop_locals_read_after(ctx: ClassContext, loop: cst.For, setup: cst.FunctionDef) -> bool:
+def _loop_locals_read_after(loop: cst.For, setup: cst.FunctionDef) -> bool:
   """Whether setup() reads, after the appending loop (which goes), a local the loop binds."""
   bound = {s.body[0].targets[0].target.value for s in loop.body.body if isinstance(s.body[0], cst.Assign)}
   after = list(setup.body.body)[list(setup.body.body).index(loop) + 1:]

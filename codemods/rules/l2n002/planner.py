@@ -55,7 +55,8 @@ from codemods.vocabulary import (
   MODULE_NAMES,
   SCOPE_APIS,
 )
-from nnx_bridge.layer_table import WRAPPERS, find_layer
+from nnx_bridge.layer_signatures import LINEN_CALL_PARAMS
+from nnx_bridge.layer_table import WRAPPERS, find_layer, linen_fields
 
 _DEFERRED = {**DEFERRING, cst.SetComp: 'a set comprehension', cst.FunctionDef: 'a function'}
 
@@ -196,14 +197,14 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite) -> None:
 
 
 def _layer_signature(child: Child) -> tp.Any:
-  """What a call of a table layer relies on: its array inputs, when it has no train/eval switch and draws no rng
-  (diffusers' `self.proj_in` is an `nn.Dense` or a 1x1 `nn.Conv`, both called on the hidden states); otherwise its
-  layer (only the same layer fits its calls)."""
+  """What a call of a table layer relies on: the Linen call's parameters and the train/eval fields it merges with
+  them (the layer table's records). Layers alike in these fit the same calls (diffusers' `self.proj_in`, an
+  `nn.Dense` or a 1x1 `nn.Conv` called on the hidden states; `nn.Dropout` at two rates); a wrapper or a cell fits
+  only its own kind."""
   spec = child.spec
-  if child.wrapper is not None or child.cell is not None or spec.draws_dropout is not None \
-      or (spec.example is not None and spec.example.mode_argument is not None):
+  if child.wrapper is not None or child.cell is not None:
     return spec
-  return ('layer', spec.call_args)
+  return LINEN_CALL_PARAMS.get(spec.linen, spec.call_args), frozenset(linen_fields(spec.linen)) & MODE_PARAMS.keys()
 
 
 def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatementLine], method: cst.FunctionDef | None,
