@@ -18,6 +18,25 @@ INPUT_SIZE_SOURCES = ('code', 'examples', 'arguments')
 argument."""
 EXAMPLE_INPUTS = 'example_inputs'  # a tuple of example inputs for a Linen child wrapped by nnx_bridge.from_linen
 FLAG = 'flag'  # a keyword-only `bool = False` switch of the converted class (a tied layer's)
+_KEPT_END = '; a converted class building it wraps it with nnx_bridge.from_linen'
+_USER_END = ', and cannot wrap it with nnx_bridge.to_linen: '
+
+
+def kept_message(name: str, why: str) -> str:
+  """The TODO of a class kept as Linen for a use outside its body (`why`)."""
+  return f'class {name} kept as Linen: {why}{_KEPT_END}'
+
+
+def used_message(user: str, why: str) -> str:
+  """Why a class is kept: the Linen class `user` uses it and cannot wrap it with to_linen (`why`)."""
+  return f'the class {user}, left as Linen, uses it{_USER_END}{why}'
+
+
+def todo_key(comment: str) -> str:
+  """What makes two TODO comments one: their text, but for a class kept as Linen because another class uses it,
+  that class (a later run, starting from this one's output, may word why it cannot wrap it otherwise)."""
+  head, end, _ = comment.partition(_USER_END)
+  return head if end and ' kept as Linen: the class ' in head else comment
 
 
 @dataclasses.dataclass(frozen=True)

@@ -108,7 +108,7 @@ def setup_child_calls(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, 
                        calls: dict[cst.Call, Child], tied: set[cst.Attribute]) -> None:
   """Adds to `calls` each call of a submodule built in setup() (but the `tied` uses); setup params read back
   become `[...]` reads."""
-  from_setup = {c.attr: c for c in plan.children if not c.hoisted and not c.alternative}
+  from_setup = {c.attr: c for c in plan.children if not c.hoisted and not c.repeated}
   for method in methods.values():
     if method is setup:
       continue

@@ -41,6 +41,10 @@ class LoopPass(tp.Protocol):
     """The constructions built in those loops (each an element of an nnx.List)."""
 
   @property
+  def unrolled(self) -> tp.Mapping[cst.For, Child]:
+    """The for loops over a setup() list written out (`self.layer = [A(...), A(...)]`) -> its first element."""
+
+  @property
   def refs(self) -> tp.Collection[cst.Name]:
     """The loop names constructor arguments read: valid in the list's comprehension."""
 

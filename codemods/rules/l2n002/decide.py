@@ -23,6 +23,7 @@ import dataclasses
 import libcst as cst
 
 from codemods.nodes import descendants
+from codemods.report import kept_message, used_message
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.linen_parents import ToLinenBridge, linen_parent_bridges
 from codemods.rules.l2n002.plan import ClassRewrite, FileRewrite, Unsupported
@@ -92,7 +93,7 @@ def _plan_all(facts: FileFacts, order: list[cst.ClassDef]) -> tuple[FileRewrite,
   for node in order:
     name = node.name.value
     if name in facts.kept_linen:
-      left[name] = LeftLinen(node, _kept_message(name, facts.kept_linen[name]))
+      left[name] = LeftLinen(node, kept_message(name, facts.kept_linen[name]))
       continue
     try:
       plan = plan_class(facts, file.plans, node, file.variable_classes)
@@ -128,7 +129,7 @@ def _used_by_linen(facts: FileFacts, file: FileRewrite,
       if isinstance(found, list):
         bridges.extend(found)
       else:
-        used.setdefault(built, (user, _used_message(user, found)))
+        used.setdefault(built, (user, used_message(user, found)))
   return used, bridges
 
 
@@ -140,10 +141,6 @@ def _bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user: str, built:
   if user in facts.unbridged and isinstance(found, list):
     return f'with it a second run would find another reason to keep {user} Linen'
   return found
-
-
-def _used_message(user: str, why: str) -> str:
-  return f'the class {user}, left as Linen, uses it, and cannot wrap it with nnx_bridge.to_linen: {why}'
 
 
 def _settled_reason(facts: FileFacts, file: FileRewrite, order: list[cst.ClassDef], name: str, user: str,
@@ -165,8 +162,4 @@ def _settled_reason(facts: FileFacts, file: FileRewrite, order: list[cst.ClassDe
                                None if user in facts.kept_linen else left[user].node)  # users yet
   if not isinstance(found, str):
     return None
-  return LeftLinen(node, _kept_message(name, _used_message(user, found)))
-
-
-def _kept_message(name: str, why: str) -> str:
-  return f'class {name} kept as Linen: {why}; a converted class building it wraps it with nnx_bridge.from_linen'
+  return LeftLinen(node, kept_message(name, used_message(user, found)))

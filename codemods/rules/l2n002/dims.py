@@ -338,6 +338,10 @@ class LastAxisWalk(BodyWalk[Known | Input]):
       for element in expr.slice:  # `h[:, 0, :]`: the last axis is the one the trailing `:` keeps
         self.value(element, env)
       return self.value(expr.value, env)
+    if derive and isinstance(expr, cst.IfExp):  # `nn.relu(h) if self.activation else h`: what both arms agree on
+      self.value(expr.test, env)
+      body, orelse = self.value(expr.body, env), self.value(expr.orelse, env)
+      return body if body == orelse else None
     if derive and isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, ARITHMETIC):
       left, right = self.value(expr.left, env), self.value(expr.right, env)
       return right if is_number(expr.left) else left if is_number(expr.right) else broadcast(left, right)

@@ -43,7 +43,7 @@ _POOL_ARGS = ('inputs', 'window_shape', 'strides', 'padding')  # avg_pool / max_
 def add_shape_formulas(ctx: ClassContext, plan: ClassRewrite, call: cst.FunctionDef,
                        calls: dict[cst.Call, Child]) -> None:
   """Gives each size argument the code leaves undetermined its formulas over the first input's shape."""
-  children = {child.attr: child for child in plan.children if not child.alternative}
+  children = {child.attr: child for child in plan.children if not child.repeated}
   open_sizes = [(i, a) for i, a in enumerate(plan.size_arguments)
                 if a.origin in (UNDETERMINED, INPUT_DIMENSION) and a.input is None and a.child in children
                 and a.child_argument is not None and children[a.child].spec is not None]

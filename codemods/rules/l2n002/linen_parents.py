@@ -32,7 +32,7 @@ from codemods.nodes import descendants
 from codemods.report import INPUT_DIMENSION
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.nodes import is_self_attr, self_assignment, value_else_none
-from codemods.rules.l2n002.plan import ClassRewrite
+from codemods.rules.l2n002.plan import Child, ClassRewrite
 from nnx_bridge.layer_spec import LAST_AXIS_SIZES
 
 _ELEMENT_NAME = re.compile(r'(\w*)\{(\w+)\}(\w*)')  # a list's Linen name pattern, by the loop's index alone
@@ -107,6 +107,25 @@ def _plan_blocker(facts: FileFacts, plan: ClassRewrite) -> str | None:
   return None
 
 
+def _named_apart(facts: FileFacts, elements: list[Child]) -> bool:
+  """Whether two classes of a list written out hold a submodule at one NNX path that Linen names differently:
+  the list's names, keyed by path below any element, would then name one of them wrongly."""
+  seen: dict[str, str] = {}
+  for plan in {id(c.sibling): c.sibling for c in elements if c.sibling is not None}.values():
+    names = _linen_names(facts, plan, '')
+    for path in _paths(plan, ''):
+      name = names.get(path, path.rpartition('.')[2]) if isinstance(names, dict) else None
+      if seen.setdefault(path, name) != name:
+        return True
+  return False
+
+
+def _paths(plan: ClassRewrite, prefix: str) -> list[str]:
+  """The dotted NNX path of each submodule below a converted class."""
+  return [path for child in plan.children for path in (
+      prefix + child.attr, *(_paths(child.sibling, f'{prefix}{child.attr}.') if child.sibling is not None else ()))]
+
+
 def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str, str] | str:
   """The dotted NNX path -> Linen name of each child of `plan` named otherwise in Linen, down the tree; or why
   its NNX state does not map onto Linen's variable paths."""
@@ -122,6 +141,8 @@ def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str,
       if element is None:
         return f'{where} is a list of layers named {linen_name} in Linen, not by their index alone'
       linen_name, below_prefix = f'{element[1]}{{}}{element[3]}', f'{below_prefix}{{}}.'
+    if child.element == 0 and _named_apart(facts, [c for c in plan.children if c.attr == child.attr]):
+      return f'{where} is a list of layers of several classes that Linen names apart'
     if child.bridged or child.cache and child.ctor not in plan.lazy_caches.values():
       return f'{where} is a bridged child or a decode cache init_cache creates'
     if child.stacked or child.scan or child.remat or child.wrapper:
@@ -159,8 +180,11 @@ def _input_sizes(facts: FileFacts, plan: ClassRewrite) -> tuple[dict[str, str], 
 def _layer_input_size(plan: ClassRewrite, attr: str | None, keyword: str | None) -> bool:
   """Whether the constructor keyword `keyword` of the child `attr` is, down the tree, a table layer's
   last-axis input size (`LAST_AXIS_SIZES`), which a run of the call shows."""
-  child = next((c for c in plan.children if c.attr == attr), None)
-  if child is None or keyword is None or child.api is not None:
+  return any(_child_input_size(c, keyword) for c in plan.children if c.attr == attr)  # each element of a list
+
+
+def _child_input_size(child: Child, keyword: str | None) -> bool:
+  if keyword is None or child.api is not None:
     return False
   if child.sibling is not None:
     below = next((a for a in child.sibling.size_arguments if a.name == keyword), None)

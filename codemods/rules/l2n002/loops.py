@@ -29,7 +29,8 @@ first, the layer among them, whose values are written into the comprehension: di
 `nnx.List([...])`, sized by walking the `for layer in self.layers:` loops of `__call__` as above (their
 body may hold `if`s of simple statements not using the layer, as transformers' layer collections do), or
 `for n in range(...): self.layers[n](...)` (Bloom: iteration k calls layer k); any other use of the list
-(`self.layers[-1]`, a slice) keeps the class Linen. A list's `name=str(i)`
+(`self.layers[-1]`, a slice) keeps the class Linen. A list written out (`self.layer = [A(...), A(...)]`,
+`element_lists.py`) is used the same way; its loops are walked once per element (`unrolled`). A list's `name=str(i)`
 (transformers': Linen's `0`, `1`, ...) or `name=f'block_{i}'` goes; Linen's names are recorded.
 """
 
@@ -65,6 +66,7 @@ class Loops:
     self.refs: set[cst.Name] = set()  # loop names read in constructor arguments: valid in the comprehension
     self._empty: set[cst.BaseStatement] = set()  # `layers = []` of a setup() list built by appending
     self._appends: dict[cst.Name, cst.For] = {}  # `layers` of `self.layers = layers` -> the loop appending to it
+    self.unrolled: dict[cst.For, Child] = {}  # a loop over a setup() list written out -> the list's first element
 
   # --- planning --------------------------------------------------------------------------------
 
@@ -242,7 +244,7 @@ class Loops:
     `layer(...)`, whose calls join `calls` and whose loop is walked as a loop of the list, or `len(self.layers)`.
     False for other children."""
     site = self.sites.get(child.ctor)
-    if site is None or child.hoisted:
+    if site is None and child.element is None or child.hoisted:
       return False
     parent, element = ctx.facts.parent(sub), None
     if isinstance(parent, cst.Arg) and isinstance(ctx.facts.parent(parent), cst.Call) \
@@ -255,7 +257,7 @@ class Loops:
       element = names[1] if names is not None else None
     elif isinstance(parent, cst.For) and parent.iter is sub and isinstance(parent.target, cst.Name):
       element = parent.target.value
-    elif (indexed := _indexed_call(ctx, sub)) is not None:  # `for n in range(...): self.layers[n](...)` (Bloom)
+    elif site is not None and (indexed := _indexed_call(ctx, sub)) is not None:  # `self.layers[n](...)` (Bloom)
       parent, call = indexed
       element = ''
       calls[call] = child
@@ -277,7 +279,10 @@ class Loops:
         if not (isinstance(call, cst.Call) and call.func is name):
           raise Unsupported(name, f'the layer {element} of {used} used other than by calling it')
         calls[call] = child
-    self.loops[parent] = site.loop
+    if site is None:  # a list written out (`element_lists.py`): the loop is walked once per element
+      self.unrolled[parent] = child
+    else:
+      self.loops[parent] = site.loop
     return True
 
   def list_name(self, ctx: ClassContext, ctor: cst.Call, name: cst.BaseExpression | None) -> str | None:

@@ -76,6 +76,12 @@ class Child:
   bridged: str = ''  # why a Linen construction stays Linen, wrapped by nnx_bridge.from_linen; '' when converted
   condition: str | None = None  # built only when this holds (code for __init__), else the attribute is None
   alternative: bool = False  # another arm of a setup() `if` builds the attribute too (the first such child)
+  element: int | None = None  # its index in a setup() list written out (`self.layer = [A(...), A(...)]`)
+
+  @property
+  def repeated(self) -> bool:
+    """Whether another child holds the attribute first: a later arm's, or a later element of a list."""
+    return self.alternative or bool(self.element)
 
   @property
   def holds_cache(self) -> bool:
@@ -132,6 +138,7 @@ class ClassRewrite:
   exprs: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
   statements: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
   removed: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # statements that go (now in __init__)
+  lists: set[cst.List] = dataclasses.field(default_factory=set)  # setup() lists of layers -> nnx.List([...])
   ifs: dict[cst.If, bool] = dataclasses.field(default_factory=dict)  # `if [not] self.is_initializing():` -> kept
   calls: dict[cst.Call, Call] = dataclasses.field(default_factory=dict)
   eval_views: set[cst.Call] = dataclasses.field(default_factory=set)  # a class's call without its switches: eval mode
@@ -177,6 +184,7 @@ class FileRewrite:
   exprs: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
   statements: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
   removed: set[cst.CSTNode] = dataclasses.field(default_factory=set)
+  lists: set[cst.List] = dataclasses.field(default_factory=set)
   ifs: dict[cst.If, bool] = dataclasses.field(default_factory=dict)
   calls: dict[cst.Call, Call] = dataclasses.field(default_factory=dict)
   eval_views: set[cst.Call] = dataclasses.field(default_factory=set)
@@ -202,6 +210,7 @@ class FileRewrite:
     self.remat_calls.update(plan.remat_calls)
     self.stack_calls.update(plan.stack_calls)
     self.removed |= plan.removed
+    self.lists |= plan.lists
     self.while_loops |= plan.while_loops
 
 

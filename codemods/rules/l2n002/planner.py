@@ -16,6 +16,7 @@ from codemods.rules.l2n002 import (
   children,
   constructions,
   decode_cache,
+  element_lists,
   factories,
   init_code,
   lifted,
@@ -155,6 +156,7 @@ def _plan_members(ctx: ClassContext, node: cst.ClassDef, methods: dict[str, cst.
   calls = children.inline_calls(ctx, plan, inline)
   tied = tied_uses(ctx, plan, methods, setup)  # `.apply` with a shared kernel, `.variables[...]`
   children.setup_child_calls(ctx, plan, methods, setup, calls, tied)
+  element_lists.check_calls(ctx, plan, calls)
   lifted.check_calls(ctx)
   if method is None:
     _plain_branches(ctx, plan, methods, setup)
@@ -298,6 +300,9 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
   elif isinstance(value, cst.IfExp) and (built := _conditional_construction(ctx, value)) is not None:
     child = _build_child(ctx, built[0], counts, target)  # `self.shortcut = ShortCut(...) if apply else None`
     child.condition = built[1]  # the conditional stays, around the converted construction
+  elif isinstance(value, cst.List) and (ctors := element_lists.element_constructions(ctx, value, target)) is not None:
+    _element_list(ctx, plan, value, target, ctors, counts)  # `self.layer = [A(...), A(...)]`: an nnx.List
+    return
   elif isinstance(value, cst.ListComp):  # `self.layers = [nn.Dense(f) for f in ...]`: an nnx.List (loops.py)
     child = _build_child(ctx, ctx.loops.setup_list(ctx, value, target), counts, target)
   elif (appended := ctx.loops.appended(ctx, value, target)) is not None:  # `self.layers = layers` (appended)
@@ -332,6 +337,25 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
   if target in {c.attr for c in plan.children}:
     raise Unsupported(statement, f'self.{target} assigned twice')
   plan.children.append(child)
+
+
+def _element_list(ctx: ClassContext, plan: ClassRewrite, value: cst.List, attr: str, ctors: list[cst.Call],
+                  counts: dict[str, int]) -> None:
+  """`self.<attr> = [A(...), A(...)]` in setup(): a child per element, each converted in place, in an nnx.List
+  (`element_lists.py`)."""
+  if attr in {c.attr for c in plan.children}:
+    raise Unsupported(value, f'self.{attr} assigned twice')
+  pattern = element_lists.linen_pattern(ctx, ctors, attr)
+  for k, ctor in enumerate(ctors):
+    child = _build_child(ctx, ctor, counts, attr)
+    if child.bridged or child.sibling is not None and child.sibling.example_params:
+      raise Unsupported(ctor, f'self.{attr}: a list of layers wrapped with nnx_bridge.from_linen, or holding such '
+                              'layers: each would need its own example inputs')
+    child.element, child.linen_name = k, pattern
+    plan.children.append(child)
+  plan.lists.add(value)
+  first, second = (pattern.replace('{i}', str(k)) for k in (0, 1))
+  plan.pending.append((value, f'self.{attr}: a list of layers -> nnx.List (Linen names them {first}, {second}, ...)'))
 
 
 def _conditional_construction(ctx: ClassContext, value: cst.IfExp) -> tuple[cst.Call, str | None] | None:
@@ -484,7 +508,7 @@ def _plain_block(ctx: ClassContext, statement: cst.BaseStatement, built: set[cst
 def _name_children(ctx: ClassContext, planned: list[Child], taken: set[str], placeholders: set[str]) -> None:
   """Gives auto-named children a readable, deterministic, collision-free attribute name, none of the `taken` ones
   nor an attribute setup() sets to None (`placeholders`), which only a child of that name may replace."""
-  explicit = [c.attr for c in planned if c.attr and not c.alternative]
+  explicit = [c.attr for c in planned if c.attr and not c.repeated]
   if len(set(explicit)) != len(explicit) or set(explicit) & taken:
     raise Unsupported(planned[0].ctor, 'duplicate names, or names shadowing a field or method')
   taken = taken | set(explicit) | placeholders

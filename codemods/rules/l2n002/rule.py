@@ -83,6 +83,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return cst.parse_expression(f'self.{self.file.scan_names[original_node].attr}')
     if original_node in self.file.exprs:
       return cst.parse_expression(self.file.exprs[original_node])
+    if original_node in self.file.lists:  # a setup() list of layers, its elements converted: an nnx.List
+      return cst.Call(cst.parse_expression('nnx.List'), [cst.Arg(updated_node)])
     if original_node in self.file.ifs:
       return cst.FlattenSentinel(updated_node.body.body) if self.file.ifs[original_node] else cst.RemoveFromParent()
     if original_node in self.file.statements:

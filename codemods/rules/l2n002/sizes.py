@@ -60,7 +60,8 @@ def is_straight(ctx: ClassContext, body: cst.BaseSuite) -> bool:
 
 
 def _straight(ctx: ClassContext, statement: cst.BaseStatement) -> bool:
-  return is_straight_statement(statement) or statement in ctx.plan.branches or statement in ctx.loops.loops
+  return is_straight_statement(statement) or statement in ctx.plan.branches or statement in ctx.loops.loops \
+      or statement in ctx.loops.unrolled
 
 
 def reshaped_last(ctx: ClassContext, expr: cst.CSTNode) -> str | None:
@@ -412,6 +413,15 @@ class SizeWalk(LastAxisWalk):
     return parts
 
   def loop(self, statement: cst.BaseStatement, env: dict[str, Dim]) -> bool:
+    first = self.ctx.loops.unrolled.get(statement)
+    if first is not None:  # over a setup() list written out: once per element, the k-th calling element k
+      body = set(descendants(statement.body))
+      calls = [call for call in self.calls if self.calls[call] is first and call in body]
+      for element in [c for c in self.plan.children if c.attr == first.attr and c.element is not None]:
+        self.calls.update(dict.fromkeys(calls, element))
+        self.walk(statement.body, env)
+      self.calls.update(dict.fromkeys(calls, first))
+      return True
     if statement not in self.ctx.loops.loops:
       return False
     self.ctx.loops.derive(self.ctx, self.plan, statement, env, self.derive, self.walk, self.shared)  # every iteration

@@ -33,7 +33,7 @@ def tied_uses(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, cst.Func
 
   Returns the `self.<attr>` nodes handled; the planner skips them when it checks the submodules' uses."""
   handled: set[cst.Attribute] = set()
-  from_setup = {c.attr: c for c in plan.children if not c.hoisted and c.api is None and not c.alternative}
+  from_setup = {c.attr: c for c in plan.children if not c.hoisted and c.api is None and not c.repeated}
   uses: dict[str, list[cst.Attribute]] = {}
   for method in methods.values():
     if method is setup:
