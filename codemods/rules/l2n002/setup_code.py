@@ -13,6 +13,9 @@ class of the run is plain code: `LinenHierarchy.plain_modules`).
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import libcst as cst
 from libcst.metadata import QualifiedNameSource
 
@@ -124,7 +127,19 @@ def _is_project(facts: FileFacts, qualified: str) -> bool:
   that holds Linen classes of the run."""
   top = qualified.partition('.')[0]
   return (qualified.startswith('.') or '.' in facts.hierarchy.module and top == facts.hierarchy.module.partition('.')[0]
-          or any(c.startswith(f'{top}.') for c in facts.hierarchy.classes))
+          or any(c.startswith(f'{top}.') for c in facts.hierarchy.classes) and not _library(facts, top))
+
+
+def _library(facts: FileFacts, top: str) -> bool:
+  """Whether Python imports the top-level module `top` from outside the run's files (`jax`, while a run over
+  dopamine's folders without their `__init__.py` also names its `dopamine/jax/` folder `jax`)."""
+  try:
+    spec = importlib.util.find_spec(top)
+  except (ImportError, ValueError):
+    return False
+  places = [] if spec is None else list(spec.submodule_search_locations or ()) or [os.path.dirname(spec.origin or '')]
+  return bool(places) and not any(os.path.commonpath([os.path.abspath(f), os.path.abspath(p)]) == os.path.abspath(p)
+                                  for f in facts.hierarchy.files for p in places if p)
 
 
 def _builds_modules(facts: FileFacts, name: str) -> bool:

@@ -405,3 +405,42 @@ def test_a_submodule_built_in_other_setup_code_keeps_the_class_linen():
   assert [e.kind for e in result.entries] == ['todo'], result.entries
   assert 'dense() builds a submodule in setup() code other than' in result.entries[0].message
   assert [line for line in result.source.splitlines() if 'TODO(linen2nnx)' not in line] == source.splitlines()
+
+
+def test_a_library_named_like_a_folder_of_the_run_is_not_project_code(tmp_path, monkeypatch):
+  """A run over `agents/` without `__init__.py` files names its `agents/jax/` folder's modules `jax.*`, but Python
+  imports `jax` from where it is installed: `jnp.array(...)` in setup() is plain code that stays, while
+  `helpers.build(...)`, a module of the run (`agents/tools/`), may build a Linen module and keeps its class Linen."""
+  from codemods.engine import migrate  # pylint: disable=import-outside-toplevel
+  folder, tools = tmp_path / 'agents' / 'jax', tmp_path / 'agents' / 'tools'
+  folder.mkdir(parents=True)
+  tools.mkdir()
+  helpers = ('import flax.linen as nn\n\n\ndef build(n):\n  return nn.Dense(n)\n\n\n'
+             'class Other(nn.Module):\n  @nn.compact\n  def __call__(self, x):\n    return nn.Dense(2)(x)\n')
+  (tools / 'helpers.py').write_text(helpers)
+  (folder / 'other.py').write_text('import flax.linen as nn\n\n\nclass Head(nn.Module):\n  @nn.compact\n'
+                                   '  def __call__(self, x):\n    return nn.Dense(2)(x)\n')
+  network = textwrap.dedent('''\
+      import flax.linen as nn
+      import jax.numpy as jnp
+      {extra}
+
+      class Net(nn.Module):
+        scale: tuple = (1.0, 2.0)
+
+        def setup(self):
+          self._scale = {call}
+          self.dense = nn.Dense(3)
+
+        def __call__(self, x):
+          return self.dense(x * self._scale[0])
+      ''')
+  monkeypatch.chdir(tmp_path)
+  (folder / 'networks.py').write_text(network.format(extra='', call='jnp.array(self.scale)'))
+  migrate(['agents'], rules=RULES, write=True, jobs=1)
+  assert 'class Net(nnx.Module):' in (folder / 'networks.py').read_text()
+  (folder / 'networks.py').write_text(network.format(extra='from tools import helpers', call='helpers.build(3)'))
+  (tools / 'helpers.py').write_text(helpers)  # Linen again, as before the first run
+  migrate(['agents'], rules=RULES, write=True, jobs=1)
+  assert 'helpers.build(...) calls tools.helpers.build, code of this project' in (folder / 'networks.py').read_text()
+  assert 'class Net(nn.Module):' in (folder / 'networks.py').read_text()
