@@ -31,6 +31,7 @@ from codemods.nodes import children
 from codemods.nodes import descendants
 from codemods.rules.l2n002.nodes import (
   ARITHMETIC,
+  AUGMENTED,
   assigned_name,
   forget,
   if_arms,
@@ -407,6 +408,13 @@ class LastAxisWalk(BodyWalk[Known | Input]):
           env[tuple_end(name, end)] = found
         else:
           env.pop(tuple_end(name, end), None)
+      return True
+    if self.derive and isinstance(part, cst.AugAssign) and isinstance(part.operator, AUGMENTED) \
+        and isinstance(part.target, cst.Name) and env.get(part.target.value) is not None \
+        and not isinstance(part.value, cst.Tuple):  # `x += block_input` on an array: as `x = x + block_input`
+      right = self.value(part.value, env)
+      left = env[part.target.value]
+      env[part.target.value] = left if is_number(part.value) else broadcast(left, right)
       return True
     return False
 

@@ -29,6 +29,8 @@ DEFERRING: dict[type[cst.CSTNode], str] = {  # an expression whose parts run onl
 """How a TODO names the construct a submodule construction sits in, which NNX cannot build in __init__ as it is."""
 ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide)
 """The binary operators sizes flow through (elementwise with a scalar or broadcast)."""
+AUGMENTED = (cst.AddAssign, cst.SubtractAssign, cst.MultiplyAssign, cst.DivideAssign)
+"""Their augmented assignments (`x += block_input`)."""
 
 
 def nnx_counterpart(qualified: str) -> str | None:

@@ -478,13 +478,14 @@ def _straight_line(ctx: ClassContext, body: cst.BaseSuite, built: set[cst.Call])
   """Simple statements, and conditionals of plain code: no loops, and a construction (`built`) only in an
   `if <test>: ... else: ...` of simple statements whose test __init__ can evaluate (see _conditions)."""
   for statement in body.body:
-    if is_straight_statement(statement) or _plain_block(ctx, statement, built):
+    plain_if = isinstance(statement, cst.If) and is_plain_if(statement)  # walked arm by arm, building or not
+    if is_straight_statement(statement) or not plain_if and _plain_block(ctx, statement, built):
       continue
     if isinstance(statement, cst.For):  # layers built in a loop: nnx.List attributes (loops.py)
       ctx.loops.plan(ctx, statement, built)
       continue
     branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
-    if not isinstance(statement, cst.If) or not is_plain_if(statement):
+    if not plain_if:
       raise Unsupported(statement, 'the @nn.compact body has loops, conditionals or nested blocks')
     if any(s in built for s in descendants(statement)):
       ctx.plan.conditions.update(construction_conditions(ctx, statement, built))

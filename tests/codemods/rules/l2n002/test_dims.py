@@ -139,6 +139,31 @@ def test_a_conditional_keeps_a_size_only_when_every_arm_agrees(second, expected)
   assert _walk(source, {'x': Input(0), 'y': Known('self.d')}, branches=True) == expected
 
 
+@pytest.mark.parametrize(('second', 'expected'), [('y', Known('self.d')), ('x', None)])
+def test_a_conditional_expression_keeps_a_size_only_when_both_arms_agree(second, expected):
+  source = f"""
+  def f(x, y, flag):
+    return y if flag else {second}
+  """
+  assert _walk(source, {'x': Input(0), 'y': Known('self.d')}) == expected
+
+
+@pytest.mark.parametrize(('statement', 'expected'), [
+    ('h += y', Known('self.d')),  # a residual: as `h = h + y`, the size the code fixes
+    ('h *= 2', Input(0)),
+    ('h += (y,)', None),  # a tuple grown by one element has no last axis
+    ('h //= 2', None),  # not elementwise arithmetic the walk follows
+])
+def test_an_augmented_assignment_of_an_array_is_its_arithmetic(statement, expected):
+  source = f"""
+  def f(x, y):
+    h = x
+    {statement}
+    return h
+  """
+  assert _walk(source, {'x': Input(0), 'y': Known('self.d')}) == expected
+
+
 def test_shapes():
   assert split_last(INPUT_SHAPE) == (('*input_shape[:-1]',), 'input_shape[-1]')
   assert shape_code(INPUT_SHAPE) == 'input_shape'
