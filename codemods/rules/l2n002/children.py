@@ -93,13 +93,17 @@ def _named_right(name: cst.BaseExpression, attr: str | None) -> bool:
 def inline_calls(ctx: ClassContext, plan: ClassRewrite, inline: dict[cst.Call, cst.Call]) -> dict[cst.Call, Child]:
   """The calls of the submodules built in the @nn.compact method, and of locals bound to one."""
   by_ctor = {c.ctor: c for c in plan.children}
-  calls = {call: by_ctor[ctor] for ctor, call in inline.items()}
+  calls: dict[cst.Call, Child] = {}
+  for ctor, call in inline.items():  # a call of a local several arms bind: the first arm's child sizes them all
+    calls.setdefault(call, by_ctor[ctor])
   for call, ctor in ctx.plan.extra_calls.items():  # `embed(...)` again: the same submodule
     if ctor in by_ctor:
-      calls[call] = by_ctor[ctor]
-      ctx.plan.calls[call] = (by_ctor[ctor].attr, set())
+      calls.setdefault(call, by_ctor[ctor])
+      ctx.plan.calls[call] = (None if ctor in ctx.plan.arm_bound else by_ctor[ctor].attr, set())
   for child, call in zip([by_ctor[c] for c in inline], inline.values()):
-    ctx.plan.calls[call] = (child.attr, set())
+    if child.ctor in ctx.plan.arm_bound:  # `std_module = self.std_param` where Linen built it; the calls stay
+      ctx.plan.exprs[child.ctor] = f'self.{child.attr}'
+    ctx.plan.calls[call] = (None if child.ctor in ctx.plan.arm_bound else child.attr, set())
     _lifted_call(ctx, call, child)
   return calls
 

@@ -166,6 +166,8 @@ class ClassRewrite:
   stacks: dict[cst.Call, Stacked] = dataclasses.field(default_factory=dict)  # nn.scan over layers / nn.vmap
   lifted: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # `ScanBlock = nn.scan(...)` values: gone
   partials: dict[cst.Call, cst.Call] = dataclasses.field(default_factory=dict)  # `conv(...)` -> its partial
+  arm_bound: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # construction bound to a local in one arm
+  #                                    of an if, another arm binding the local to another -> the local
   conditions: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # construction -> when it exists
   extra_calls: dict[cst.Call, cst.Call] = dataclasses.field(default_factory=dict)  # later call of a local -> ctor
   factory_callee: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # through a factory -> NNX callee

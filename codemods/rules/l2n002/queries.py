@@ -228,11 +228,10 @@ def local_uses(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call, kind:
   target = bound_local(ctx, method, ctor)
   local = target.value
   assignments = list(ctx.facts.scope(target).assignments[local])
-  if len(assignments) != 1:
+  if len(assignments) != 1 and not (kind == 'submodule' and _arm_bindings(ctx, method, assignments)):
     raise Unsupported(ctor, f'the {kind} {local} is rebound in the method')
   calls, names = [], []
-  for reference in assignments[0].references:
-    use = reference.node
+  for use in dict.fromkeys(r.node for a in assignments for r in a.references):
     parent = ctx.facts.parent(use)
     if isinstance(parent, cst.Call) and parent.func is use:
       calls.append(parent)
@@ -240,10 +239,34 @@ def local_uses(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call, kind:
       names.append(use)
     else:
       raise Unsupported(use, f'the {kind} {local} used other than by calling it or one of its methods')
-  ctx.plan.removed.add(ctx.facts.parent(ctx.facts.parent(ctor)))
+  if len(assignments) == 1:
+    ctx.plan.removed.add(ctx.facts.parent(ctx.facts.parent(ctor)))
+  else:  # `std_module = Param(...)` in one arm, `= LogParam(...)` in another: each binds its attribute instead
+    ctx.plan.arm_bound[ctor] = local
   position = lambda call: ctx.facts.position(call)
   calls.sort(key=lambda call: (position(call).line, position(call).column))
   return calls, names
+
+
+def _arm_bindings(ctx: ClassContext, method: cst.FunctionDef, assignments: list[tp.Any]) -> bool:
+  """Whether every binding of a local is `name = <construction>` in its own arm of one `if` chain (brax's
+  `if self.noise_std_type == 'scalar': std_module = Param(...)`, `else: std_module = LogParam(...)`), and the local
+  is read only after the chain: one of them runs, its layer built in __init__ under the arm's condition."""
+  tops, arms = set(), set()
+  for assignment in assignments:
+    assign = ctx.facts.parent(ctx.facts.parent(assignment.node))  # Name -> AssignTarget -> Assign
+    if not (isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+            and bound_local(ctx, method, assign.value) is assignment.node):
+      return False
+    arm = ctx.facts.parent(ctx.facts.parent(ctx.facts.parent(assign)))  # Assign -> line -> block -> If / Else
+    top = arm
+    while isinstance(ctx.facts.parent(top), (cst.If, cst.Else)):  # an `elif` or `else`: up to the first `if`
+      top = ctx.facts.parent(top)
+    tops.add(top)
+    arms.add(arm)
+  chain = set(descendants(next(iter(tops))))
+  return len(tops) == 1 and len(arms) == len(assignments) and isinstance(next(iter(tops)), cst.If) \
+      and not any(r.node in chain for a in assignments for r in a.references)
 
 
 def shared_local(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call) -> tuple[list[cst.Call], list[cst.Name]]:

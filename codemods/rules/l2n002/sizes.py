@@ -517,7 +517,9 @@ class SizeWalk(LastAxisWalk):
         self.lasts[node] = last_output_dim(self.ctx, child, arg_dims)
       self.ctx.loops.seen(self.ctx, child, node, arg_dims)
       return output_dim(self.ctx, child, arg_dims)
-    group = [child, *(c for c in self.plan.children if c.alternative and c.attr == child.attr)]
+    local = self.plan.arm_bound.get(child.ctor)  # a local each arm of an if binds to another layer: each
+    group = [child, *(c for c in self.plan.children if c.alternative and c.attr == child.attr
+                      or local is not None and c is not child and self.plan.arm_bound.get(c.ctor) == local)]
     firsts = {first_output_dim(self.ctx, c, arg_dims) for c in group}  # the arms of a setup() if may build
     lasts = {last_output_dim(self.ctx, c, arg_dims) for c in group}  # other modules: sizes for each
     if self.derive:

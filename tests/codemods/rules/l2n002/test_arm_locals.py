@@ -1,0 +1,67 @@
+"""L2N002 on a local each arm of an `if` binds to another submodule, called after it (brax's `std_module = Param(...)`
+or `std_module = LogParam(...)`): the parity of `fixtures/L2N002/brax_policy_std.*` proves the port in each arm
+(tests/codemods/rules/test_fixture_parity.py); here, the shapes that stay Linen, and that a port building the module
+of the other arm is caught."""
+
+import runpy
+
+import numpy as np
+import pytest
+from flax import nnx
+
+import nnx_bridge
+from codemods import rules as registry
+from codemods.transform import transform_source
+from tests.codemods.rules import test_fixture_parity as fixture_parity
+
+CASE = 'L2N002/brax_policy_std'
+
+SOURCE = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  wide: bool
+
+  @nn.compact
+  def __call__(self, x):
+{body}
+'''
+
+
+def _todo(body: str) -> str:
+  result = transform_source(SOURCE.format(body=body), registry.select_rules(['L2N002']))
+  (todo,) = [e for e in result.entries if e.kind == 'todo']
+  return todo.message
+
+
+@pytest.mark.parametrize('body', [
+    # bound twice in a row: which layer a call runs depends on the order, not on a condition
+    '    layer = nn.Dense(3)\n    x = layer(x)\n    layer = nn.Dense(4)\n    return layer(x)',
+    # read inside the chain, between the bindings
+    '    if self.wide:\n      layer = nn.Dense(3)\n      x = layer(x)\n    else:\n      layer = nn.Dense(4)\n    return layer(x)',
+    # bound in two different ifs: both may run
+    '    if self.wide:\n      layer = nn.Dense(3)\n    if not self.wide:\n      layer = nn.Dense(4)\n    return layer(x)',
+])
+def test_a_local_rebound_other_than_once_per_arm_stays_linen(body):
+  assert 'the submodule layer is rebound in the method' in _todo(body)
+
+
+def test_the_arms_bind_the_local_to_their_own_attribute():
+  out = transform_source(SOURCE.format(body='    if self.wide:\n      layer = nn.Dense(3)\n    else:\n'
+                                            '      layer = nn.Dense(4)\n    return layer(x)'),
+                         registry.select_rules(['L2N002'])).source
+  assert 'self.linear1 = nnx.Linear(in_features=linear1_in_features, out_features=3, rngs=rngs) if self.wide else None' in out
+  assert 'self.linear2 = nnx.Linear(in_features=linear1_in_features, out_features=4, rngs=rngs) if not self.wide else None' in out
+  assert 'layer = self.linear1\n' in out and 'layer = self.linear2\n' in out and 'return layer(x)' in out
+
+
+def test_a_port_that_builds_the_other_arms_module_is_caught():
+  """The scalar policy's port given the log-scale module instead: the outputs no longer match Linen's."""
+  entry = fixture_parity.spec(CASE, 'PolicyModuleWithStd', 'scalar')
+  linen_module, variables, model, (x,) = fixture_parity.models(CASE, entry)
+  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen_module, model, x))
+  expected = linen_module.apply(variables, x)
+  np.testing.assert_allclose(model(x)[1], expected[1], atol=1e-6)
+  log_param = runpy.run_path(str(fixture_parity.FIXTURES / f'{CASE}.out.py'))['LogParam']
+  model.std_param = log_param(0.5, 3, rngs=nnx.Rngs(0))
+  assert not np.allclose(model(x)[1], expected[1], atol=1e-3)
