@@ -120,7 +120,8 @@ def fetch_wheel(package: Package, cache: pathlib.Path) -> pathlib.Path:
 
 
 def extract(wheel: pathlib.Path, root: str, target: pathlib.Path, flax_only: bool) -> list[str]:
-  """Copies the `.py` files under `root/` of the wheel into `target` (with `flax_only`, those mentioning flax);
+  """Copies the `.py` files under `root/` of the wheel into `target` (with `flax_only`, those mentioning flax and
+  every `__init__.py`, which make the folders packages: imports resolve as they do in the installed package);
   returns their paths, relative to `target`."""
   copied = []
   with zipfile.ZipFile(wheel) as archive:
@@ -129,7 +130,7 @@ def extract(wheel: pathlib.Path, root: str, target: pathlib.Path, flax_only: boo
       if parts[0] != root or not name.endswith('.py') or '..' in parts:
         continue
       data = archive.read(name)
-      if flax_only and b'flax' not in data:
+      if flax_only and b'flax' not in data and parts[-1] != '__init__.py':
         continue
       (target / name).parent.mkdir(parents=True, exist_ok=True)
       (target / name).write_bytes(data)
