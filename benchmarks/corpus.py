@@ -418,7 +418,7 @@ def _installed_version(name: str) -> str | None:
 class PackageResult:
   package: str
   version: str
-  files: int = 0  # the .py files of the package that mention flax: the tree migrate runs over
+  files: int = 0  # the .py files of the package that mention flax, and its __init__.py: the tree migrate runs over
   fates: Fates | None = None
   seconds: float = 0.0
   second_run_changes: list[str] = dataclasses.field(default_factory=list)
