@@ -57,7 +57,7 @@ def init_method(plan: ClassRewrite, setup_body: list[cst.BaseStatement]) -> cst.
   """`__init__`: the fields stored, the setup() body, then the hoisted children and the forked rng streams."""
   params = ', '.join(['self', *init_params(plan)])
   fields = [f'self.{name} = {name}' for name in plan.field_names]
-  later = [*plan.init_lines, *(f'self.{c.attr} = {c.text}' for c in plan.children if c.hoisted)]
+  later = [*plan.init_lines, *(f'self.{c.attr} = {c.text}' for c in plan.children if c.hoisted and not c.alternative)]
   later += [f'self.{attr} = rngs{stream_access(stream)}.fork()' for stream, attr in plan.streams.items()]
   source = f'def __init__({params}):\n' + ''.join(f'  {line}\n' for line in [*fields, *later] or ['pass'])
   init = cst.parse_statement(source)

@@ -30,10 +30,10 @@ def class_changes(plan: ClassRewrite, linen_base: str, variable_classes: dict[st
   changes = [f'class {plan.name}({linen_base}) -> {plan.base} with __init__({", ".join(init_params(plan))})']
   hoisted = [c for c in plan.children if c.hoisted]
   if hoisted:
-    mapping = ', '.join(
+    mapping = ', '.join(dict.fromkeys(  # arms building one attribute: once
         f'{c.linen_name} -> self.{c.attr}' + (
             f' (its cell {c.cell.linen_name} -> self.{c.attr}.{c.wrapper.cell_attribute})' if c.cell else '')
-        for c in hoisted)
+        for c in hoisted))
     what = 'submodules and variables' if any(c.api for c in hoisted) else 'submodules'
     changes.append(f'{plan.name}: @nn.compact {what} hoisted into __init__: {mapping}')
   for name in plan.mode_fields:

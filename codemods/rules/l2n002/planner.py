@@ -239,6 +239,9 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
     child.text = 'nnx.data(None)' if child.cache else init_code.variable_text(ctx, child) if child.api else init_code.ctor_text(ctx, child)
     if child.condition is not None and not _in_place_conditional(ctx, child.ctor):
       child.text = f'{child.text} if {child.condition} else None'
+    first = next(c for c in plan.children if c.attr == child.attr) if child.hoisted and child.alternative else None
+    if first is not None:  # another arm's layer of the same name: one attribute, the layer of the arm that holds
+      first.text = f'{first.text.removesuffix(" else None")} else {child.text}'
     child.text = ctx.loops.wrap(ctx, child)  # built in a loop: nnx.List([<it> for <target> in <iterator>])
     if not child.hoisted:
       ctx.plan.exprs[child.ctor] = child.text
@@ -449,6 +452,9 @@ def _plan_compact(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
       child = _build_child(ctx, node, counts, None)
       child.hoisted = True
       child.condition = ctx.plan.conditions.get(node)
+      local = ctx.plan.arm_bound.get(node)  # each arm of an if binds the local to a layer of one name= (jax-md's
+      child.alternative = local is not None and child.attr != '' and any(  # `atomwise = ...(name='atom_wise')`)
+          c.attr == child.attr and ctx.plan.arm_bound.get(c.ctor) == local for c in plan.children)
       plan.children.append(child)
       ctx.plan.scan_names.update((name, child) for name in scan_names.get(node, ()))
   for sub in descendants(method.body):

@@ -65,3 +65,15 @@ def test_a_port_that_builds_the_other_arms_module_is_caught():
   log_param = runpy.run_path(str(fixture_parity.FIXTURES / f'{CASE}.out.py'))['LogParam']
   model.std_param = log_param(0.5, 3, rngs=nnx.Rngs(0))
   assert not np.allclose(model(x)[1], expected[1], atol=1e-3)
+
+
+def test_arms_naming_their_layers_alike_share_one_attribute_only_when_one_call_fits_both():
+  """One name= in both arms (jax-md's `atom_wise`, `fixtures/L2N002/jaxmd_atomwise.*`): one attribute; a layer
+  taking a train/eval switch the other does not take keeps the class Linen."""
+  body = ("    if self.wide:\n      layer = nn.Dense(3, name='ffn')\n    else:\n"
+          "      layer = nn.Dropout(0.5, name='ffn')\n    return layer(x)")
+  assert 'self.ffn is built by two arms of an if, as modules that take other call arguments' in _todo(body)
+  out = transform_source(SOURCE.format(body=body.replace("nn.Dropout(0.5, name='ffn')", "nn.Dense(4, name='ffn')")),
+                         registry.select_rules(['L2N002'])).source
+  assert 'self.ffn = nnx.Linear(in_features=ffn_in_features, out_features=3, rngs=rngs) if self.wide else ' \
+         'nnx.Linear(in_features=ffn_in_features, out_features=4, rngs=rngs) if not self.wide else None' in out
