@@ -139,7 +139,9 @@ def tiny_config(config_class: type) -> tp.Any:
 
 
 def _hidden(config: tp.Any) -> int:
-  return next(getattr(config, k) for k in ('hidden_size', 'd_model', 'n_embd') if hasattr(config, k))
+  """The width of the family's hidden states; a vision family's last stage (ResNet's `hidden_sizes`)."""
+  width = next((getattr(config, k) for k in ('hidden_size', 'd_model', 'n_embd') if hasattr(config, k)), None)
+  return width if width is not None else config.hidden_sizes[-1]
 
 
 def make_inputs(linen_class: type, config: tp.Any) -> tuple[tuple, dict[str, tp.Any]]:
