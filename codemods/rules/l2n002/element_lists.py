@@ -5,8 +5,9 @@ Each element is a child of its own (`Child.element`: its index), converted in pl
 `nnx.List([...])` with its formatting and comments kept. The list is used as a setup() list built by a loop is
 (`loops.Loops.list_use`: `for layer in self.layer:` calling `layer(...)`, or `len(self.layer)`); such a loop is
 walked once per element for sizes (`sizes.SizeWalk.loop`), the k-th walk calling element k, so that each
-element's input size is what the element before it returned. The elements build one class, so that one call fits
-each. Linen names them `layer_0`, `layer_1`, ..., or by their name= when it is their index (`'0'`, `'1'`) or a
+element's input size is what the element before it returned. Elements of several classes (RegNet's convolutions
+and squeeze-excitation layer) are called with their input alone (`layer(hidden_state)`, `check_calls`), which each
+takes. Linen names them `layer_0`, `layer_1`, ..., or by their name= when it is their index (`'0'`, `'1'`) or a
 common start and their index (`'block_0'`, `'block_1'`).
 """
 
@@ -25,7 +26,7 @@ if tp.TYPE_CHECKING:
 
 def element_constructions(ctx: ClassContext, value: cst.List, attr: str) -> list[cst.Call] | None:
   """The constructions of `self.<attr> = [<construction>, ...]`; None when no element builds a module (plain
-  code). Raises Unsupported for a list that mixes them with other values or builds several classes."""
+  code). Raises Unsupported for a list that mixes them with other values, or is built inside a block."""
   built = [e.value for e in value.elements if isinstance(e.value, cst.Call) and constructions.constructed(ctx, e.value)]
   if not built:
     return None
