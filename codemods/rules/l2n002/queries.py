@@ -21,6 +21,7 @@ from codemods.rules.l2n002.nodes import (
   is_self_attr,
   last_axis_of_name,
   nnx_counterpart,
+  paren,
   size_local_of,
 )
 from codemods.rules.l2n002.plan import Unsupported
@@ -95,7 +96,8 @@ def _self_alias(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignment
   return None if base is None else base + code[len(chain.value):]
 
 
-def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metadata.BaseAssignment]) -> cst.BaseExpression:
+def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metadata.BaseAssignment]
+                 ) -> cst.BaseExpression | str:
   """The value of a local bound once, by a statement of its method's own body, to code that may move to __init__
   (`initializer = nn.initializers.xavier_uniform()`, `features = self.width * 2`): __init__ evaluates it where
   the construction goes, and the statement stays where it is for the rest of the body. Raises Unsupported, naming
@@ -104,9 +106,23 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
     raise Unsupported(name, f'a constructor argument uses {name.value}, defined in the method: define it at module '
                             'level or as a method, reading only fields and constants, and pass it in')
   assign = _single_assign(ctx, assignments)
+  arms = _arm_values(ctx, name, assignments) if assign is None else None
+  if arms is not None:  # `num_embeddings = 201` or `= 101` by a test on fields: the same choice in __init__
+    try:
+      for node in arms:
+        check_hoistable(ctx, node)
+    except Unsupported as e:
+      what = e.node.value if isinstance(e.node, cst.Name) else ctx.facts.code(e.node)
+      raise Unsupported(name, f'a constructor argument uses the local {name.value}, bound in the arms of an if by code '
+                              f'that reads {what}, which only the call knows: make it a field, or a constructor '
+                              'argument') from None
+    tests, values = arms[:-1:2], [*arms[1::2], arms[-1]]
+    return '(' + ''.join(f'{paren(code(ctx, v))} if {code(ctx, t)} else ' for t, v in zip(tests, values)) \
+        + f'{paren(code(ctx, values[-1]))})'
   if assign is None:
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, which is bound more than once or '
-                            'inside a block: bind it once, at the top of the method, to code of fields and constants')
+                            'inside a block: bind it once, at the top of the method, or once in each arm of an if on '
+                            'fields, to code of fields and constants')
   if has_scope_call(assign.value) or _builds_module(ctx, assign.value):
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, bound to a submodule or a variable: '
                             'pass the submodule or variable itself')
@@ -117,6 +133,34 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, whose value reads {what}, which '
                             'only the call knows: make it a field, or a constructor argument') from None
   return assign.value
+
+
+def _arm_values(ctx: ClassContext, name: cst.Name, assignments: list[cst.metadata.BaseAssignment]
+                ) -> list[cst.BaseExpression] | None:
+  """A local bound once in every arm of one if chain that ends in `else`, and read after it (jax-md's `if
+  self.embedding_target == 'charge': num_embeddings = 201`, `else: num_embeddings = 101`): the chain's tests and
+  the arms' values, in turn (`[test, value, test, value, ..., else value]`); None for other locals."""
+  values: dict[cst.CSTNode, cst.BaseExpression] = {}
+  for assignment in assignments:
+    target = ctx.facts.parent(assignment.node) if isinstance(assignment, cst.metadata.Assignment) else None
+    assign = ctx.facts.parent(target) if isinstance(target, cst.AssignTarget) else None
+    line = ctx.facts.parent(assign) if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+    block = ctx.facts.parent(line) if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+    arm = ctx.facts.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not isinstance(arm, (cst.If, cst.Else)) or arm in values:
+      return None
+    values[arm] = assign.value
+  top = next(iter(values))
+  while isinstance(ctx.facts.parent(top), (cst.If, cst.Else)):  # an `elif` or `else`: up to the first `if`
+    top = ctx.facts.parent(top)
+  arms, node = [], top
+  while isinstance(node, cst.If) and node in values:
+    arms += [node.test, values[node]]
+    node = node.orelse
+  if not isinstance(node, cst.Else) or node not in values or len(arms) // 2 + 1 != len(values) \
+      or name in set(descendants(top)):
+    return None
+  return [*arms, values[node]]
 
 
 def _single_assign(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignment]) -> cst.Assign | None:

@@ -77,3 +77,17 @@ def test_arms_naming_their_layers_alike_share_one_attribute_only_when_one_call_f
                          registry.select_rules(['L2N002'])).source
   assert 'self.ffn = nnx.Linear(in_features=ffn_in_features, out_features=3, rngs=rngs) if self.wide else ' \
          'nnx.Linear(in_features=ffn_in_features, out_features=4, rngs=rngs) if not self.wide else None' in out
+
+
+@pytest.mark.parametrize('arms, message', [
+    # no else: the local may be unbound
+    ('    if self.wide:\n      n = 8\n    elif not self.wide:\n      n = 4\n', 'which is bound more than once or inside a block'),
+    # bound twice in one arm
+    ('    if self.wide:\n      n = 8\n      n = n * 2\n    else:\n      n = 4\n', 'which is bound more than once or inside a block'),
+    # an arm's value reads the input
+    ('    if self.wide:\n      n = x.shape[0]\n    else:\n      n = 4\n', 'bound in the arms of an if by code that reads x'),
+])
+def test_a_size_bound_in_the_arms_of_an_if_other_than_once_per_arm_of_fields_stays_linen(arms, message):
+  """`fixtures/L2N002/jaxmd_arm_values.*` converts `num_embeddings = 201` / `101` in the arms of an if on a field
+  (parity in each arm); other bindings keep the class Linen."""
+  assert message in _todo(f'{arms}    return nn.Dense(n)(x)')
