@@ -46,7 +46,7 @@ from codemods.rules.l2n002.nodes import (
   self_tuple_assignment,
   snake,
 )
-from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported, linen_class
+from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 from codemods.rules.l2n002.setup_code import none_placeholders, plain_attributes, setup_code_blocker
 from codemods.rules.l2n002.tied import tied_uses
 from codemods.vocabulary import (
@@ -190,11 +190,7 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite) -> None:
     listed = first.ctor in ctx.loops.sites or child.ctor in ctx.loops.sites
     signature = lambda c: (c.sibling.call_params, [m[:2] for m in c.sibling.mode_params]) if c.sibling is not None \
         else _layer_signature(c) if c.spec is not None else c
-    if child.bridged or first.bridged:
-      kept = first if first.bridged else child
-      raise Unsupported(kept.ctor, f'self.{child.attr} is built by two arms of an if, one of them as '
-                                   f'{linen_class(kept)}, which stays Linen ({kept.bridged})')
-    if (child.sibling is None) != (first.sibling is None) \
+    if child.bridged or first.bridged or (child.sibling is None) != (first.sibling is None) \
         or signature(child) != signature(first) or listed and child.sibling is not first.sibling:
       raise Unsupported(child.ctor, f'self.{child.attr} is built by two arms of an if, as modules that take other '
                                     'call arguments')

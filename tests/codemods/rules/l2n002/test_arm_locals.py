@@ -91,33 +91,3 @@ def test_a_size_bound_in_the_arms_of_an_if_other_than_once_per_arm_of_fields_sta
   """`fixtures/L2N002/jaxmd_arm_values.*` converts `num_embeddings = 201` / `101` in the arms of an if on a field
   (parity in each arm); other bindings keep the class Linen."""
   assert message in _todo(f'{arms}    return nn.Dense(n)(x)')
-
-
-def test_arms_of_which_one_builds_a_class_kept_linen_say_so():
-  """A setup() attribute one arm builds as a class that stays Linen: the TODO names that class and why."""
-  source = '''import flax.linen as nn
-
-
-class Kept(nn.Module):
-  @nn.compact
-  def __call__(self, x):
-    if self.is_mutable_collection('stats'):
-      x = x * 2
-    return nn.Dense(3)(x)
-
-
-class M(nn.Module):
-  wide: bool
-
-  def setup(self):
-    if self.wide:
-      self.ffn = Kept()
-    else:
-      self.ffn = nn.Dense(3)
-
-  def __call__(self, x):
-    return self.ffn(x)
-'''
-  result = transform_source(source, registry.select_rules(['L2N002']))
-  (todo,) = [e.message for e in result.entries if e.kind == 'todo' and e.message.startswith('class M ')]
-  assert 'self.ffn is built by two arms of an if, one of them as Kept, which stays Linen' in todo, todo
