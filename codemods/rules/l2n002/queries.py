@@ -108,17 +108,17 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
   assign = _single_assign(ctx, assignments)
   arms = _arm_values(ctx, name, assignments) if assign is None else None
   if arms is not None:  # `num_embeddings = 201` or `= 101` by a test on fields: the same choice in __init__
+    branches, otherwise = arms
     try:
-      for node in arms:
+      for node in (*(n for branch in branches for n in branch), otherwise):
         check_hoistable(ctx, node)
     except Unsupported as e:
       what = e.node.value if isinstance(e.node, cst.Name) else ctx.facts.code(e.node)
       raise Unsupported(name, f'a constructor argument uses the local {name.value}, bound in the arms of an if by code '
                               f'that reads {what}, which only the call knows: make it a field, or a constructor '
                               'argument') from None
-    tests, values = arms[:-1:2], [*arms[1::2], arms[-1]]
-    return '(' + ''.join(f'{paren(code(ctx, v))} if {code(ctx, t)} else ' for t, v in zip(tests, values)) \
-        + f'{paren(code(ctx, values[-1]))})'
+    return '(' + ''.join(f'{paren(code(ctx, v))} if {code(ctx, t)} else ' for t, v in branches) \
+        + f'{paren(code(ctx, otherwise))})'
   if assign is None:
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, which is bound more than once or '
                             'inside a block: bind it once, at the top of the method, or once in each arm of an if on '
@@ -136,31 +136,50 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
 
 
 def _arm_values(ctx: ClassContext, name: cst.Name, assignments: list[cst.metadata.BaseAssignment]
-                ) -> list[cst.BaseExpression] | None:
+                ) -> tuple[list[tuple[cst.BaseExpression, cst.BaseExpression]], cst.BaseExpression] | None:
   """A local bound once in every arm of one if chain that ends in `else`, and read after it (jax-md's `if
-  self.embedding_target == 'charge': num_embeddings = 201`, `else: num_embeddings = 101`): the chain's tests and
-  the arms' values, in turn (`[test, value, test, value, ..., else value]`); None for other locals."""
-  values: dict[cst.CSTNode, cst.BaseExpression] = {}
-  for assignment in assignments:
-    target = ctx.facts.parent(assignment.node) if isinstance(assignment, cst.metadata.Assignment) else None
-    assign = ctx.facts.parent(target) if isinstance(target, cst.AssignTarget) else None
-    line = ctx.facts.parent(assign) if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
-    block = ctx.facts.parent(line) if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
-    arm = ctx.facts.parent(block) if isinstance(block, cst.IndentedBlock) else None
-    if not isinstance(arm, (cst.If, cst.Else)) or arm in values:
-      return None
-    values[arm] = assign.value
-  top = next(iter(values))
-  while isinstance(ctx.facts.parent(top), (cst.If, cst.Else)):  # an `elif` or `else`: up to the first `if`
-    top = ctx.facts.parent(top)
-  arms, node = [], top
+  self.embedding_target == 'charge': num_embeddings = 201`, `else: num_embeddings = 101`): each `if`'s (test,
+  value), and the `else` value; None for other locals."""
+  bindings = _arm_bindings_of(ctx, assignments)
+  if bindings is None:
+    return None
+  values = {arm: assign.value for assign, arm, _ in bindings}
+  top = bindings[0][2]
+  branches, node = [], top
   while isinstance(node, cst.If) and node in values:
-    arms += [node.test, values[node]]
+    branches.append((node.test, values[node]))
     node = node.orelse
-  if not isinstance(node, cst.Else) or node not in values or len(arms) // 2 + 1 != len(values) \
+  if not isinstance(node, cst.Else) or node not in values or len(branches) + 1 != len(values) \
       or name in set(descendants(top)):
     return None
-  return [*arms, values[node]]
+  return branches, values[node]
+
+
+def _arm_bindings_of(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignment]
+                     ) -> list[tuple[cst.Assign, cst.If | cst.Else, cst.If]] | None:
+  """Each binding of a local as (statement, arm, the chain's first `if`) when every one is `name = value` alone on its
+  line directly in an arm of one `if` chain, each in its own arm; else None."""
+  bindings = [_arm_binding(ctx, a) for a in assignments]
+  if None in bindings or len({arm for _, arm, _ in bindings}) != len(bindings) or len({top for *_, top in bindings}) != 1:
+    return None
+  return bindings
+
+
+def _arm_binding(ctx: ClassContext, assignment: cst.metadata.BaseAssignment
+                 ) -> tuple[cst.Assign, cst.If | cst.Else, cst.If] | None:
+  """`name = value`, alone on its line directly in an arm of an `if` chain: the statement, the arm (an `if`, `elif`
+  or `else`) and the chain's first `if`; None for other bindings."""
+  target = ctx.facts.parent(assignment.node) if isinstance(assignment, cst.metadata.Assignment) else None
+  assign = ctx.facts.parent(target) if isinstance(target, cst.AssignTarget) else None
+  line = ctx.facts.parent(assign) if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+  block = ctx.facts.parent(line) if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+  arm = ctx.facts.parent(block) if isinstance(block, cst.IndentedBlock) else None
+  if not isinstance(arm, (cst.If, cst.Else)):
+    return None
+  top = arm
+  while isinstance(ctx.facts.parent(top), (cst.If, cst.Else)):  # an `elif` or `else`: up to the first `if`
+    top = ctx.facts.parent(top)
+  return (assign, arm, top) if isinstance(top, cst.If) else None
 
 
 def _single_assign(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignment]) -> cst.Assign | None:
@@ -272,7 +291,7 @@ def local_uses(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call, kind:
   target = bound_local(ctx, method, ctor)
   local = target.value
   assignments = list(ctx.facts.scope(target).assignments[local])
-  if len(assignments) != 1 and not (kind == 'submodule' and _arm_bindings(ctx, method, assignments)):
+  if len(assignments) != 1 and not (kind == 'submodule' and _bound_once_per_arm(ctx, method, assignments)):
     raise Unsupported(ctor, f'the {kind} {local} is rebound in the method')
   calls, names = [], []
   for use in dict.fromkeys(r.node for a in assignments for r in a.references):
@@ -292,25 +311,16 @@ def local_uses(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call, kind:
   return calls, names
 
 
-def _arm_bindings(ctx: ClassContext, method: cst.FunctionDef, assignments: list[tp.Any]) -> bool:
+def _bound_once_per_arm(ctx: ClassContext, method: cst.FunctionDef, assignments: list[tp.Any]) -> bool:
   """Whether every binding of a local is `name = <construction>` in its own arm of one `if` chain (brax's
   `if self.noise_std_type == 'scalar': std_module = Param(...)`, `else: std_module = LogParam(...)`), and the local
   is read only after the chain: one of them runs, its layer built in __init__ under the arm's condition."""
-  tops, arms = set(), set()
-  for assignment in assignments:
-    assign = ctx.facts.parent(ctx.facts.parent(assignment.node))  # Name -> AssignTarget -> Assign
-    if not (isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
-            and bound_local(ctx, method, assign.value) is assignment.node):
-      return False
-    arm = ctx.facts.parent(ctx.facts.parent(ctx.facts.parent(assign)))  # Assign -> line -> block -> If / Else
-    top = arm
-    while isinstance(ctx.facts.parent(top), (cst.If, cst.Else)):  # an `elif` or `else`: up to the first `if`
-      top = ctx.facts.parent(top)
-    tops.add(top)
-    arms.add(arm)
-  chain = set(descendants(next(iter(tops))))
-  return len(tops) == 1 and len(arms) == len(assignments) and isinstance(next(iter(tops)), cst.If) \
-      and not any(r.node in chain for a in assignments for r in a.references)
+  bindings = _arm_bindings_of(ctx, assignments)
+  if bindings is None:
+    return False
+  chain = set(descendants(bindings[0][2]))
+  return all(isinstance(assign.value, cst.Call) and bound_local(ctx, method, assign.value) is not None
+             for assign, _, _ in bindings) and not any(r.node in chain for a in assignments for r in a.references)
 
 
 def shared_local(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call) -> tuple[list[cst.Call], list[cst.Name]]:
