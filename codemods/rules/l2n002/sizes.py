@@ -307,11 +307,14 @@ def _plain_attributes(ctx: ClassContext, name: str) -> tuple[dict[str, str], dic
       if node is not None else None
   if setup is None:
     return {}, {}
-  targets = [t for sub in descendants(node) for t in
-             ([t.target for t in sub.targets] if isinstance(sub, cst.Assign) else
-              [sub.target] if isinstance(sub, (cst.AugAssign, cst.AnnAssign)) else [])]
-  written = [t.attr.value for t in targets if isinstance(t, cst.Attribute) and is_self_attr(t)]
-  names = [n.value for t in targets for n in (t, *descendants(t)) if isinstance(n, cst.Name)]
+  def targets(scope: cst.CSTNode) -> list[cst.BaseExpression]:
+    return [t for sub in descendants(scope) for t in
+            ([t.target for t in sub.targets] if isinstance(sub, cst.Assign) else
+             [sub.target] if isinstance(sub, (cst.AugAssign, cst.AnnAssign)) else [])]
+  written = [t.attr.value for t in targets(node) if isinstance(t, cst.Attribute) and is_self_attr(t)]
+  # setup()'s own bindings: a field of the same name (diffusers' `out_channels = self.in_channels if
+  # self.out_channels is None else self.out_channels`) is no second binding of the local
+  names = [n.value for t in targets(setup) for n in (t, *descendants(t)) if isinstance(n, cst.Name)]
   attributes, bound = {}, {}
   for statement in setup.body.body:
     target, local = self_assignment(statement), assigned_name(statement)

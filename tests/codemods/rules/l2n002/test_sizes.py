@@ -180,15 +180,26 @@ BOUND_IN_ARMS = EMBED_THEN_NORM.replace(
     '        if self.config.hidden_size > 0:\n            embed_dim = self.config.hidden_size\n'
     '        else:\n            embed_dim = 6\n')
 
+# diffusers' `out_channels = self.in_channels if self.out_channels is None else self.out_channels`: a local named
+# like a field, which is no second binding of it
+NAMED_LIKE_A_FIELD = EMBED_THEN_NORM.replace(
+    '    config: Config\n\n    def setup(self):\n        embed_dim',
+    '    config: Config\n    embed_dim: int = None\n\n    def setup(self):\n        embed_dim', 1).replace(
+    'embed_dim = self.config.hidden_size\n',
+    'embed_dim = self.config.hidden_size if self.embed_dim is None else self.embed_dim\n').replace(
+    'FlaxTinyEmbeddings(self.config)', 'FlaxTinyEmbeddings(self.config, embed_dim=2 * self.config.hidden_size)')
+
 
 @pytest.mark.parametrize('source, norm_size, sizes', [
     (EMBED_THEN_NORM, 'num_features=self.config.hidden_size', {}),
     (BOUND_IN_ARMS, 'num_features=final_layer_norm_num_features', {'final_layer_norm_num_features': 6}),
-])
+    (NAMED_LIKE_A_FIELD, 'num_features=(self.config.hidden_size if (2 * self.config.hidden_size) is None else '
+                         '(2 * self.config.hidden_size))', {}),
+], ids=['bound once', 'bound in the arms of an if', 'named like a field'])
 def test_a_child_s_output_size_written_with_its_own_locals_is_in_the_parent_s_terms(source, norm_size, sizes):
   """CLIP's embeddings return `embed_dim` wide, a local their setup() binds once to `self.config.hidden_size`: the
-  parent's layer norm takes that code with the parent's config. A local bound in the arms of an if is not the
-  parent's to name: the layer norm gets a size argument (never code that fails with NameError in __init__)."""
+  parent's layer norm takes that code with the parent's config, also when the local shares a field's name. A local
+  bound in the arms of an if is not the parent's to name: the layer norm gets a size argument (never code that fails with NameError in __init__)."""
   from codemods import rules as registry
   from codemods.transform import transform_source
 
