@@ -55,16 +55,19 @@ def decide_classes(facts: FileFacts) -> ClassDecisions:
   kept, first = dict(facts.kept_linen), dict[str, LeftLinen]()
   users: dict[str, str] = {}  # a class kept because a class left as Linen uses it -> that class
   order = _plan_order(facts)
+  alone: dict[str, ClassRewrite] | None = None  # the plans of the first round, each class planned as it stands
   while True:
     facts = dataclasses.replace(facts, kept_linen=kept)
     file, left = _plan_all(facts, order)
+    alone = dict(file.plans) if alone is None else alone
     first = {**left, **first}  # a class keeps the reason it was first left for, not a consequence of it
     used, bridges = _used_by_linen(facts, file, left)
     if not used:
       settled = {name: first[name] for name in left}
       for name in {bridge.user for bridge in bridges} & set(users):
         built = {bridge.built for bridge in bridges if bridge.user == name}
-        settled[name] = _settled_reason(facts, file, order, name, users[name], built, left) or settled[name]
+        below = {**{k: alone[k] for k in users if k in alone}, **file.plans}
+        settled[name] = _settled_reason(facts, file, below, order, name, users[name], built, left) or settled[name]
       return ClassDecisions(file, settled, facts, bridges)
     kept = {**kept, **{name: message for name, (user, message) in used.items()}}
     users.update((name, user) for name, (user, _) in used.items())
@@ -143,17 +146,19 @@ def _bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user: str, built:
   return found
 
 
-def _settled_reason(facts: FileFacts, file: FileRewrite, order: list[cst.ClassDef], name: str, user: str,
-                    built: set[str], left: dict[str, LeftLinen]) -> LeftLinen | None:
+def _settled_reason(facts: FileFacts, file: FileRewrite, plans: dict[str, ClassRewrite], order: list[cst.ClassDef],
+                    name: str, user: str, built: set[str], left: dict[str, LeftLinen]) -> LeftLinen | None:
   """Why `name`, kept because the Linen class `user` cannot wrap it, stays Linen, as a second run finds it.
 
-  The classes below `name` that stayed Linen are Linen code in that run, and those it builds through
-  nnx_bridge.to_linen (`built`) NNX code it builds as Linen modules: asked with both as Linen classes, the answer is
-  the one that run gives. None when the answer is not a reason."""
+  That run plans the classes below `name` first as they stand: `plans`, the converted classes with the first
+  round's plans of those kept for a Linen user (Linen code in that run, converted until their users are asked:
+  diffusers' ResNet block, kept for a mid block, under an encoder block). Those `name` builds through
+  nnx_bridge.to_linen (`built`) are NNX code it builds as Linen modules. Asked so, the answer is the one that run
+  gives; None when the answer is not a reason."""
   trial = dataclasses.replace(facts, kept_linen={k: v for k, v in facts.kept_linen.items() if k != name})
   node = facts.class_defs[name]
   position = {n.name.value: i for i, n in enumerate(order)}
-  before = {k: plan for k, plan in file.plans.items() if position.get(k, -1) < position[name] and k not in built}
+  before = {k: plan for k, plan in plans.items() if position.get(k, -1) < position[name] and k not in built}
   try:
     plan = plan_class(trial, before, node, file.variable_classes)
   except Unsupported as error:
