@@ -14,8 +14,11 @@ parent then runs as before on the same variables, so that its checkpoints still 
   the parent's code decides when it builds the class (`tied_decoder=self.config.tie_word_embeddings` for
   calls passing `shared_embedding` bound by `if self.config.tie_word_embeddings: ... else: None`);
 * every use of the class in the parent builds it where Linen names it as before (a setup() attribute, or
-  with `name=`), and every call of what it builds passes the train/eval switches NNX dropped by keyword
-  (to_linen turns them into `train()` / `eval()`);
+  with `name=`, or an element of a setup() list: `self.resnets = resnets` after `resnets = [Block(...)]` or
+  `resnets.append(block)` of a local `block = Block(...)`, diffusers' blocks), and every call of what it builds
+  passes the train/eval switches NNX dropped by keyword (to_linen turns them into `train()` / `eval()`): calls
+  of the attribute, of `self.resnets[k]`, and of the layer of `for layer in` the list, `enumerate` of it or `zip`
+  of it (or of a slice of it) with others;
 * a parent kept Linen for a use elsewhere (another file's Linen class builds it) builds it outside loops: a second
   run plans that parent itself, and a to_linen construction in a loop would give it another reason.
 Otherwise the class stays Linen with its parent, and the reason says which of these failed.
@@ -31,7 +34,7 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.report import INPUT_DIMENSION
 from codemods.rules.l2n002.facts import FileFacts
-from codemods.rules.l2n002.nodes import is_self_attr, self_assignment, value_else_none
+from codemods.rules.l2n002.nodes import assigned_name, is_self_attr, self_assignment, value_else_none
 from codemods.rules.l2n002.plan import Child, ClassRewrite
 from nnx_bridge.layer_spec import LAST_AXIS_SIZES
 
@@ -217,6 +220,8 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
     return _call_blocker(plan, parent)
   statement = _statement_of(facts, call)
   attr = self_assignment(statement) if statement is not None else None
+  setup = _method(node, 'setup')
+  listed = attr is None and setup is not None and (attr := _listed_as(facts, setup, call)) is not None
   if attr is None:
     return f'a construction of {plan.name} that is neither called at once nor kept as a setup() attribute'
   for sub in descendants(node):
@@ -225,14 +230,76 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
     if isinstance(facts.parent(sub), cst.AssignTarget):
       continue  # the construction's statement, or another arm of a setup() if assigning the attribute
     use = facts.parent(sub)
-    if isinstance(use, cst.Call) and use.func is sub:
+    if isinstance(use, cst.Call) and use.func is sub and not listed:
       reason = _call_blocker(plan, use)
+    elif (indexed := _indexed_call(facts, sub)) is not None:
+      reason = _call_blocker(plan, indexed)
     elif (loop := _loop_over(facts, sub)) is not None:
-      reason = _loop_blocker(plan, loop)
+      reason = _loop_blocker(plan, *loop)
     else:
       reason = f'self.{attr} ({plan.name}) is used other than by calling it'
     if reason is not None:
       return reason
+  return None
+
+
+def _listed_as(facts: FileFacts, setup: cst.FunctionDef, call: cst.Call) -> str | None:
+  """The setup() attribute that holds the construction `call` through a list local of setup() (diffusers' blocks:
+  `res_block = Block(...)`, `resnets.append(res_block)`, then `self.resnets = resnets`; or `resnets = [Block(...)]`),
+  else None. The list is used only so: bound, appended to, stored once."""
+  parent = facts.parent(call)
+  statement = _statement_of(facts, call)
+  if isinstance(parent, cst.Element) and isinstance(facts.parent(parent), cst.List):
+    listed = facts.parent(parent)
+    statement_value = statement.body[0].value if statement is not None and isinstance(statement.body[0], cst.Assign) \
+        else None
+    name = assigned_name(statement) if statement_value is listed else None
+  elif (appended := _appended_to(facts, call)) is not None:
+    name = appended
+  elif statement is not None and (local := assigned_name(statement)) is not None \
+      and statement.body[0].value is call and _inside(facts, statement, setup):
+    uses = [n for n in descendants(setup) if isinstance(n, cst.Name) and n.value == local
+            and not _attribute_name(facts, n) and not isinstance(facts.parent(n), cst.AssignTarget)]
+    lists = {_appended_to(facts, n) for n in uses}
+    name = lists.pop() if len(lists) == 1 and uses else None
+  else:
+    name = None
+  if name is None:
+    return None
+  stored = []
+  for use in descendants(setup):
+    if not (isinstance(use, cst.Name) and use.value == name) or _attribute_name(facts, use):
+      continue
+    holder = facts.parent(use)
+    if isinstance(holder, cst.AssignTarget) or isinstance(holder, cst.Attribute) and holder.value is use \
+        and holder.attr.value == 'append' and isinstance(facts.parent(holder), cst.Call):
+      continue
+    line = _statement_of(facts, use)
+    target = self_assignment(line) if line is not None and line.body[0].value is use else None
+    if target is None:
+      return None
+    stored.append(target)
+  return stored[0] if len(stored) == 1 else None
+
+
+def _appended_to(facts: FileFacts, node: cst.CSTNode) -> str | None:
+  """`lst` of `lst.append(<node>)`, else None."""
+  arg = facts.parent(node)
+  call = facts.parent(arg) if isinstance(arg, cst.Arg) else None
+  if isinstance(call, cst.Call) and len(call.args) == 1 and call.args[0] is arg and arg.keyword is None \
+      and not arg.star and isinstance(call.func, cst.Attribute) and call.func.attr.value == 'append' \
+      and isinstance(call.func.value, cst.Name):
+    return call.func.value.value
+  return None
+
+
+def _indexed_call(facts: FileFacts, attr: cst.Attribute) -> cst.Call | None:
+  """The call `self.layers[k](...)` of `attr`'s subscript, else None."""
+  subscript = facts.parent(attr)
+  call = facts.parent(subscript) if isinstance(subscript, cst.Subscript) else None
+  if isinstance(call, cst.Call) and call.func is subscript and subscript.value is attr and len(subscript.slice) == 1 \
+      and isinstance(subscript.slice[0].slice, cst.Index):
+    return call
   return None
 
 
@@ -311,11 +378,12 @@ def _call_blocker(plan: ClassRewrite, use: cst.Call) -> str | None:
   return None
 
 
-def _loop_blocker(plan: ClassRewrite, loop: cst.For) -> str | None:
-  """Why the layers a `for layer in self.layers:` loop runs do not fit their NNX `__call__`, or None."""
+def _loop_blocker(plan: ClassRewrite, loop: cst.For, position: int) -> str | None:
+  """Why the layers a `for layer in self.layers:` loop runs do not fit their NNX `__call__`, or None; `position`:
+  where the layer is in the loop's target (-1: the target, or the last of `i, layer`)."""
   target = loop.target
-  if isinstance(target, cst.Tuple) and target.elements:  # `for i, layer in enumerate(self.layers)`
-    target = target.elements[-1].value
+  if isinstance(target, cst.Tuple) and len(target.elements) > max(position, -position - 1):
+    target = target.elements[position].value  # `for i, layer in enumerate(...)`, `for a, b in zip(...)`
   if not isinstance(target, cst.Name):
     return f'a loop over {plan.name} layers with an unpacked target'
   calls = {id(c.func): c for c in descendants(loop.body) if isinstance(c, cst.Call)}
@@ -329,15 +397,20 @@ def _loop_blocker(plan: ClassRewrite, loop: cst.For) -> str | None:
   return None
 
 
-def _loop_over(facts: FileFacts, attr: cst.Attribute) -> cst.For | None:
-  """The for loop whose iterable is `attr` (or `enumerate(attr)`), else None."""
-  parent = facts.parent(attr)
-  if isinstance(parent, cst.Arg):
+def _loop_over(facts: FileFacts, attr: cst.Attribute) -> tuple[cst.For, int] | None:
+  """The for loop whose iterable is `attr` (or `enumerate(attr)`, `zip(..., attr, ...)`, a slice `attr[1:]` in
+  either), with where its layer is in the loop's target; else None."""
+  node, parent, position = attr, facts.parent(attr), -1
+  if isinstance(parent, cst.Subscript) and parent.value is attr and len(parent.slice) == 1 \
+      and isinstance(parent.slice[0].slice, cst.Slice):  # `self.resnets[1:]`
+    node, parent = parent, facts.parent(parent)
+  if isinstance(parent, cst.Arg) and not parent.star and parent.keyword is None:
     call = facts.parent(parent)
-    if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value == 'enumerate' \
-        and len(call.args) == 1:
-      attr, parent = call, facts.parent(call)
-  return parent if isinstance(parent, cst.For) and parent.iter is attr else None
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in ('enumerate', 'zip') \
+        and (call.func.value == 'zip' or len(call.args) == 1):
+      position = call.args.index(parent) if call.func.value == 'zip' else -1
+      node, parent = call, facts.parent(call)
+  return (parent, position) if isinstance(parent, cst.For) and parent.iter is node else None
 
 
 def _bridge_code(facts: FileFacts, built: str, call: cst.Call, flags: dict[str, str], sizes: dict[str, str],

@@ -298,7 +298,7 @@ class FlaxUNetMidBlock2D(nn.Module):
 
     def __call__(self, hidden_states, deterministic=True):
         for resnet in self.resnets:
-            hidden_states = resnet(hidden_states, deterministic=deterministic)
+            hidden_states = resnet(hidden_states, deterministic)
         return hidden_states
 
 
@@ -318,17 +318,18 @@ class FlaxEncoder(nn.Module):
 
     def __call__(self, sample, deterministic: bool = True):
         for block in self.down_blocks:
-            sample = block(sample, deterministic=deterministic)
+            sample = block(sample, deterministic)
         return self.mid_block(sample, deterministic=deterministic)
 '''
 
 
 def test_a_class_kept_for_a_user_is_worded_as_a_second_run_plans_it_first():
-  """diffusers' VAE: the ResNet block converts on its own but stays Linen for the mid block's list, and the encoder
-  block, which builds it and the converted downsampler, stays Linen for the encoder's list. A second run plans the
-  ResNet block first as it stands (converted), so it finds the encoder block kept for the encoder, not unable to
-  build a Linen block in its loop: the first run words it so, and the downsampler keeps its bridge (worded after
-  the Linen ResNet block, the second run would change the file and the downsampler would stay Linen too)."""
+  """diffusers' VAE: the ResNet block converts on its own but stays Linen for the mid block, and the encoder block,
+  which builds it and the converted downsampler, stays Linen for the encoder (both pass the train/eval switch by
+  position, so neither can wrap what it builds with to_linen). A second run plans the ResNet block first as it
+  stands (converted), so it finds the encoder block kept for the encoder, not unable to build a Linen block in its
+  loop: the first run words it so, and the downsampler keeps its bridge (worded after the Linen ResNet block, the
+  second run would change the file and the downsampler would stay Linen too)."""
   new, converted = _kept_for_a_user(VAE_ENCODER)
   assert converted == ['FlaxDownsample2D'] and 'nnx_bridge.to_linen(FlaxDownsample2D' in new
   assert transform_source(new, registry.ALL_RULES).source == new

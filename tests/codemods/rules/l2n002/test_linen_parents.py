@@ -11,6 +11,7 @@ from flax import nnx
 from codemods import rules as registry
 from codemods import transform
 from codemods.transform import transform_source
+from tests.codemods.rules import test_fixture_parity as fixture_parity
 from tests.codemods.rules.l2n002.test_decide import WMT_STYLE
 
 # In the layout of transformers' modeling_flax_bert.py: the attention stays Linen (its decode cache lives in a helper
@@ -615,3 +616,69 @@ def test_classes_a_linen_class_builds_inside_a_conditional_expression_are_bridge
   images = jax.random.normal(jax.random.key(0), (2, 4, 4, 3))
   original, bridged = (_module(s)['FlaxTinyLayer'](3, out_channels) for s in (REGNET_STYLE, new))
   _same_model(original, bridged, images)
+
+
+# diffusers' VAE mid block: its list starts with a ResNet block and the loop appends one more per layer beside
+# another list, then `self.resnets[0](...)` and `zip(self.downsamplers, self.resnets[1:])`. The list literal keeps
+# the mid block Linen; the blocks it builds convert and reach its lists through setup()'s locals.
+ENCODER_BLOCK = (fixture_parity.FIXTURES / 'L2N002/diffusers_encoder_block.in.py').read_text()
+MID_BLOCK = '''
+
+class FlaxUNetMidBlock2D(nn.Module):
+    in_channels: int
+    num_layers: int = 1
+
+    def setup(self):
+        # there is always at least one resnet
+        resnets = [FlaxResnetBlock2D(in_channels=self.in_channels, out_channels=self.in_channels)]
+        downsamplers = []
+        for _ in range(self.num_layers):
+            down = FlaxDownsample2D(self.in_channels)
+            downsamplers.append(down)
+            res_block = FlaxResnetBlock2D(in_channels=self.in_channels, out_channels=self.in_channels)
+            resnets.append(res_block)
+        self.resnets = resnets
+        self.downsamplers = downsamplers
+
+    def __call__(self, hidden_states, deterministic=True):
+        hidden_states = self.resnets[0](hidden_states, deterministic=deterministic)
+        for down, resnet in zip(self.downsamplers, self.resnets[1:]):
+            hidden_states = down(hidden_states)
+            hidden_states = resnet(hidden_states, deterministic=deterministic)
+        return hidden_states
+'''
+VAE_MID_BLOCK = ENCODER_BLOCK + MID_BLOCK
+IMAGES = jax.random.normal(jax.random.key(3), (2, 8, 8, 4))
+
+
+def test_layers_a_linen_class_keeps_in_setup_lists_through_locals_are_bridged_there():
+  """The mid block stays Linen; the ResNet blocks and downsamplers it appends to its lists convert, each built
+  through to_linen where it stood, and the mid block runs as before on its own variables (same paths, outputs and
+  gradients). A second run changes nothing."""
+  new, entries = _migrate(VAE_MID_BLOCK)
+  assert 'class FlaxUNetMidBlock2D(nn.Module):' in new and 'class FlaxResnetBlock2D(nnx.Module):' in new
+  assert 'resnets = [nnx_bridge.to_linen(FlaxResnetBlock2D, ' in new
+  assert 'res_block = nnx_bridge.to_linen(FlaxResnetBlock2D, ' in new and 'down = nnx_bridge.to_linen(FlaxDownsample2D, ' in new
+  assert _migrate(new)[0] == new
+  original, bridged = (_module(s)['FlaxUNetMidBlock2D'](4, num_layers=2) for s in (VAE_MID_BLOCK, new))
+  _same_model(original, bridged, IMAGES)
+
+
+@pytest.mark.parametrize('old, new, reason', [
+    ('hidden_states = resnet(hidden_states, deterministic=deterministic)', 'hidden_states = resnet(hidden_states, deterministic)',
+     'a call of FlaxResnetBlock2D passes its train/eval argument by position'),
+    ('        self.resnets = resnets\n', '        self.resnets = tuple(resnets)\n',
+     'a construction of FlaxResnetBlock2D that is neither called at once nor kept as a setup() attribute'),
+    ('        return hidden_states\n', '        return hidden_states * len(self.resnets)\n',
+     'self.resnets (FlaxResnetBlock2D) is used other than by calling it'),
+], ids=['mode-by-position', 'list-passed-on', 'list-used-otherwise'])
+def test_a_setup_list_whose_layers_no_bridge_can_keep_running_keeps_them_linen(old, new, reason):
+  assert MID_BLOCK.count(old) == 1
+  source = ENCODER_BLOCK + MID_BLOCK.replace(old, new)
+  migrated, entries = _migrate(source)
+  assert 'class FlaxResnetBlock2D(nn.Module):' in migrated and 'to_linen(FlaxResnetBlock2D' not in migrated
+  todo = next(e for e in entries if 'class FlaxResnetBlock2D kept as Linen' in e)
+  assert reason in todo, todo
+  original, kept = (_module(s)['FlaxUNetMidBlock2D'](4, num_layers=2) for s in (source, migrated))
+  variables = original.init(jax.random.key(0), IMAGES)
+  np.testing.assert_array_equal(kept.apply(variables, IMAGES), original.apply(variables, IMAGES))
