@@ -14,11 +14,12 @@ parent then runs as before on the same variables, so that its checkpoints still 
   the parent's code decides when it builds the class (`tied_decoder=self.config.tie_word_embeddings` for
   calls passing `shared_embedding` bound by `if self.config.tie_word_embeddings: ... else: None`);
 * every use of the class in the parent builds it where Linen names it as before (a setup() attribute, or
-  with `name=`, or an element of a setup() list: `self.resnets = resnets` after `resnets = [Block(...)]` or
-  `resnets.append(block)` of a local `block = Block(...)`, diffusers' blocks), and every call of what it builds
-  passes the train/eval switches NNX dropped by keyword (to_linen turns them into `train()` / `eval()`): calls
-  of the attribute, of `self.resnets[k]`, and of the layer of `for layer in` the list, `enumerate` of it or `zip`
-  of it (or of a slice of it) with others;
+  with `name=`, the construction called at once or bound to a local that is only called, or an element of a
+  setup() list: `self.resnets = resnets` after `resnets = [Block(...)]` or `resnets.append(block)` of a local
+  `block = Block(...)`, diffusers' blocks), and every call of what it builds passes the train/eval switches NNX
+  dropped by keyword (to_linen turns them into `train()` / `eval()`): calls of the attribute or the local, of
+  `self.resnets[k]`, and of the layer of `for layer in` the list, `enumerate` of it or `zip` of it (or of a slice
+  of it) with others;
 * a parent kept Linen for a use elsewhere (another file's Linen class builds it) builds it outside loops: a second
   run plans that parent itself, and a to_linen construction in a loop would give it another reason.
 Otherwise the class stays Linen with its parent, and the reason says which of these failed.
@@ -219,6 +220,9 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
   if isinstance(parent, cst.Call) and parent.func is call:
     return _call_blocker(plan, parent)
   statement = _statement_of(facts, call)
+  called = _local_calls(facts, statement, call)
+  if called is not None:  # `edgewise = Edgewise(..., name='edge_wise')`, then `x = edgewise(x, ...)` (jax-md)
+    return next((reason for use in called if (reason := _call_blocker(plan, use)) is not None), None)
   attr = self_assignment(statement) if statement is not None else None
   setup = _method(node, 'setup')
   listed = attr is None and setup is not None and (attr := _listed_as(facts, setup, call)) is not None
@@ -241,6 +245,27 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
     if reason is not None:
       return reason
   return None
+
+
+def _local_calls(facts: FileFacts, statement: cst.SimpleStatementLine | None, call: cst.Call) -> list[cst.Call] | None:
+  """The calls of a local bound once to the construction `call` (`local = Block(...)`) in its method, when they are
+  all its uses; else None."""
+  local = assigned_name(statement) if statement is not None else None
+  if local is None or statement.body[0].value is not call:
+    return None
+  method = facts.parent(statement)
+  while method is not None and not isinstance(method, cst.FunctionDef):
+    method = facts.parent(method)
+  names = [n for n in descendants(method) if isinstance(n, cst.Name) and n.value == local and not _attribute_name(facts, n)]
+  bindings = [n for n in names if isinstance(facts.parent(n), cst.AssignTarget)]
+  uses = [n for n in names if n not in bindings]
+  if len(bindings) != 1 or any(isinstance(n, cst.Name) and n.value == local for sub in descendants(method)
+                               if isinstance(sub, (cst.For, cst.CompFor, cst.AugAssign, cst.AnnAssign, cst.NamedExpr))
+                               for n in (sub.target, *descendants(sub.target))):
+    return None
+  if not uses or not all(isinstance(facts.parent(n), cst.Call) and facts.parent(n).func is n for n in uses):
+    return None
+  return [facts.parent(n) for n in uses]
 
 
 def _listed_as(facts: FileFacts, setup: cst.FunctionDef, call: cst.Call) -> str | None:

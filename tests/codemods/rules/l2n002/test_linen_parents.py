@@ -682,3 +682,56 @@ def test_a_setup_list_whose_layers_no_bridge_can_keep_running_keeps_them_linen(o
   original, kept = (_module(s)['FlaxUNetMidBlock2D'](4, num_layers=2) for s in (source, migrated))
   variables = original.init(jax.random.key(0), IMAGES)
   np.testing.assert_array_equal(kept.apply(variables, IMAGES), original.apply(variables, IMAGES))
+
+
+# jax-md's UMA block: a compact body binds a named layer to a local and calls it; the body keeps the block Linen
+# (its layer norm comes from a helper), the layer it binds converts.
+COMPACT_LOCAL = '''import flax.linen as nn
+import jax.numpy as jnp
+
+
+def get_normalization_layer(name):
+  return nn.LayerNorm(name=name)
+
+
+class Edgewise(nn.Module):
+  hidden_channels: int
+  dropout: float = 0.1
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool = True):
+    x = nn.Dense(self.hidden_channels)(x)
+    return nn.Dropout(self.dropout)(x, deterministic=deterministic)
+
+
+class UMABlock(nn.Module):
+  hidden_channels: int
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool = True):
+    x_res = x
+    x = get_normalization_layer('norm_1')(x)
+    edgewise = Edgewise(hidden_channels=self.hidden_channels, name='edge_wise')
+    x = edgewise(x, deterministic=deterministic)
+    return x + x_res
+'''
+
+
+@pytest.mark.parametrize('old, new, converted', [
+    (None, None, True),
+    ('    x = edgewise(x, deterministic=deterministic)\n', '    x = edgewise(x, deterministic)\n', False),
+    ('    return x + x_res\n', '    edgewise = nn.Dense(8)\n    return edgewise(x) + x_res\n', False),
+], ids=['called', 'mode-by-position', 'rebound'])
+def test_a_named_layer_a_linen_body_binds_to_a_local_and_calls_is_bridged_there(old, new, converted):
+  """The UMA block stays Linen; the layer it binds to a local and only calls converts and is built through to_linen
+  there, the block running as before on its own variables. A call passing the switch by position, or a local bound
+  twice, keeps the layer Linen."""
+  source = COMPACT_LOCAL if old is None else COMPACT_LOCAL.replace(old, new)
+  migrated, _ = _migrate(source)
+  assert 'class UMABlock(nn.Module):' in migrated
+  assert ('class Edgewise(nnx.Module):' in migrated) == converted
+  assert ('edgewise = nnx_bridge.to_linen(Edgewise, ' in migrated) == converted
+  assert _migrate(migrated)[0] == migrated
+  x = jax.random.normal(jax.random.key(4), (3, 8))
+  original, bridged = (_module(s)['UMABlock'](8) for s in (source, migrated))
+  _same_model(original, bridged, x)
