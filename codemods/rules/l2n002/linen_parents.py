@@ -14,12 +14,12 @@ parent then runs as before on the same variables, so that its checkpoints still 
   the parent's code decides when it builds the class (`tied_decoder=self.config.tie_word_embeddings` for
   calls passing `shared_embedding` bound by `if self.config.tie_word_embeddings: ... else: None`);
 * every use of the class in the parent builds it where Linen names it as before (a setup() attribute, or
-  with `name=`, the construction called at once or bound to a local that is only called, or an element of a
-  setup() list: `self.resnets = resnets` after `resnets = [Block(...)]` or `resnets.append(block)` of a local
-  `block = Block(...)`, diffusers' blocks), and every call of what it builds passes the train/eval switches NNX
-  dropped by keyword (to_linen turns them into `train()` / `eval()`): calls of the attribute or the local, of
-  `self.resnets[k]`, and of the layer of `for layer in` the list, `enumerate` of it or `zip` of it (or of a slice
-  of it) with others;
+  with `name=`): called at once, bound to a local that is only called, kept in a setup() attribute, a tuple
+  extended by `self.layer += (Block(...),)` (transformers' T5 blocks) or a setup() list (diffusers' blocks:
+  `self.resnets = resnets` after `resnets = [Block(...)]` or `resnets.append(block)` of a local
+  `block = Block(...)`); and every call of what it builds passes the train/eval switches NNX dropped by keyword
+  (to_linen turns them into `train()` / `eval()`): calls of the attribute or the local, of `self.layer[k]`, and of
+  the layer of `for layer in` the list, `enumerate` of it or `zip` of it (or of a slice of it) with others;
 * a parent kept Linen for a use elsewhere (another file's Linen class builds it) builds it outside loops: a second
   run plans that parent itself, and a to_linen construction in a loop would give it another reason.
 Otherwise the class stays Linen with its parent, and the reason says which of these failed.
@@ -223,7 +223,7 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
   called = _local_calls(facts, statement, call)
   if called is not None:  # `edgewise = Edgewise(..., name='edge_wise')`, then `x = edgewise(x, ...)` (jax-md)
     return next((reason for use in called if (reason := _call_blocker(plan, use)) is not None), None)
-  attr = self_assignment(statement) if statement is not None else None
+  attr = self_assignment(statement) or _self_extended(statement) if statement is not None else None
   setup = _method(node, 'setup')
   listed = attr is None and setup is not None and (attr := _listed_as(facts, setup, call)) is not None
   if attr is None:
@@ -231,8 +231,9 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
   for sub in descendants(node):
     if not (isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value == attr):
       continue
-    if isinstance(facts.parent(sub), cst.AssignTarget):
-      continue  # the construction's statement, or another arm of a setup() if assigning the attribute
+    holder = facts.parent(sub)
+    if isinstance(holder, cst.AssignTarget) or isinstance(holder, cst.AugAssign) and holder.target is sub:
+      continue  # the construction's statement, another arm of a setup() if assigning the attribute, or `+=`
     use = facts.parent(sub)
     if isinstance(use, cst.Call) and use.func is sub and not listed:
       reason = _call_blocker(plan, use)
@@ -244,6 +245,17 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
       reason = f'self.{attr} ({plan.name}) is used other than by calling it'
     if reason is not None:
       return reason
+  return None
+
+
+def _self_extended(statement: cst.SimpleStatementLine) -> str | None:
+  """The attribute of a `self.<attr> += (<layer>, ...)` statement (transformers' T5 blocks add their cross-attention
+  and feed-forward layers to the tuple `self.layer` so), else None."""
+  augment = statement.body[0] if len(statement.body) == 1 else None
+  if isinstance(augment, cst.AugAssign) and isinstance(augment.operator, cst.AddAssign) \
+      and isinstance(augment.value, (cst.Tuple, cst.List)) and isinstance(augment.target, cst.Attribute) \
+      and is_self_attr(augment.target):
+    return augment.target.attr.value
   return None
 
 

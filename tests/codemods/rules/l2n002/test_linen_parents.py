@@ -735,3 +735,89 @@ def test_a_named_layer_a_linen_body_binds_to_a_local_and_calls_is_bridged_there(
   x = jax.random.normal(jax.random.key(4), (3, 8))
   original, bridged = (_module(s)['UMABlock'](8) for s in (source, migrated))
   _same_model(original, bridged, x)
+
+
+# transformers' T5 block: a tuple of layers named by their index, the cross-attention added only to a causal block,
+# the feed-forward last, called as `self.layer[0]`, `self.layer[1]`, `self.layer[-1]`. The tuple keeps the block
+# Linen; the layers in it convert.
+T5_BLOCK = '''import flax.linen as nn
+import jax.numpy as jnp
+
+
+class FlaxT5LayerSelfAttention(nn.Module):
+    d_model: int
+    dropout_rate: float = 0.1
+
+    def setup(self):
+        self.SelfAttention = nn.Dense(self.d_model, use_bias=False)
+        self.layer_norm = nn.LayerNorm()
+        self.dropout = nn.Dropout(self.dropout_rate)
+
+    def __call__(self, hidden_states, deterministic=True):
+        attention_output = self.SelfAttention(self.layer_norm(hidden_states))
+        return (hidden_states + self.dropout(attention_output, deterministic=deterministic),)
+
+
+class FlaxT5LayerCrossAttention(nn.Module):
+    d_model: int
+
+    def setup(self):
+        self.EncDecAttention = nn.Dense(self.d_model, use_bias=False)
+        self.layer_norm = nn.LayerNorm()
+
+    def __call__(self, hidden_states, key_value_states):
+        return (hidden_states + self.EncDecAttention(self.layer_norm(hidden_states)) * key_value_states.mean(),)
+
+
+class FlaxT5LayerFF(nn.Module):
+    d_model: int
+    dropout_rate: float = 0.1
+
+    def setup(self):
+        self.wi = nn.Dense(2 * self.d_model, use_bias=False)
+        self.wo = nn.Dense(self.d_model, use_bias=False)
+        self.dropout = nn.Dropout(self.dropout_rate)
+
+    def __call__(self, hidden_states, deterministic=True):
+        forwarded_states = self.wo(nn.relu(self.wi(hidden_states)))
+        return hidden_states + self.dropout(forwarded_states, deterministic=deterministic)
+
+
+class FlaxT5Block(nn.Module):
+    d_model: int
+    causal: bool = False
+
+    def setup(self):
+        self.layer = (FlaxT5LayerSelfAttention(self.d_model, name=str(0)),)
+        feed_forward_index = 1
+        if self.causal:
+            self.layer += (FlaxT5LayerCrossAttention(self.d_model, name=str(1)),)
+            feed_forward_index += 1
+
+        self.layer += (FlaxT5LayerFF(self.d_model, name=str(feed_forward_index)),)
+
+    def __call__(self, hidden_states, encoder_hidden_states=None, deterministic=True):
+        hidden_states = self.layer[0](hidden_states, deterministic=deterministic)[0]
+        if self.causal and encoder_hidden_states is not None:
+            hidden_states = self.layer[1](hidden_states, key_value_states=encoder_hidden_states)[0]
+        return self.layer[-1](hidden_states, deterministic=deterministic)
+'''
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_layers_a_linen_class_adds_to_a_setup_tuple_are_bridged_there(causal):
+  """The T5 block stays Linen; its three layer classes convert and are built through to_linen in the tuple, under
+  their index names, and the block runs as before on its own variables, with and without the cross-attention. A
+  second run changes nothing; a layer called with its switch by position stays Linen."""
+  new, _ = _migrate(T5_BLOCK)
+  assert 'class FlaxT5Block(nn.Module):' in new
+  assert 'self.layer += (nnx_bridge.to_linen(FlaxT5LayerFF, self.d_model, name=str(feed_forward_index), ' in new
+  assert [c for c in ('FlaxT5LayerSelfAttention', 'FlaxT5LayerCrossAttention', 'FlaxT5LayerFF')
+          if f'class {c}(nnx.Module):' in new] == ['FlaxT5LayerSelfAttention', 'FlaxT5LayerCrossAttention', 'FlaxT5LayerFF']
+  assert _migrate(new)[0] == new
+  hidden, encoded = jax.random.normal(jax.random.key(5), (2, 3, 8)), jax.random.normal(jax.random.key(6), (2, 4, 8))
+  original, bridged = (_module(s)['FlaxT5Block'](8, causal=causal) for s in (T5_BLOCK, new))
+  _same_model(original, bridged, hidden, encoded)
+  positional = T5_BLOCK.replace('return self.layer[-1](hidden_states, deterministic=deterministic)',
+                                'return self.layer[-1](hidden_states, deterministic)')
+  assert 'class FlaxT5LayerFF(nn.Module):' in _migrate(positional)[0]
