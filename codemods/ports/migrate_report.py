@@ -197,8 +197,22 @@ class Port:
     child = (*path, linen_name)
     inner = self._record_at(child)
     if inner is not None:
-      return self._measure(inner, argument.child_argument, child)
+      return self._measure(inner, self._arm_argument(record, argument, inner), child)
     return self._layer_size(child, argument.child_argument, where)
+
+  def _arm_argument(self, record: report.ConvertedClass, argument: report.ConstructorArgument,
+                    inner: report.ConvertedClass) -> str:
+    """`argument.child_argument`; or, where the arms of an if build the child from other classes (T5's gated or
+    plain feed-forward: `wi_0_in_features` or `wi_in_features`) and the record names the first arm's, the size
+    argument of `inner` (the class this model built) that reads the same input of its call."""
+    if any(a.name == argument.child_argument for a in inner.arguments):
+      return argument.child_argument
+    arms = [self.records.get(c.linen_class) for c in record.children if c.nnx_attribute == argument.child]
+    first = next((a for arm in arms if arm is not None for a in arm.arguments if a.name == argument.child_argument),
+                 None)
+    twins = [a.name for a in inner.arguments if first is not None and first.input is not None
+             and (a.origin, a.input) == (first.origin, first.input)]
+    return twins[0] if len(twins) == 1 else argument.child_argument
 
   def _layer_size(self, path: Path, nnx_argument: str, where: str) -> tuple[int, str]:
     """NNX argument `nnx_argument` of the table layer at Linen `path`, read off its first call."""

@@ -47,6 +47,10 @@ CASES = {
     ('scope_variables', 'Scale'): (
         {}, ['x=float32[2,4]'], 'scale_features=4: the last axis of x of Linen <root> (Scale).__call__',
     ),
+    ('t5_gated_feed_forward', 'FlaxT5LayerFF'): (  # the record names the gated arm's argument; the plain arm is built
+        {'d_model': 4, 'd_ff': 4}, ['hidden_states=float32[2,4]'],
+        'DenseReluDense_wi_0_in_features=4: in_features of Linen DenseReluDense/wi (Dense)',
+    ),
 }
 
 
