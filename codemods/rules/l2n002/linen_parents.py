@@ -284,17 +284,16 @@ def _listed_as(facts: FileFacts, setup: cst.FunctionDef, call: cst.Call) -> str 
   """The setup() attribute that holds the construction `call` through a list local of setup() (diffusers' blocks:
   `res_block = Block(...)`, `resnets.append(res_block)`, then `self.resnets = resnets`; or `resnets = [Block(...)]`),
   else None. The list is used only so: bound, appended to, stored once."""
+  if not _inside(facts, call, setup):
+    return None
   parent = facts.parent(call)
   statement = _statement_of(facts, call)
   if isinstance(parent, cst.Element) and isinstance(facts.parent(parent), cst.List):
-    listed = facts.parent(parent)
-    statement_value = statement.body[0].value if statement is not None and isinstance(statement.body[0], cst.Assign) \
-        else None
-    name = assigned_name(statement) if statement_value is listed else None
+    bound = statement.body[0] if statement is not None else None
+    name = assigned_name(statement) if isinstance(bound, cst.Assign) and bound.value is facts.parent(parent) else None
   elif (appended := _appended_to(facts, call)) is not None:
     name = appended
-  elif statement is not None and (local := assigned_name(statement)) is not None \
-      and statement.body[0].value is call and _inside(facts, statement, setup):
+  elif statement is not None and (local := assigned_name(statement)) is not None and statement.body[0].value is call:
     uses = [n for n in descendants(setup) if isinstance(n, cst.Name) and n.value == local
             and not _attribute_name(facts, n) and not isinstance(facts.parent(n), cst.AssignTarget)]
     lists = {_appended_to(facts, n) for n in uses}
