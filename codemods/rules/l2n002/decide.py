@@ -155,7 +155,8 @@ def _settled_reason(facts: FileFacts, file: FileRewrite, plans: dict[str, ClassR
   diffusers' ResNet block, kept for a mid block, under an encoder block). Those `name` builds through
   nnx_bridge.to_linen (`built`) are NNX code it builds as Linen modules. Asked so, the answer is the one that run
   gives; None when the answer is not a reason."""
-  trial = dataclasses.replace(facts, kept_linen={k: v for k, v in facts.kept_linen.items() if k != name and k not in plans})
+  trial = dataclasses.replace(facts, kept_linen={k: v for k, v in facts.kept_linen.items()
+                                                 if k != name and k not in plans})
   node = facts.class_defs[name]
   position = {n.name.value: i for i, n in enumerate(order)}
   before = {k: plan for k, plan in plans.items() if position.get(k, -1) < position[name] and k not in built}

@@ -231,10 +231,9 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
   for sub in descendants(node):
     if not (isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value == attr):
       continue
-    holder = facts.parent(sub)
-    if isinstance(holder, cst.AssignTarget) or isinstance(holder, cst.AugAssign) and holder.target is sub:
-      continue  # the construction's statement, another arm of a setup() if assigning the attribute, or `+=`
     use = facts.parent(sub)
+    if isinstance(use, cst.AssignTarget) or isinstance(use, cst.AugAssign) and use.target is sub:
+      continue  # the construction's statement, another arm of a setup() if assigning the attribute, or `+=`
     if isinstance(use, cst.Call) and use.func is sub and not listed:
       reason = _call_blocker(plan, use)
     elif (indexed := _indexed_call(facts, sub)) is not None:
@@ -268,7 +267,8 @@ def _local_calls(facts: FileFacts, statement: cst.SimpleStatementLine | None, ca
   method = facts.parent(statement)
   while method is not None and not isinstance(method, cst.FunctionDef):
     method = facts.parent(method)
-  names = [n for n in descendants(method) if isinstance(n, cst.Name) and n.value == local and not _attribute_name(facts, n)]
+  names = [n for n in descendants(method)
+           if isinstance(n, cst.Name) and n.value == local and not _attribute_name(facts, n)]
   bindings = [n for n in names if isinstance(facts.parent(n), cst.AssignTarget)]
   uses = [n for n in names if n not in bindings]
   if len(bindings) != 1 or any(isinstance(n, cst.Name) and n.value == local for sub in descendants(method)

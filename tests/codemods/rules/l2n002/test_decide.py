@@ -271,7 +271,8 @@ def test_a_file_whose_classes_are_kept_for_a_users_sake_settles_with_its_bridges
   as the second finds it (`decide._settled_reason`), so no bridge is given up to settle the file."""
   source = (fixture_parity.FIXTURES / f'{KEPT_FOR_A_USER}.in.py').read_text()
   new, converted = _kept_for_a_user(source)
-  assert converted == ['Identity', 'ConvLayer', 'BasicLayerCollection'] and 'nnx_bridge.to_linen(BasicLayerCollection' in new
+  assert converted == ['Identity', 'ConvLayer', 'BasicLayerCollection']
+  assert 'nnx_bridge.to_linen(BasicLayerCollection' in new
   assert transform_source(new, registry.ALL_RULES).source == new
   x = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
   original, migrated = {}, {}

@@ -658,14 +658,16 @@ def test_layers_a_linen_class_keeps_in_setup_lists_through_locals_are_bridged_th
   new, entries = _migrate(VAE_MID_BLOCK)
   assert 'class FlaxUNetMidBlock2D(nn.Module):' in new and 'class FlaxResnetBlock2D(nnx.Module):' in new
   assert 'resnets = [nnx_bridge.to_linen(FlaxResnetBlock2D, ' in new
-  assert 'res_block = nnx_bridge.to_linen(FlaxResnetBlock2D, ' in new and 'down = nnx_bridge.to_linen(FlaxDownsample2D, ' in new
+  assert 'res_block = nnx_bridge.to_linen(FlaxResnetBlock2D, ' in new
+  assert 'down = nnx_bridge.to_linen(FlaxDownsample2D, ' in new
   assert _migrate(new)[0] == new
   original, bridged = (_module(s)['FlaxUNetMidBlock2D'](4, num_layers=2) for s in (VAE_MID_BLOCK, new))
   _same_model(original, bridged, IMAGES)
 
 
 @pytest.mark.parametrize('old, new, reason', [
-    ('hidden_states = resnet(hidden_states, deterministic=deterministic)', 'hidden_states = resnet(hidden_states, deterministic)',
+    ('hidden_states = resnet(hidden_states, deterministic=deterministic)',
+     'hidden_states = resnet(hidden_states, deterministic)',
      'a call of FlaxResnetBlock2D passes its train/eval argument by position'),
     ('        self.resnets = resnets\n', '        self.resnets = tuple(resnets)\n',
      'a construction of FlaxResnetBlock2D that is neither called at once nor kept as a setup() attribute'),
@@ -812,8 +814,8 @@ def test_layers_a_linen_class_adds_to_a_setup_tuple_are_bridged_there(causal):
   new, _ = _migrate(T5_BLOCK)
   assert 'class FlaxT5Block(nn.Module):' in new
   assert 'self.layer += (nnx_bridge.to_linen(FlaxT5LayerFF, self.d_model, name=str(feed_forward_index), ' in new
-  assert [c for c in ('FlaxT5LayerSelfAttention', 'FlaxT5LayerCrossAttention', 'FlaxT5LayerFF')
-          if f'class {c}(nnx.Module):' in new] == ['FlaxT5LayerSelfAttention', 'FlaxT5LayerCrossAttention', 'FlaxT5LayerFF']
+  layers = ['FlaxT5LayerSelfAttention', 'FlaxT5LayerCrossAttention', 'FlaxT5LayerFF']
+  assert [c for c in layers if f'class {c}(nnx.Module):' in new] == layers
   assert _migrate(new)[0] == new
   hidden, encoded = jax.random.normal(jax.random.key(5), (2, 3, 8)), jax.random.normal(jax.random.key(6), (2, 4, 8))
   original, bridged = (_module(s)['FlaxT5Block'](8, causal=causal) for s in (T5_BLOCK, new))
