@@ -64,9 +64,9 @@ def decide_classes(facts: FileFacts) -> ClassDecisions:
     used, bridges = _used_by_linen(facts, file, left)
     if not used:
       settled = {name: first[name] for name in left}
+      below = {**{k: alone[k] for k in users if k in alone}, **file.plans}
       for name in {bridge.user for bridge in bridges} & set(users):
         built = {bridge.built for bridge in bridges if bridge.user == name}
-        below = {**{k: alone[k] for k in users if k in alone}, **file.plans}
         settled[name] = _settled_reason(facts, file, below, order, name, users[name], built, left) or settled[name]
       return ClassDecisions(file, settled, facts, bridges)
     kept = {**kept, **{name: message for name, (user, message) in used.items()}}

@@ -259,56 +259,43 @@ def _self_extended(statement: cst.SimpleStatementLine) -> str | None:
 
 
 def _local_calls(facts: FileFacts, statement: cst.SimpleStatementLine | None, call: cst.Call) -> list[cst.Call] | None:
-  """The calls of a local bound once to the construction `call` (`local = Block(...)`) in its method, when they are
-  all its uses; else None."""
-  local = assigned_name(statement) if statement is not None else None
-  if local is None or statement.body[0].value is not call:
+  """The calls of a local bound once to the construction `call` (`local = Block(...)`), when they are all its
+  reads; else None."""
+  if statement is None or assigned_name(statement) is None or statement.body[0].value is not call:
     return None
-  method = facts.parent(statement)
-  while method is not None and not isinstance(method, cst.FunctionDef):
-    method = facts.parent(method)
-  names = [n for n in descendants(method)
-           if isinstance(n, cst.Name) and n.value == local and not _attribute_name(facts, n)]
-  bindings = [n for n in names if isinstance(facts.parent(n), cst.AssignTarget)]
-  uses = [n for n in names if n not in bindings]
-  if len(bindings) != 1 or any(isinstance(n, cst.Name) and n.value == local for sub in descendants(method)
-                               if isinstance(sub, (cst.For, cst.CompFor, cst.AugAssign, cst.AnnAssign, cst.NamedExpr))
-                               for n in (sub.target, *descendants(sub.target))):
+  reads = _reads(facts, statement.body[0].targets[0].target)
+  if not reads or not all(isinstance(facts.parent(n), cst.Call) and facts.parent(n).func is n for n in reads):
     return None
-  if not uses or not all(isinstance(facts.parent(n), cst.Call) and facts.parent(n).func is n for n in uses):
-    return None
-  return [facts.parent(n) for n in uses]
+  return [facts.parent(n) for n in reads]
 
 
 def _listed_as(facts: FileFacts, setup: cst.FunctionDef, call: cst.Call) -> str | None:
   """The setup() attribute that holds the construction `call` through a list local of setup() (diffusers' blocks:
   `res_block = Block(...)`, `resnets.append(res_block)`, then `self.resnets = resnets`; or `resnets = [Block(...)]`),
-  else None. The list is used only so: bound, appended to, stored once."""
+  else None. The list is bound once and read only so: appended to, stored once."""
   if not _inside(facts, call, setup):
     return None
   parent = facts.parent(call)
   statement = _statement_of(facts, call)
+  bound = statement.body[0] if statement is not None and assigned_name(statement) is not None else None
   if isinstance(parent, cst.Element) and isinstance(facts.parent(parent), cst.List):
-    bound = statement.body[0] if statement is not None else None
-    name = assigned_name(statement) if isinstance(bound, cst.Assign) and bound.value is facts.parent(parent) else None
+    listed = bound.targets[0].target if bound is not None and bound.value is facts.parent(parent) else None
   elif (appended := _appended_to(facts, call)) is not None:
-    name = appended
-  elif statement is not None and (local := assigned_name(statement)) is not None and statement.body[0].value is call:
-    uses = [n for n in descendants(setup) if isinstance(n, cst.Name) and n.value == local
-            and not _attribute_name(facts, n) and not isinstance(facts.parent(n), cst.AssignTarget)]
-    lists = {_appended_to(facts, n) for n in uses}
-    name = lists.pop() if len(lists) == 1 and uses else None
+    listed = appended
+  elif bound is not None and bound.value is call:
+    appends = [_appended_to(facts, n) for n in _reads(facts, bound.targets[0].target) or ()]
+    lists = {n.value: n for n in appends if n is not None}
+    listed = next(iter(lists.values())) if appends and None not in appends and len(lists) == 1 else None
   else:
-    name = None
-  if name is None:
+    listed = None
+  reads = _reads(facts, listed) if listed is not None else None
+  if reads is None:
     return None
   stored = []
-  for use in descendants(setup):
-    if not (isinstance(use, cst.Name) and use.value == name) or _attribute_name(facts, use):
-      continue
+  for use in reads:
     holder = facts.parent(use)
-    if isinstance(holder, cst.AssignTarget) or isinstance(holder, cst.Attribute) and holder.value is use \
-        and holder.attr.value == 'append' and isinstance(facts.parent(holder), cst.Call):
+    if isinstance(holder, cst.Attribute) and holder.value is use and holder.attr.value == 'append' \
+        and isinstance(facts.parent(holder), cst.Call):
       continue
     line = _statement_of(facts, use)
     target = self_assignment(line) if line is not None and line.body[0].value is use else None
@@ -318,14 +305,21 @@ def _listed_as(facts: FileFacts, setup: cst.FunctionDef, call: cst.Call) -> str 
   return stored[0] if len(stored) == 1 else None
 
 
-def _appended_to(facts: FileFacts, node: cst.CSTNode) -> str | None:
+def _reads(facts: FileFacts, name: cst.Name) -> list[cst.Name] | None:
+  """The reads of the function local `name` names (libcst's scope analysis), when one statement binds it; else None."""
+  scope = facts.scope(name)
+  assignments = list(scope.assignments[name.value]) if isinstance(scope, cst.metadata.FunctionScope) else []
+  return [r.node for r in assignments[0].references] if len(assignments) == 1 else None
+
+
+def _appended_to(facts: FileFacts, node: cst.CSTNode) -> cst.Name | None:
   """`lst` of `lst.append(<node>)`, else None."""
   arg = facts.parent(node)
   call = facts.parent(arg) if isinstance(arg, cst.Arg) else None
   if isinstance(call, cst.Call) and len(call.args) == 1 and call.args[0] is arg and arg.keyword is None \
       and not arg.star and isinstance(call.func, cst.Attribute) and call.func.attr.value == 'append' \
       and isinstance(call.func.value, cst.Name):
-    return call.func.value.value
+    return call.func.value
   return None
 
 
