@@ -23,7 +23,7 @@ import typing as tp
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import linen, nnx
 
 from nnx_bridge.errors import BridgeError
 from nnx_bridge.layer_spec import LAST_AXIS_SIZES
@@ -47,6 +47,7 @@ def traced_sizes(nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: t
 
   def run() -> None:
     module = nnx_class(*args, **dict(kwargs), **placeholders, rngs=AnyRngs(default=0))
+    _linen_eagerly(module)
     by_value = {value: name for name, value in placeholders.items()}
     unused = set(by_value) - _visible(module)
     found.update((by_value[value], 0) for value in unused)  # a layer not built (a tied decoder): any size serves
@@ -139,6 +140,32 @@ def _visible(root: nnx.Module) -> set[int]:
     elif isinstance(node, nnx.Module):
       seen.update(value for value in vars(node).values() if isinstance(value, int))
   return seen
+
+
+class _EagerLinen:
+  """A Linen module the probed module was given (transformers' shared `embed_tokens`), used so that the variables
+  it creates when first used (its setup() or call, during Linen's init) are computed outside the probe's abstract
+  trace: Linen keeps them, and the real call that follows reuses them."""
+
+  def __init__(self, module: linen.Module):
+    self.module = module
+
+  def __call__(self, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
+    with jax.ensure_compile_time_eval():
+      return self.module(*args, **kwargs)
+
+  def __getattr__(self, name: str) -> tp.Any:
+    with jax.ensure_compile_time_eval():
+      return getattr(self.module, name)
+
+
+def _linen_eagerly(root: nnx.Module) -> None:
+  """Wraps every Linen module an attribute under `root` holds with `_EagerLinen`."""
+  for _, node in list(nnx.iter_graph(root)):
+    if isinstance(node, nnx.Module):
+      for attr, value in list(vars(node).items()):
+        if isinstance(value, linen.Module):
+          setattr(node, attr, _EagerLinen(value))
 
 
 def _settle(root: nnx.Module, placeholder: int, actual: int) -> None:

@@ -25,7 +25,7 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.report import kept_message, used_message
 from codemods.rules.l2n002.facts import FileFacts
-from codemods.rules.l2n002.linen_parents import ToLinenBridge, linen_parent_bridges
+from codemods.rules.l2n002.linen_parents import ToLinenBridge, adopted_blocker, linen_parent_bridges
 from codemods.rules.l2n002.plan import ClassRewrite, FileRewrite, Unsupported
 from codemods.rules.l2n002.planner import plan_class
 
@@ -120,14 +120,20 @@ def _used_by_linen(facts: FileFacts, file: FileRewrite,
 
   A class kept for a use outside its body (`facts.kept_linen`: a wrapper holds it, another class left as Linen
   uses it) wraps what it builds too, unless `transform_source` found that a second run would then change it
-  (`facts.unbridged`).
+  (`facts.unbridged`). Of several users, one whose reason holds whatever the class's plan is named
+  (`adopted_blocker`): a second run plans the class from the Linen code this run leaves, and other users may
+  then fail on it for another reason first.
   """
   used: dict[str, tuple[str, str]] = {}
   bridges: list[ToLinenBridge] = []
+  named = {user: dict.fromkeys(sub.value for sub in descendants(facts.class_defs[user])
+                               if isinstance(sub, cst.Name) and sub.value in file.plans) for user in left}
   for user in left:
-    named = dict.fromkeys(sub.value for sub in descendants(facts.class_defs[user])
-                          if isinstance(sub, cst.Name) and sub.value in file.plans)
-    for built in named:
+    for built in named[user]:
+      if built not in used and (adopted := adopted_blocker(facts, user, built)) is not None:
+        used[built] = (user, used_message(user, adopted))
+  for user in left:
+    for built in named[user]:
       found = _bridges(facts, file.plans, user, built, left)
       if isinstance(found, list):
         bridges.extend(found)

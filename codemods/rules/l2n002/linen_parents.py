@@ -61,6 +61,10 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
   (`_setup_code_blocker`), which a second run reads in its bridge. None: `user` is kept for a use
   outside its body (`FileFacts.kept_linen`), which its constructions do not change.
   """
+  adopted = adopted_blocker(facts, user, built)
+  if adopted is not None:
+    return adopted
+  node = facts.class_defs[user]
   plan = plans[built]
   names = _linen_names(facts, plan, '')
   if isinstance(names, str):
@@ -68,7 +72,6 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
   sizes, traced, reason = _input_sizes(facts, plan)
   if reason is not None:
     return reason
-  node = facts.class_defs[user]
   if blocker is node:  # a decorator, a base or a converter failure: nothing of its body is the blocker
     return f'{user} is kept Linen whole'
   setup = _method(node, 'setup')
@@ -92,6 +95,20 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
       return flags
     bridges.append(ToLinenBridge(call, _bridge_code(facts, built, call, flags, sizes, traced, names), built, user))
   return bridges
+
+
+def adopted_blocker(facts: FileFacts, user: str, built: str) -> str | None:
+  """Why the Linen class `user` cannot wrap `built` whatever `built`'s plan: a construction of it given a Linen
+  module built for it (`_builds_linen`), which Linen keeps below it and a to_linen wrapper would not; else None.
+  Checked before what depends on the plan, which a second run, planning `built` from the code this run leaves,
+  may find otherwise."""
+  adopted = next((arg.value for call in descendants(facts.class_defs[user]) if isinstance(call, cst.Call)
+                  and isinstance(call.func, cst.Name) and call.func.value == built
+                  for arg in call.args if _builds_linen(facts, arg.value)), None)
+  if adopted is None:
+    return None
+  return f'a construction of {built} is given {facts.code(adopted)}, a Linen module built for it, which Linen keeps ' \
+         'below it; the wrapper would keep its variables elsewhere'
 
 
 def _plan_blocker(facts: FileFacts, plan: ClassRewrite) -> str | None:
@@ -213,16 +230,35 @@ def _construction_blocker(facts: FileFacts, plan: ClassRewrite, call: cst.Call,
   return None
 
 
+def _builds_linen(facts: FileFacts, value: cst.BaseExpression) -> bool:
+  """Whether `value` is a Linen module built where it is given, or a local bound once to one (transformers'
+  `embed_tokens = nn.Embed(...)`, then `Decoder(..., embed_tokens=embed_tokens)`): Linen names such a module below
+  the class it is given to, while a setup() attribute (`embed_tokens=self.shared`) stays where it is."""
+  if isinstance(value, cst.Name) and (bound := _bound_value(facts, value)) is not None:
+    value = bound
+  return isinstance(value, cst.Call) and (facts.is_linen_name(value.func) or isinstance(value.func, cst.Name)
+                                         and value.func.value in facts.linen_classes)
+
+
+def _bound_value(facts: FileFacts, name: cst.Name) -> cst.BaseExpression | None:
+  """The value of `name = <value>`, the one binding of the function local `name`, else None."""
+  scope = facts.scope(name)
+  assignments = list(scope.assignments[name.value]) if isinstance(scope, cst.metadata.FunctionScope) else []
+  target = facts.parent(assignments[0].node) if len(assignments) == 1 else None
+  assign = facts.parent(target) if isinstance(target, cst.AssignTarget) else None
+  return assign.value if isinstance(assign, cst.Assign) else None
+
+
 def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, call: cst.Call) -> str | None:
   """Why the calls of what `call` builds do not fit the NNX `__call__`, or None: each is followed from where the
   construction is called or kept (`Block(...)(x)`, `self.block = Block(...)`, a list of them in setup())."""
   parent = facts.parent(call)
   if isinstance(parent, cst.Call) and parent.func is call:
-    return _call_blocker(plan, parent)
+    return _call_blocker(facts, plan, parent)
   statement = _statement_of(facts, call)
   called = _local_calls(facts, statement, call)
   if called is not None:  # `edgewise = Edgewise(..., name='edge_wise')`, then `x = edgewise(x, ...)` (jax-md)
-    return next((reason for use in called if (reason := _call_blocker(plan, use)) is not None), None)
+    return next((reason for use in called if (reason := _call_blocker(facts, plan, use)) is not None), None)
   attr = self_assignment(statement) or _self_extended(statement) if statement is not None else None
   setup = _method(node, 'setup')
   listed = attr is None and setup is not None and (attr := _listed_as(facts, setup, call)) is not None
@@ -235,11 +271,16 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
     if isinstance(use, cst.AssignTarget) or isinstance(use, cst.AugAssign) and use.target is sub:
       continue  # the construction's statement, another arm of a setup() if assigning the attribute, or `+=`
     if isinstance(use, cst.Call) and use.func is sub and not listed:
-      reason = _call_blocker(plan, use)
+      reason = _call_blocker(facts, plan, use)
     elif (indexed := _indexed_call(facts, sub)) is not None:
-      reason = _call_blocker(plan, indexed)
+      reason = _call_blocker(facts, plan, indexed)
     elif (loop := _loop_over(facts, sub)) is not None:
-      reason = _loop_blocker(plan, *loop)
+      reason = _loop_blocker(facts, plan, *loop)
+    elif isinstance(use, cst.Return) and not listed and (shifted := _shifted_switch(facts, plan)) is not None:
+      reason = f'self.{attr} ({plan.name}) is returned to callers out of sight, and its train/eval argument ' \
+               f'{shifted} is followed by other positional ones'
+    elif isinstance(use, cst.Return) and not listed:
+      reason = None
     else:
       reason = f'self.{attr} ({plan.name}) is used other than by calling it'
     if reason is not None:
@@ -399,16 +440,34 @@ def _attribute_name(facts: FileFacts, name: cst.Name) -> bool:
   return isinstance(parent, cst.Attribute) and parent.attr is name
 
 
-def _call_blocker(plan: ClassRewrite, use: cst.Call) -> str | None:
+def _call_blocker(facts: FileFacts, plan: ClassRewrite, use: cst.Call) -> str | None:
   """Why the call `use` of the built module does not fit its NNX `__call__` (a dropped switch by position)."""
+  if any(arg.star == '*' for arg in use.args):  # `self.decoder(*args, **kwargs)`: callers out of sight
+    shifted = _shifted_switch(facts, plan)
+    return None if shifted is None else f'a call of {plan.name} forwards *args, which may hold its train/eval ' \
+                                        f'argument {shifted}, followed by other positional ones'
   dropped = [i for i, _, _ in plan.mode_params if i < len(plan.call_params)]
   positional = sum(1 for arg in use.args if arg.keyword is None and not arg.star)
-  if any(arg.star == '*' for arg in use.args) or (dropped and positional > min(dropped)):
+  if dropped and positional > min(dropped):
     return f'a call of {plan.name} passes its train/eval argument by position'
   return None
 
 
-def _loop_blocker(plan: ClassRewrite, loop: cst.For, position: int) -> str | None:
+def _shifted_switch(facts: FileFacts, plan: ClassRewrite) -> str | None:
+  """The first train/eval argument of `plan`'s Linen `__call__` that other positional parameters follow, else None.
+  Callers out of sight (transformers' wrappers call `module._get_encoder_module()`, which returns `self.encoder`, or
+  forward `*args`) call with the Linen arguments: a switch the NNX `__call__` drops must be one no positional call
+  can shift others into, so that by position it fails loudly, and by keyword the wrapper takes it."""
+  params = _method(facts.class_defs[plan.name], '__call__').params
+  positional = [p.name.value for p in (*params.posonly_params, *params.params)][1:]
+  modes = {name for _, name, _ in plan.mode_params}
+  first = next((i for i, name in enumerate(positional) if name in modes), None)
+  if first is not None and any(name not in modes for name in positional[first:]):
+    return positional[first]
+  return '*args' if modes and isinstance(params.star_arg, cst.Param) else None
+
+
+def _loop_blocker(facts: FileFacts, plan: ClassRewrite, loop: cst.For, position: int) -> str | None:
   """Why the layers a `for layer in self.layers:` loop runs do not fit their NNX `__call__`, or None; `position`:
   where the layer is in the loop's target (-1: the target, or the last of `i, layer`)."""
   target = loop.target
@@ -421,7 +480,7 @@ def _loop_blocker(plan: ClassRewrite, loop: cst.For, position: int) -> str | Non
     if isinstance(sub, cst.Name) and sub.value == target.value:
       use = calls.get(id(sub))
       reason = f'a layer of {plan.name} is used other than by calling it in its loop' if use is None \
-          else _call_blocker(plan, use)
+          else _call_blocker(facts, plan, use)
       if reason is not None:
         return reason
   return None

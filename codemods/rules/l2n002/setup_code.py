@@ -118,6 +118,8 @@ def _call_blocker(facts: FileFacts, call: cst.Call, node: cst.ClassDef) -> str |
         and not facts.hierarchy.in_plain_module(name):  # a file of the run that knows nothing of flax: plain code
       return f'{facts.code(func)}(...) calls {name}, code of this project L2N002 does not follow'
     if qualified.source is QualifiedNameSource.LOCAL and name in facts.global_names and _builds_modules(facts, name):
+      if name in facts.class_defs:  # transformers' `FlaxOPTLearnedPositionalEmbedding(nn.Embed)`
+        return f'{facts.code(func)}(...) builds {name}, a subclass of a Linen layer, which L2N002 does not convert'
       return f'{facts.code(func)}(...) calls {name} of this file, which may build Linen modules'
   return None
 
@@ -143,10 +145,12 @@ def _library(facts: FileFacts, top: str) -> bool:
 
 
 def _builds_modules(facts: FileFacts, name: str) -> bool:
-  """Whether the module-level function `name` of the file names a Linen class or layer (and may build one)."""
+  """Whether the module-level function `name` of the file names a Linen class or layer (and may build one), or the
+  class `name` is one: a Linen class, or a subclass of a Linen layer (`class Embedding(nn.Embed)`)."""
   function = next((s for s in facts.module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
   if function is None:
-    return not isinstance(facts.class_defs.get(name), cst.ClassDef) or name in facts.linen_classes
+    node = facts.class_defs.get(name)
+    return node is None or name in facts.linen_classes or any(facts.is_linen_name(b.value) for b in node.bases)
   return any(isinstance(sub, (cst.Name, cst.Attribute)) and (
       _names_linen_class(facts, sub) or facts.is_linen_name(sub) and facts.code(sub).rpartition('.')[2][:1].isupper())
       for sub in descendants(function))

@@ -823,3 +823,180 @@ def test_layers_a_linen_class_adds_to_a_setup_tuple_are_bridged_there(causal):
   positional = T5_BLOCK.replace('return self.layer[-1](hidden_states, deterministic=deterministic)',
                                 'return self.layer[-1](hidden_states, deterministic)')
   assert 'class FlaxT5LayerFF(nn.Module):' in _migrate(positional)[0]
+
+
+# In the layout of transformers' modeling_flax_bart.py: the model module, held by its wrapper, shares an embedding
+# with its encoder and decoder and returns its encoder to the wrapper's `encode` (`_get_encoder_module`); the
+# causal-LM decoder wrapper builds an embedding for the decoder it forwards `*args` to.
+HF_SEQ2SEQ = '''import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+class TinyConfig:
+  vocab_size = 16
+  d_model = 8
+  dropout = 0.1
+
+
+class FlaxTinyEncoder(nn.Module):
+  config: TinyConfig
+  embed_tokens: nn.Embed
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.dropout_layer = nn.Dropout(rate=self.config.dropout)
+    self.dense = nn.Dense(self.config.d_model, dtype=self.dtype)
+    self.layernorm_embedding = nn.LayerNorm(dtype=self.dtype, epsilon=1e-05)
+
+  def __call__(self, input_ids, output_hidden_states: bool = False, deterministic: bool = True):
+    hidden_states = self.layernorm_embedding(self.embed_tokens(input_ids))
+    hidden_states = self.dropout_layer(hidden_states, deterministic=deterministic)
+    return nn.gelu(self.dense(hidden_states))
+
+
+class FlaxTinyDecoder(nn.Module):
+  config: TinyConfig
+  embed_tokens: nn.Embed
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.dropout_layer = nn.Dropout(rate=self.config.dropout)
+    self.dense = nn.Dense(self.config.d_model, dtype=self.dtype)
+
+  def __call__(self, input_ids, encoder_hidden_states=None, deterministic: bool = True):
+    hidden_states = self.embed_tokens(input_ids)
+    if encoder_hidden_states is not None:
+      hidden_states = hidden_states + encoder_hidden_states.mean(axis=1, keepdims=True)
+    hidden_states = self.dropout_layer(hidden_states, deterministic=deterministic)
+    return self.dense(hidden_states)
+
+
+class FlaxTinyModule(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.shared = nn.Embed(self.config.vocab_size, self.config.d_model, dtype=self.dtype)
+    self.encoder = FlaxTinyEncoder(self.config, dtype=self.dtype, embed_tokens=self.shared)
+    self.decoder = FlaxTinyDecoder(self.config, dtype=self.dtype, embed_tokens=self.shared)
+
+  def _get_encoder_module(self):
+    return self.encoder
+
+  def __call__(self, input_ids, decoder_input_ids, deterministic: bool = True):
+    encoded = self.encoder(input_ids, deterministic=deterministic)
+    return self.decoder(decoder_input_ids, encoded, deterministic=deterministic)
+
+
+class FlaxTinyDecoderWrapper(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    embed_tokens = nn.Embed(self.config.vocab_size, self.config.d_model, dtype=self.dtype)
+    self.decoder = FlaxTinyDecoder(config=self.config, embed_tokens=embed_tokens, dtype=self.dtype)
+
+  def __call__(self, *args, **kwargs):
+    return self.decoder(*args, **kwargs)
+
+
+class FlaxTinyPreTrainedModel:
+  module_class: nn.Module = None
+
+  def __init__(self, config: TinyConfig, dtype: jnp.dtype = jnp.float32):
+    self.module = self.module_class(config=config, dtype=dtype)
+
+  def init_weights(self, rng, *inputs):
+    return self.module.init(rng, *inputs)["params"]
+
+  def encode(self, params, input_ids, train: bool = False, dropout_rng=None):
+    def _encoder_forward(module, input_ids, **kwargs):
+      encode_module = module._get_encoder_module()
+      return encode_module(input_ids, **kwargs)
+
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else {}
+    return self.module.apply({"params": params}, input_ids, deterministic=not train, rngs=rngs,
+                             method=_encoder_forward)
+
+  def __call__(self, params, *inputs):
+    return self.module.apply({"params": params}, *inputs)
+
+
+class FlaxTinyModel(FlaxTinyPreTrainedModel):
+  module_class = FlaxTinyModule
+
+
+class FlaxTinyForCausalLM(FlaxTinyPreTrainedModel):
+  module_class = FlaxTinyDecoderWrapper
+'''
+
+
+def test_a_linen_model_returning_its_encoder_to_the_wrapper_bridges_it_and_encodes_as_before():
+  """The encoder converts: the held model builds it through to_linen on the shared embedding, returns it to the
+  wrapper's `encode`, which calls it with the Linen arguments, and everything runs as before on the original
+  parameters. The decoder, given an embedding the causal-LM wrapper builds for it (Linen keeps it below the
+  decoder), stays Linen with that reason. A second run changes nothing."""
+  new, entries = _migrate(HF_SEQ2SEQ)
+  assert 'class FlaxTinyEncoder(nnx.Module):' in new and 'class FlaxTinyDecoder(nn.Module):' in new
+  assert 'self.encoder = nnx_bridge.to_linen(FlaxTinyEncoder, self.config, dtype=self.dtype, ' \
+         'embed_tokens=self.shared, ' in new
+  assert any('class FlaxTinyDecoder kept as Linen: the class FlaxTinyDecoderWrapper, left as Linen, uses it, and '
+             'cannot wrap it with nnx_bridge.to_linen: a construction of FlaxTinyDecoder is given embed_tokens, a '
+             'Linen module built for it' in e for e in entries)
+  assert _migrate(new)[0] == new
+  original, migrated = (_module(s) for s in (HF_SEQ2SEQ, new))
+  config = original['TinyConfig']()
+  models = [m['FlaxTinyModel'](config) for m in (original, migrated)]
+  params = models[0].init_weights(jax.random.key(0), TOKENS, TOKENS)
+  assert _layout(models[1].init_weights(jax.random.key(0), TOKENS, TOKENS)) == _layout(params)
+  for run in (lambda m: m(params, TOKENS, TOKENS), lambda m: m.encode(params, TOKENS)):
+    np.testing.assert_allclose(run(models[1]), run(models[0]), rtol=1e-6, atol=1e-6)
+  # `encode(train=True)` reaches the bridged encoder as deterministic=False: dropout runs, on the 'dropout' rng
+  trained = models[1].encode(params, TOKENS, train=True, dropout_rng=jax.random.key(2))
+  assert not np.allclose(trained, models[1].encode(params, TOKENS))
+  causal = [m['FlaxTinyForCausalLM'](config) for m in (original, migrated)]
+  causal_params = causal[0].init_weights(jax.random.key(0), TOKENS)
+  np.testing.assert_array_equal(causal[1](causal_params, TOKENS), causal[0](causal_params, TOKENS))
+
+
+@pytest.mark.parametrize('old, new, reason', [
+    ('input_ids, output_hidden_states: bool = False, deterministic: bool = True):',
+     'input_ids, deterministic: bool = True, output_hidden_states: bool = False):',
+     'self.encoder (FlaxTinyEncoder) is returned to callers out of sight, and its train/eval argument '
+     'deterministic is followed by other positional ones'),
+    ('    return self.encoder\n', '    return [self.encoder]\n',
+     'self.encoder (FlaxTinyEncoder) is used other than by calling it'),
+], ids=['switch-before-positional', 'returned-in-a-list'])
+def test_an_encoder_returned_where_callers_could_misplace_its_switch_stays_linen(old, new, reason):
+  assert old in HF_SEQ2SEQ
+  migrated, entries = _migrate(HF_SEQ2SEQ.replace(old, new))
+  assert 'class FlaxTinyEncoder(nn.Module):' in migrated
+  assert any(reason in e for e in entries), [e for e in entries if 'FlaxTinyEncoder kept' in e]
+
+
+def test_a_decoder_a_linen_wrapper_forwards_args_to_is_bridged_unless_args_could_misplace_its_switch():
+  """With the embedding a setup() attribute of the causal-LM wrapper, the decoder converts, built there through
+  to_linen; the wrapper forwards `*args` and runs as before. With the switch before another positional parameter,
+  `*args` could carry it there, and the decoder stays Linen."""
+  attribute = HF_SEQ2SEQ.replace(
+      '    embed_tokens = nn.Embed(self.config.vocab_size, self.config.d_model, dtype=self.dtype)\n'
+      '    self.decoder = FlaxTinyDecoder(config=self.config, embed_tokens=embed_tokens, dtype=self.dtype)',
+      '    self.embed_tokens = nn.Embed(self.config.vocab_size, self.config.d_model, dtype=self.dtype)\n'
+      '    self.decoder = FlaxTinyDecoder(config=self.config, embed_tokens=self.embed_tokens, dtype=self.dtype)')
+  assert attribute != HF_SEQ2SEQ
+  new, _ = _migrate(attribute)
+  assert 'class FlaxTinyDecoder(nnx.Module):' in new and 'self.decoder = nnx_bridge.to_linen(FlaxTinyDecoder, ' in new
+  original, migrated = (_module(s) for s in (attribute, new))
+  causal = [m['FlaxTinyForCausalLM'](original['TinyConfig']()) for m in (original, migrated)]
+  params = causal[0].init_weights(jax.random.key(0), TOKENS)
+  assert _layout(causal[1].init_weights(jax.random.key(0), TOKENS)) == _layout(params)
+  np.testing.assert_allclose(causal[1](params, TOKENS), causal[0](params, TOKENS), rtol=1e-6, atol=1e-6)
+  shifted = attribute.replace('input_ids, encoder_hidden_states=None, deterministic: bool = True):',
+                              'input_ids, deterministic: bool = True, encoder_hidden_states=None):').replace(
+      'self.decoder(decoder_input_ids, encoded, ', 'self.decoder(decoder_input_ids, encoder_hidden_states=encoded, ')
+  assert shifted.count('encoder_hidden_states=') == attribute.count('encoder_hidden_states=') + 1
+  kept, entries = _migrate(shifted)
+  assert 'class FlaxTinyDecoder(nn.Module):' in kept
+  assert any('a call of FlaxTinyDecoder forwards *args, which may hold its train/eval argument deterministic, '
+             'followed by other positional ones' in e for e in entries)

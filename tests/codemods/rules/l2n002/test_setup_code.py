@@ -50,6 +50,11 @@ class M(nn.Module):
 
   def __call__(self, x):
     return self.dense(x)
+
+
+class Positions(nn.Embed):  # transformers' FlaxOPTLearnedPositionalEmbedding: a Linen layer, subclassed
+  def __call__(self, positions):
+    return super().__call__(positions + 2)
 '''
 
 
@@ -63,6 +68,8 @@ class M(nn.Module):
      'make_norm(...) calls .layers.make_norm, code of this project L2N002 does not follow'),
     ('self.head = helper_dense(self.width)', 26, 'helper_dense(...) calls helper_dense of this file, which may build'),
     ('self.size = self._sizes()', 26, 'self._sizes(...) calls a method of the class from setup()'),
+    ('self.positions = Positions(8, self.width)', 26,
+     'Positions(...) builds Positions, a subclass of a Linen layer, which L2N002 does not convert'),
     ('self.scale = self.param("scale", nn.initializers.ones, (self.width,)) * 2', 26,
      'self.param(...) inside a setup() statement'),
     ('for _ in range(2):\n  self.extra = Identity()', 27,
