@@ -96,10 +96,11 @@ def transform_source(source: Source, rules: tp.Sequence[type[MigrationRule]],
   classes all stay Linen (the other rules converted nothing and left TODOs), which then changes only by its TODOs.
 
   A result where a Linen class now builds a converted one through `nnx_bridge.to_linen` is migrated
-  once more, as a second run would (from no classes left unbridged): the Linen classes that run would
-  change again (a TODO of theirs depended on what the bridge replaced) build their classes as before,
-  and the rules run again; when that does not settle them, no class of the file bridges. So a run on
-  its own output changes nothing.
+  once more, as a second run would: the Linen classes that run would change again (a TODO of theirs
+  depended on what the bridge replaced) build their classes as before, and the rules run again; when
+  that does not settle them, no class of the file bridges. A second run leaves the same classes
+  unbridged on its way (it starts as this run did), so the check after a round starts from those
+  found so far. So a run on its own output changes nothing.
 
   With `options.unsafe_fixes`, a class refused at a statement of a method converts anyway, that statement kept as
   written under a TODO (`unsafe_fixes.py`).
@@ -174,7 +175,7 @@ def _transform_settled(source: Source, tree: cst.Module, rules: tp.Sequence[type
       deciding = [rule for rule in rules if rule.DECIDES_CLASSES]  # the others change no class of their own output
       try:
         again = _transform(result.source, first, deciding, options, hierarchy, filename, kept, imported_classes,
-                           frozenset())  # as a second run starts: it has found no users to leave unbridged yet
+                           unbridged)  # a second run finds the same users to leave unbridged on its way here
       except (_ClassFailed, MigrationError):  # a converter bug the second run would report: not the bridges' doing
         return result
       changed = _changed_classes(first, cst.parse_module(again.source))

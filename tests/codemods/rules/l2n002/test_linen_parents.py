@@ -1000,3 +1000,95 @@ def test_a_decoder_a_linen_wrapper_forwards_args_to_is_bridged_unless_args_could
   assert 'class FlaxTinyDecoder(nn.Module):' in kept
   assert any('a call of FlaxTinyDecoder forwards *args, which may hold its train/eval argument deterministic, '
              'followed by other positional ones' in e for e in entries)
+
+
+# In the layout of transformers' modeling_flax_wav2vec2.py: the adapter's layer list stays Linen for its own reason
+# (each layer's input size differs), and bridging its layers would change that reason in a second run.
+HF_ADAPTER = '''import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+class TinyConfig:
+  hidden_size = 8
+  output_hidden_size = 4
+  num_adapter_layers = 2
+  layer_norm_eps = 1e-5
+
+
+class FlaxTinyFeatureProjection(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.layer_norm = nn.LayerNorm(epsilon=self.config.layer_norm_eps, dtype=self.dtype)
+    self.projection = nn.Dense(self.config.hidden_size, dtype=self.dtype)
+
+  def __call__(self, hidden_states):
+    return self.projection(self.layer_norm(hidden_states))
+
+
+class FlaxTinyAdapterLayer(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.conv = nn.Conv(features=2 * self.config.output_hidden_size, kernel_size=(1,), strides=(1,),
+                        padding=((0, 0),), dtype=self.dtype)
+
+  def __call__(self, hidden_states):
+    hidden_states = self.conv(hidden_states)
+    return nn.glu(hidden_states, axis=2)
+
+
+class FlaxTinyAdapterLayersCollection(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.layers = [
+        FlaxTinyAdapterLayer(self.config, name=str(i), dtype=self.dtype)
+        for i in range(self.config.num_adapter_layers)
+    ]
+
+  def __call__(self, hidden_states):
+    for conv_layer in self.layers:
+      hidden_states = conv_layer(hidden_states)
+    return hidden_states
+
+
+class FlaxTinyModule(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.feature_projection = FlaxTinyFeatureProjection(self.config, dtype=self.dtype)
+    self.adapter = FlaxTinyAdapterLayersCollection(self.config, dtype=self.dtype)
+
+  def __call__(self, input_values):
+    return self.adapter(self.feature_projection(input_values))
+
+
+class FlaxTinyPreTrainedModel:
+  module_class: nn.Module = None
+
+
+class FlaxTinyModel(FlaxTinyPreTrainedModel):
+  module_class = FlaxTinyModule
+'''
+
+
+def test_a_layer_list_left_unbridged_costs_only_its_own_layers():
+  """The collection stays Linen for its own reason, and bridging its layers would change that reason in a second
+  run: its layer class stays Linen. The model's other converted block is still bridged, the file is settled (a
+  second run changes nothing), and the model runs as before on its own variables."""
+  new, entries = _migrate(HF_ADAPTER)
+  assert 'class FlaxTinyAdapterLayer(nn.Module):' in new and 'class FlaxTinyFeatureProjection(nnx.Module):' in new
+  assert 'self.feature_projection = nnx_bridge.to_linen(FlaxTinyFeatureProjection, ' in new
+  assert any('class FlaxTinyAdapterLayer kept as Linen: the class FlaxTinyAdapterLayersCollection, left as Linen, '
+             'uses it, and cannot wrap it with nnx_bridge.to_linen: with it a second run would find another reason '
+             'to keep FlaxTinyAdapterLayersCollection Linen' in e for e in entries)
+  assert _migrate(new)[0] == new
+  values = jax.random.normal(jax.random.key(7), (2, 5, 6))
+  original, bridged = (_module(s)['FlaxTinyModule'](_module(s)['TinyConfig']()) for s in (HF_ADAPTER, new))
+  _same_model(original, bridged, values)
