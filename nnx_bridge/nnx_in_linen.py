@@ -263,6 +263,20 @@ class ToLinen(linen.Module):
     self._write_changes(before, after, given)
     return out
 
+  def __getattr__(self, name: str) -> tp.Any:
+    """Linen's attribute lookup, else an attribute of the NNX module, built abstractly: a plain value its
+    `__init__` stores (transformers' BEiT reads `self.patch_embeddings.num_patches` in the Linen parent's
+    setup()), before any call. The sizes the call would give are placeholders (1): what Linen's setup() stored
+    cannot depend on them, as Linen learns them at the call."""
+    try:
+      return super().__getattr__(name)
+    except AttributeError:
+      if name.startswith('_') or name in {f.name for f in dataclasses.fields(self)}:
+        raise
+    placeholders = tuple((keyword, 1) for keyword in (*dict(self.input_sizes), *self.traced_sizes))
+    structure = _structure(self.nnx_class, self.args, self.kwargs + placeholders)
+    return getattr(nnx.merge(structure.graphdef, structure.abstract_state), name)
+
   def _call_mode(
       self, method: tp.Callable[..., tp.Any], kwargs: dict[str, tp.Any]
   ) -> tuple[bool | None, dict[str, tp.Any]]:

@@ -276,6 +276,8 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
       reason = _call_blocker(facts, plan, indexed)
     elif (loop := _loop_over(facts, sub)) is not None:
       reason = _loop_blocker(facts, plan, *loop)
+    elif isinstance(use, cst.Attribute) and use.value is sub and not listed:
+      reason = _read_blocker(facts, plan, attr, use)
     elif isinstance(use, cst.Return) and not listed and (shifted := _shifted_switch(facts, plan)) is not None:
       reason = f'self.{attr} ({plan.name}) is returned to callers out of sight, and its train/eval argument ' \
                f'{shifted} is followed by other positional ones'
@@ -286,6 +288,39 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
     if reason is not None:
       return reason
   return None
+
+
+def _read_blocker(facts: FileFacts, plan: ClassRewrite, attr: str, read: cst.Attribute) -> str | None:
+  """Why `self.<attr>.<name>` (or `.<child>.<name>` down the converted children) cannot be read through the
+  bridge, or None. The bridge reads a plain attribute the NNX `__init__` sets (a field, or what setup() code
+  stored: transformers' BEiT reads `self.patch_embeddings.num_patches` in setup()) from the module built
+  abstractly (`ToLinen.__getattr__`); a read that is called or assigned to is refused."""
+  names, outer = [read.attr.value], read
+  while isinstance(parent := facts.parent(outer), cst.Attribute) and parent.value is outer:
+    names.append(parent.attr.value)
+    outer = parent
+  holder = facts.parent(outer)
+  what = f'self.{attr}.{".".join(names)}'
+  if isinstance(holder, cst.Call) and holder.func is outer or isinstance(holder, (cst.AssignTarget, cst.AugAssign)):
+    return f'{what} ({plan.name}) is called or assigned to through the bridge'
+  below = plan
+  for name in names[:-1]:
+    child = next((c for c in below.children if c.attr == name and c.api is None), None)
+    if child is None or child.sibling is None or child.sibling.origin or '{' in child.linen_name:
+      return f'{what} reads {name}, which is not a converted submodule of {below.name} of this file'
+    below = child.sibling
+  if names[-1] not in _plain_attributes(facts, below):
+    return f'{what} is not a plain attribute of {below.name} (a field or what its setup() stores)'
+  return None
+
+
+def _plain_attributes(facts: FileFacts, plan: ClassRewrite) -> set[str]:
+  """The fields of `plan`'s class and the attributes its setup() code stores (`self.num_patches = num_patches`),
+  less its submodules and variables."""
+  setup = _method(facts.class_defs[plan.name], 'setup')
+  stored = {target for statement in (setup.body.body if setup is not None else ())
+            if isinstance(statement, cst.SimpleStatementLine) and (target := self_assignment(statement)) is not None}
+  return (stored | set(plan.linen_fields)) - {c.attr for c in plan.children} - set(plan.mode_fields)
 
 
 def _self_extended(statement: cst.SimpleStatementLine) -> str | None:

@@ -293,7 +293,7 @@ def _kept(source: str, reason: str) -> None:
     ('    return self.output(query, hidden_states, deterministic=deterministic)',
      '    self.output.sow("intermediates", "seen", query)\n'
      '    return self.output(query, hidden_states, deterministic=deterministic)',
-     'self.output (FlaxTinySelfOutput) is used other than by calling it'),
+     'self.output.sow (FlaxTinySelfOutput) is called or assigned to through the bridge'),
     ('    self.output = FlaxTinySelfOutput(self.config, dtype=self.dtype)',
      '    output_class = FlaxTinySelfOutput\n    self.output = output_class(self.config, dtype=self.dtype)',
      'it uses FlaxTinySelfOutput other than by building it'),
@@ -1092,3 +1092,108 @@ def test_a_layer_list_left_unbridged_costs_only_its_own_layers():
   values = jax.random.normal(jax.random.key(7), (2, 5, 6))
   original, bridged = (_module(s)['FlaxTinyModule'](_module(s)['TinyConfig']()) for s in (HF_ADAPTER, new))
   _same_model(original, bridged, values)
+
+
+# In the layout of transformers' modeling_flax_beit.py: the embeddings read the patch count the patch embeddings'
+# setup() stored, and the held model reads their patch grid through the embeddings.
+HF_PATCHES = '''import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+class TinyConfig:
+  image_size = 8
+  patch_size = 4
+  num_channels = 3
+  hidden_size = 6
+  hidden_dropout_prob = 0.1
+
+
+class FlaxTinyPatchEmbeddings(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    image_size = self.config.image_size
+    patch_size = self.config.patch_size
+    self.num_patches = (image_size // patch_size) * (image_size // patch_size)
+    self.patch_shape = (image_size // patch_size, image_size // patch_size)
+    self.projection = nn.Conv(self.config.hidden_size, kernel_size=(patch_size, patch_size),
+                              strides=(patch_size, patch_size), padding="VALID", dtype=self.dtype)
+
+  def __call__(self, pixel_values):
+    embeddings = self.projection(pixel_values)
+    batch_size, _, _, channels = embeddings.shape
+    return jnp.reshape(embeddings, (batch_size, -1, channels))
+
+
+class FlaxTinyEmbeddings(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.cls_token = self.param("cls_token", nn.initializers.zeros, (1, 1, self.config.hidden_size))
+    self.patch_embeddings = FlaxTinyPatchEmbeddings(self.config, dtype=self.dtype)
+    num_patches = self.patch_embeddings.num_patches
+    self.position_embeddings = self.param(
+        "position_embeddings", nn.initializers.normal(0.02), (1, num_patches + 1, self.config.hidden_size))
+    self.dropout = nn.Dropout(rate=self.config.hidden_dropout_prob)
+
+  def __call__(self, pixel_values, deterministic=True):
+    embeddings = self.patch_embeddings(pixel_values)
+    cls_tokens = jnp.broadcast_to(self.cls_token, (embeddings.shape[0], 1, self.config.hidden_size))
+    embeddings = jnp.concatenate((cls_tokens, embeddings), axis=1) + self.position_embeddings
+    return self.dropout(embeddings, deterministic=deterministic)
+
+
+class FlaxTinyModule(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.embeddings = FlaxTinyEmbeddings(self.config, dtype=self.dtype)
+    grid = self.embeddings.patch_embeddings.patch_shape
+    self.bias = self.param("bias", nn.initializers.normal(0.02), (grid[0] * grid[1] + 1, 1))
+
+  def __call__(self, pixel_values, deterministic=True):
+    return self.embeddings(pixel_values, deterministic=deterministic) + self.bias
+
+
+class FlaxTinyPreTrainedModel:
+  module_class: nn.Module = None
+
+
+class FlaxTinyModel(FlaxTinyPreTrainedModel):
+  module_class = FlaxTinyModule
+'''
+
+
+def test_plain_attributes_a_linen_parent_reads_from_bridged_children_come_from_their_nnx_init():
+  """The held model stays Linen and builds the converted embeddings through to_linen; its setup() reads the patch
+  grid their patch embeddings stored, which the bridge reads from the NNX module built abstractly (the size its
+  call gives a placeholder). Same variables, outputs and gradients; a second run changes nothing."""
+  new, _ = _migrate(HF_PATCHES)
+  assert 'class FlaxTinyEmbeddings(nnx.Module):' in new and 'class FlaxTinyPatchEmbeddings(nnx.Module):' in new
+  assert 'self.embeddings = nnx_bridge.to_linen(FlaxTinyEmbeddings, ' in new
+  assert 'grid = self.embeddings.patch_embeddings.patch_shape' in new
+  assert _migrate(new)[0] == new
+  pixels = jax.random.normal(jax.random.key(8), (2, 8, 8, 3))
+  original, bridged = (_module(s)['FlaxTinyModule'](_module(s)['TinyConfig']()) for s in (HF_PATCHES, new))
+  _same_model(original, bridged, pixels)
+
+
+@pytest.mark.parametrize('old, new', [
+    ('grid = self.embeddings.patch_embeddings.patch_shape',
+     'grid = (self.embeddings.patch_embeddings.projection.kernel_size[0] // 2,) * 2'),
+    ('grid = self.embeddings.patch_embeddings.patch_shape', 'grid = self.embeddings.config.patches()'),
+], ids=['a-layer-attribute', 'a-call'])
+def test_reads_through_the_bridge_other_than_plain_attributes_keep_the_class_linen(old, new):
+  """A table layer's attribute (NNX names them otherwise) or a call through the bridge: the embeddings stay Linen,
+  and the model runs as before."""
+  assert old in HF_PATCHES
+  source = HF_PATCHES.replace(old, new).replace('class TinyConfig:', 'class TinyConfig:\n  patches = staticmethod(lambda: (2, 2))')
+  migrated, _ = _migrate(source)
+  assert 'class FlaxTinyEmbeddings(nn.Module):' in migrated and 'class FlaxTinyPatchEmbeddings(nnx.Module):' in migrated
+  pixels = jax.random.normal(jax.random.key(8), (2, 8, 8, 3))
+  original, bridged = (_module(s)['FlaxTinyModule'](_module(s)['TinyConfig']()) for s in (source, migrated))
+  _same_model(original, bridged, pixels)
