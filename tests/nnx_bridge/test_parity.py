@@ -309,3 +309,47 @@ def test_at_the_default_precision_rounding_passes_within_the_calibrated_noise_an
   wrong = parity.compare(LinenRounded(), variables, NNXRounded(nnx.Rngs(0), scale=1.1), X, mapping=mapping,
                          precision='default')
   assert ('output', 'output') in {(d.check, d.path) for d in wrong.failures}
+
+
+class LinenGumbelHead(nn.Module):
+  """wav2vec2's quantizer in small: in train mode it samples Gumbel noise from the 'gumbel' stream."""
+
+  features: int = 3
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool = True):
+    logits = nn.Dense(self.features)(x)
+    if not deterministic:
+      logits = logits + jax.random.gumbel(self.make_rng('gumbel'), logits.shape)
+    return jax.nn.softmax(logits), logits.mean()
+
+
+class NNXGumbelHead(nnx.Module):
+  def __init__(self, in_features: int, features: int = 3, *, rngs: nnx.Rngs, shift: float = 0.0):
+    self.linear = nnx.Linear(in_features, features, rngs=rngs)
+    self.gumbel_rngs = rngs.gumbel.fork()
+    self.deterministic = True
+    self.shift = shift
+
+  def __call__(self, x):
+    logits = self.linear(x) + self.shift
+    if not self.deterministic:
+      logits = logits + jax.random.gumbel(self.gumbel_rngs(), logits.shape)
+    return jax.nn.softmax(logits), logits.mean()
+
+
+@pytest.mark.parametrize('shift, ok', [(0.0, True), (0.5, False)])
+def test_train_results_that_other_rng_streams_change_are_not_compared_and_a_wrong_port_still_fails(shift, ok):
+  """The train-mode outputs depend on the 'gumbel' keys, which NNX derives otherwise: they are left out, with a
+  note naming them, while the eval output and gradients are compared; a port wrong on purpose (its logits shifted,
+  which softmax hides but the mean shows) fails."""
+  linen = LinenGumbelHead()
+  variables = linen.init(jax.random.key(0), X)
+  port = NNXGumbelHead(X.shape[-1], rngs=nnx.Rngs(0, gumbel=1), shift=shift)
+  report = parity.compare(linen, variables, port, X, rng_streams=['gumbel'])
+  assert report.ok is ok, report.to_text()
+  assert not any(d.check == 'train output' for d in report.differences)
+  assert any('train-mode results not compared, as they change with the keys of the rng streams gumbel' in note
+             and 'train output 0, train output 1' in note for note in report.notes), report.notes
+  if not ok:
+    assert {d.check for d in report.failures} >= {'output'}
