@@ -274,7 +274,12 @@ class ToLinen(linen.Module):
       if name.startswith('_') or name in {f.name for f in dataclasses.fields(self)}:
         raise
     placeholders = tuple((keyword, 1) for keyword in (*dict(self.input_sizes), *self.traced_sizes))
-    structure = _structure(self.nnx_class, self.args, self.kwargs + placeholders)
+    try:  # `hasattr` asks too, and expects AttributeError alone
+      structure = _structure(self.nnx_class, self.args, self.kwargs + placeholders)
+    except Exception as error:
+      label = f'to_linen({getattr(self.nnx_class, "__name__", repr(self.nnx_class))})'  # unbound: no scope path
+      raise AttributeError(f'{label}: {name} is no attribute of the Linen wrapper, and its NNX module could not be '
+                           f'built to read it ({" ".join(str(error).split())[:200]})') from None
     return getattr(nnx.merge(structure.graphdef, structure.abstract_state), name)
 
   def _call_mode(

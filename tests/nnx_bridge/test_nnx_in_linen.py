@@ -823,3 +823,38 @@ def test_a_given_leaf_below_a_slot_the_call_fills_is_an_error():
   wrong = {**variables, 'cache': {'cached': {'deeper': jnp.zeros((2, 3))}}}
   with pytest.raises(StateMismatchError, match='cache/cached/deeper'):
     to_linen(CachedSum).apply(wrong, X, mutable=['cache'])
+
+
+class _Patches(nnx.Module):
+  """Stores a plain attribute from its arguments, and takes its input size as transformers' ports do."""
+
+  def __init__(self, image_size: int, patch_size: int, *, projection_in_features: int, rngs: nnx.Rngs):
+    self.num_patches = (image_size // patch_size) ** 2
+    self.projection = nnx.Linear(projection_in_features, 4, rngs=rngs)
+
+  def __call__(self, x):
+    return self.projection(x)
+
+
+class _PatchCounter(nn.Module):
+  """A Linen parent reading the bridged child's plain attribute in setup()."""
+
+  def setup(self):
+    self.patches = to_linen(_Patches, 8, 4, input_sizes={'projection_in_features': 'x'})
+    self.scale = self.patches.num_patches
+
+  def __call__(self, x):
+    return self.patches(x) * self.scale
+
+
+def test_a_plain_attribute_of_the_nnx_module_is_read_through_the_wrapper_before_any_call():
+  x = jnp.ones((2, 3))
+  variables = _PatchCounter().init(jax.random.key(0), x)
+  kernel = variables['params']['patches']['projection']['kernel']
+  np.testing.assert_allclose(_PatchCounter().apply(variables, x), 4 * (x @ kernel + 0.0), rtol=1e-6)
+  wrapper = to_linen(_Patches, 8, 4, input_sizes={'projection_in_features': 'x'})
+  assert wrapper.num_patches == 4 and not hasattr(wrapper, 'no_such_attribute')
+  broken = to_linen(_Patches, 8)  # no patch_size: the NNX module cannot be built to read from
+  assert not hasattr(broken, 'num_patches')
+  with pytest.raises(AttributeError, match='its NNX module could not be built'):
+    broken.num_patches
