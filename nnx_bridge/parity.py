@@ -425,12 +425,12 @@ def compare(
     notes.append('the Linen model has no parameters: no gradients to compare')
   if checks['train']:
     notes.append('the train-mode call runs with dropout off on both sides')
+  elif train:
+    notes.append('no train/eval argument found on the Linen module: train-mode call skipped')
   if random:
     notes.append(f'train-mode results not compared, as they change with the keys of the rng streams '
                  f'{", ".join(sorted(call.streams))} (which NNX draws from its own nnx.Rngs): '
                  f'{", ".join(f"{check} {name}" for check, name in random)}')
-  elif train:
-    notes.append('no train/eval argument found on the Linen module: train-mode call skipped')
   return ParityReport(
       tuple(differences),
       _params_table(model, by_nnx),

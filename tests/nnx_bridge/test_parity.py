@@ -23,6 +23,7 @@ def variables():
 def test_right_port_passes_every_check(variables):
   report = parity.compare(LinenMLP(), variables, NNXMLP(nnx.Rngs(0)), X, mapping=MAPPING)
   assert report.ok, report.to_text()
+  assert report.notes == ('the train-mode call runs with dropout off on both sides',)
   checks = {d.check for d in report.differences}
   assert checks == {'output', 'gradient', 'train output', 'train state'}
   assert {d.path for d in report.differences if d.check == 'gradient'} == {
@@ -349,6 +350,7 @@ def test_train_results_that_other_rng_streams_change_are_not_compared_and_a_wron
   report = parity.compare(linen, variables, port, X, rng_streams=['gumbel'])
   assert report.ok is ok, report.to_text()
   assert not any(d.check == 'train output' for d in report.differences)
+  assert not any('train-mode call skipped' in note for note in report.notes), report.notes
   assert any('train-mode results not compared, as they change with the keys of the rng streams gumbel' in note
              and 'train output 0, train output 1' in note for note in report.notes), report.notes
   if not ok:
