@@ -64,6 +64,9 @@ TINY_CONFIG = {  # as HF's Flax model tests size their models: every key the fam
     'dropout_rate': 0.0,  # T5's attention drops its weights with it the same way (its nn.Dropout layers too)
     'drop_path_rate': 0.0,  # BEiT's stochastic depth draws a 'droppath' key the same way
     'do_stable_layer_norm': True,  # wav2vec2's Flax port supports only this
+    'feat_extract_norm': 'layer',  # and only this feature encoder; its convolutions small enough for LENGTH
+    'conv_dim': [8, 8], 'conv_kernel': [2, 2], 'conv_stride': [1, 1], 'num_feat_extract_layers': 2,
+    'num_conv_pos_embeddings': 2, 'num_conv_pos_embedding_groups': 2,
 }
 BATCH, LENGTH = 2, 8
 
