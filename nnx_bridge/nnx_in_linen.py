@@ -277,9 +277,8 @@ class ToLinen(linen.Module):
     try:  # `hasattr` asks too, and expects AttributeError alone
       structure = _structure(self.nnx_class, self.args, self.kwargs + placeholders)
     except Exception as error:
-      label = f'to_linen({getattr(self.nnx_class, "__name__", repr(self.nnx_class))})'  # unbound: no scope path
-      raise AttributeError(f'{label}: {name} is no attribute of the Linen wrapper, and its NNX module could not be '
-                           f'built to read it ({" ".join(str(error).split())[:200]})') from None
+      raise AttributeError(f'{self._label()}: {name} is no attribute of the Linen wrapper, and its NNX module could '
+                           f'not be built to read it ({" ".join(str(error).split())[:200]})') from None
     return getattr(nnx.merge(structure.graphdef, structure.abstract_state), name)
 
   def _call_mode(
@@ -358,6 +357,8 @@ class ToLinen(linen.Module):
   def _label(self) -> str:
     """Names this wrapper in error messages: the NNX class and the Linen path."""
     name = getattr(self.nnx_class, '__name__', repr(self.nnx_class))
+    if self.scope is None:  # not bound yet (an attribute read before any call)
+      return f'to_linen({name})'
     return f"to_linen({name}) at '{'/'.join(self.scope.path) or '<root>'}'"
 
   def _construct(

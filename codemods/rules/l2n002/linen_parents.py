@@ -242,9 +242,8 @@ def _builds_linen(facts: FileFacts, value: cst.BaseExpression) -> bool:
 
 def _bound_value(facts: FileFacts, name: cst.Name) -> cst.BaseExpression | None:
   """The value of `name = <value>`, the one binding of the function local `name`, else None."""
-  scope = facts.scope(name)
-  assignments = list(scope.assignments[name.value]) if isinstance(scope, cst.metadata.FunctionScope) else []
-  target = facts.parent(assignments[0].node) if len(assignments) == 1 else None
+  assignment = _one_assignment(facts, name)
+  target = facts.parent(assignment.node) if assignment is not None else None
   assign = facts.parent(target) if isinstance(target, cst.AssignTarget) else None
   return assign.value if isinstance(assign, cst.Assign) else None
 
@@ -278,11 +277,10 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
       reason = _loop_blocker(facts, plan, *loop)
     elif isinstance(use, cst.Attribute) and use.value is sub and not listed:
       reason = _read_blocker(facts, plan, attr, use)
-    elif isinstance(use, cst.Return) and not listed and (shifted := _shifted_switch(facts, plan)) is not None:
-      reason = f'self.{attr} ({plan.name}) is returned to callers out of sight, and its train/eval argument ' \
-               f'{shifted} is followed by other positional ones'
-    elif isinstance(use, cst.Return) and not listed:
-      reason = None
+    elif isinstance(use, cst.Return) and not listed:  # `return self.encoder` (transformers' `_get_encoder_module`)
+      shifted = _shifted_switch(facts, plan)
+      reason = None if shifted is None else f'self.{attr} ({plan.name}) is returned to callers out of sight, and ' \
+                                            f'its train/eval argument {shifted} is followed by other positional ones'
     else:
       reason = f'self.{attr} ({plan.name}) is used other than by calling it'
     if reason is not None:
@@ -382,10 +380,16 @@ def _listed_as(facts: FileFacts, setup: cst.FunctionDef, call: cst.Call) -> str 
 
 
 def _reads(facts: FileFacts, name: cst.Name) -> list[cst.Name] | None:
-  """The reads of the function local `name` names (libcst's scope analysis), when one statement binds it; else None."""
+  """The reads of the function local `name` names, when one statement binds it; else None."""
+  assignment = _one_assignment(facts, name)
+  return [r.node for r in assignment.references] if assignment is not None else None
+
+
+def _one_assignment(facts: FileFacts, name: cst.Name) -> cst.metadata.BaseAssignment | None:
+  """The binding of the function local `name` (libcst's scope analysis), when there is one only; else None."""
   scope = facts.scope(name)
   assignments = list(scope.assignments[name.value]) if isinstance(scope, cst.metadata.FunctionScope) else []
-  return [r.node for r in assignments[0].references] if len(assignments) == 1 else None
+  return assignments[0] if len(assignments) == 1 else None
 
 
 def _appended_to(facts: FileFacts, node: cst.CSTNode) -> cst.Name | None:
