@@ -5,13 +5,18 @@ A converted class's record (`ConvertedClass.interface`) carries its interface fr
 the files whose classes build it (`dopamine`'s `networks.ImpalaEncoder(...)` in another module's network); the run
 migrates those files again with the records (`engine._settle`), and there the interface stands in for the plan of
 a class of the same file (`sibling_plan`): the constructor's fields and sizes, the call's train/eval switches and
-output size. Plain data, so that records travel between worker processes and compare by value.
+output size, and the code its setup() binds once to attributes and locals (`setup_bindings`), which a size
+it returns may name (diffusers' `out_channels = self.in_channels if self.out_channels is None else ...`). Plain data, so that records travel between worker processes and compare by value.
 """
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 
+import libcst as cst
+
+from codemods.nodes import descendants
 from codemods.rules.l2n002.dims import Dim, Shape
 from codemods.rules.l2n002.plan import ClassRewrite, draws_rngs
 
@@ -37,15 +42,20 @@ class ClassInterface:
   tie_flags: tuple[tuple[str, str], ...]
   cache_input: str | None
   draws_rngs: bool
+  setup_attributes: tuple[tuple[str, str], ...] = ()  # `self.<attr> = <code>` set once by setup(), fields only
+  setup_locals: tuple[tuple[str, str], ...] = ()  # `<local> = <code>` bound once by setup(), fields only
 
 
-def interface_of(plan: ClassRewrite) -> ClassInterface:
-  """The interface of the converted class `plan`."""
+def interface_of(plan: ClassRewrite, bindings: tuple[dict[str, str], dict[str, str]]) -> ClassInterface:
+  """The interface of the converted class `plan`; `bindings`: its setup()'s attributes and locals set once
+  (`sizes.setup_bindings`), of which those whose code reads nothing but `self` and builtins travel (a global of
+  its file may mean something else where it is built)."""
+  attributes, bound = ({name: code for name, code in part.items() if _self_contained(code)} for part in bindings)
   return ClassInterface(
       plan.name, tuple(plan.field_names), tuple(plan.linen_fields), tuple(plan.call_params), tuple(plan.mode_params),
       tuple(plan.mode_fields.items()), tuple(plan.switch_defaults.items()), tuple(plan.size_params), plan.output,
       plan.carry_output, plan.first_output, plan.last_output, plan.output_shape, tuple(plan.example_params),
-      tuple(plan.tie_flags.items()), plan.cache_input, draws_rngs(plan))
+      tuple(plan.tie_flags.items()), plan.cache_input, draws_rngs(plan), tuple(attributes.items()), tuple(bound.items()))
 
 
 def sibling_plan(interface: ClassInterface, origin: str) -> ClassRewrite:
@@ -59,4 +69,17 @@ def sibling_plan(interface: ClassInterface, origin: str) -> ClassRewrite:
       carry_output=interface.carry_output, first_output=interface.first_output, last_output=interface.last_output,
       output_shape=interface.output_shape,
       example_params=list(interface.example_params), tie_flags=dict(interface.tie_flags),
-      cache_input=interface.cache_input, draws=interface.draws_rngs, origin=origin)
+      cache_input=interface.cache_input, draws=interface.draws_rngs, origin=origin,
+      setup_bindings=(dict(interface.setup_attributes), dict(interface.setup_locals)))
+
+
+def _self_contained(code: str) -> bool:
+  """Whether `code` reads no name but `self` and builtins (`self.in_channels if self.out_channels is None else
+  self.out_channels`)."""
+  try:
+    node = cst.parse_expression(code)
+  except cst.ParserSyntaxError:
+    return False
+  labels = {id(n.attr) for n in descendants(node) if isinstance(n, cst.Attribute)}
+  return all(n.value == 'self' or hasattr(builtins, n.value) for n in (node, *descendants(node))
+             if isinstance(n, cst.Name) and id(n) not in labels)

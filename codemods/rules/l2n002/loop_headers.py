@@ -34,7 +34,6 @@ class Loop:
   sites: list[Site] = dataclasses.field(default_factory=list)
   active: bool = False
   sequence_code: str = ''  # S / n as code valid in __init__
-  comprehension: cst.ListComp | None = None  # a setup() list's `[<layer> for ...]`
   stop: str | None = None  # b of a sequence range(a, b), as code valid in __init__: its element shifts by 1
   zipped: tuple[tuple[str, cst.BaseExpression], ...] = ()  # `for a, b in zip(A, B)`: (a, A), (b, B); element None
   zipped_code: dict[str, str] = dataclasses.field(default_factory=dict)  # a -> A as code valid in __init__
@@ -100,6 +99,7 @@ class Site:
   pattern: str | None = None  # the Linen name an f-string name= gives, `layer_{i}` (`{i}` for `name=str(i)`)
   setup_attr: str | None = None  # the attribute of a setup() list (`self.layers = [...]`)
   condition: str | None = None  # built only where this holds (code for __init__), None elsewhere in the list
+  comprehension: cst.BaseExpression | None = None  # a setup() list's `[<layer> for ...]`, or the `layers` stored
   seen: list[tuple[cst.Call, list[Dim]]] = dataclasses.field(default_factory=list)
 
 
@@ -116,7 +116,7 @@ def loop_header(ctx: ClassContext, statement: cst.For | cst.CompFor, rewrite: bo
     loop = Loop(statement, index, None, None, it.args[0].value, frozenset({target.value}))
     if rewrite and target.value == '_':
       ctx.plan.exprs[target] = index
-  elif (zipped := _zipped(ctx, target, it)) is not None:  # `for a, b in zip(A, B)`, `for i, (a, b) in enumerate(...)`
+  elif (zipped := zipped_names(ctx, target, it)) is not None:  # `for a, b in zip(A, B)`, `for i, (a, b) in enumerate(...)`
     index_name, elements, sequence = zipped
     index = index_name if index_name not in (None, '_') else fresh()
     loop = Loop(statement, index, None, sequence, None, frozenset({*elements, *filter(None, [index_name])}),
@@ -188,7 +188,7 @@ def _names_of(target: cst.BaseExpression) -> list[str] | None:
   return None
 
 
-def _zipped(ctx: ClassContext, target: cst.BaseExpression, it: cst.BaseExpression
+def zipped_names(ctx: ClassContext, target: cst.BaseExpression, it: cst.BaseExpression
             ) -> tuple[str | None, list[str], cst.Call] | None:
   """`for a, b in zip(A, B)` -> (None, [a, b], the zip call); `for i, (a, b) in enumerate(zip(A, B))` -> (i, [a, b],
   the zip call); None for other loops. The zip's arguments are positional sequences, one per name."""

@@ -47,7 +47,7 @@ from codemods.rules.l2n002 import constructions, queries, sizes
 from codemods.rules.l2n002.conditions import construction_conditions
 from codemods.rules.l2n002.dims import Dim, Known
 from codemods.rules.l2n002.loop_headers import (
-    Loop, Site, enclosing, is_builtin, loop_header, pair, paren, unbalanced, wrapped,
+    Loop, Site, enclosing, is_builtin, loop_header, pair, paren, unbalanced, wrapped, zipped_names,
 )
 from codemods.rules.l2n002.nodes import assigned_name, is_plain_if
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
@@ -65,7 +65,9 @@ class Loops:
     self.sites: dict[cst.Call, Site] = {}
     self.refs: set[cst.Name] = set()  # loop names read in constructor arguments: valid in the comprehension
     self._empty: set[cst.BaseStatement] = set()  # `layers = []` of a setup() list built by appending
-    self._appends: dict[cst.Name, cst.For] = {}  # `layers` of `self.layers = layers` -> the loop appending to it
+    self._appends: dict[cst.Name, tuple[cst.For, cst.Call]] = {}  # `layers` of `self.layers = layers` -> the loop
+    # appending to it, and the layer it appends
+    self._setup_loops: dict[cst.For | cst.CompFor, Loop] = {}  # a setup() list's loop: one for the lists it fills
     self.unrolled: dict[cst.For, Child] = {}  # a loop over a setup() list written out -> the list's first element
 
   # --- planning --------------------------------------------------------------------------------
@@ -175,36 +177,40 @@ class Loops:
 
   def setup_append(self, ctx: ClassContext, statement: cst.BaseStatement, setup: cst.FunctionDef) -> bool:
     """`layers = []`, `for f in <iterator>: layers.append(<layer>)`, `self.layers = layers` in setup(): the first two
-    statements go (their list becomes the nnx.List of the third); True for them, False for any other statement."""
-    if statement in self._appends.values() or statement in self._empty:
+    statements go (their list becomes the nnx.List of the third); True for them, False for any other statement.
+    One loop may fill several lists, each started empty just before it (diffusers' `resnets = []`,
+    `attentions = []`, then one append to each per iteration)."""
+    if statement in self._empty or any(statement is loop for loop, _ in self._appends.values()):
       return True
     name = _empty_list(statement)
     if name is None:
       return False
     body = list(setup.body.body)
-    loop = body[body.index(statement) + 1] if body.index(statement) + 1 < len(body) else None
-    ctor = _appended(loop, name)
+    after = body[body.index(statement) + 1:]
+    while after and _empty_list(after[0]) is not None:  # `attentions = []` between this list and its loop
+      after = after[1:]
+    loop = after[0] if after else None
+    ctor = _appended(loop, name, _empty_lists_before(body, loop))
     uses = [n for n in descendants(setup.body) if isinstance(n, cst.Name) and n.value == name
             and not (isinstance(ctx.facts.parent(n), cst.Attribute) and ctx.facts.parent(n).attr is n)]
     stores = [s for s in body if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
               and isinstance(s.body[0], cst.Assign) and isinstance(s.body[0].value, cst.Name)
               and s.body[0].value.value == name]
     if ctor is None or len(uses) != 3 or len(stores) != 1 or constructions.constructed(ctx, ctor) is None \
-        or _loop_locals_read_after(loop, setup):
+        or _loop_locals_read_after(loop, setup) or _carried(loop, setup, ctor):
       raise Unsupported(statement, f'a setup() list {name} other than `{name} = []`, then `for x in <iterator>: '
                                         f'{name}.append(<layer>(...))` (the layer may be bound to a local first, '
                                         f'beside locals of fields and the loop), then `self.<attr> = {name}`')
     self._empty.add(statement)
-    self._appends[stores[0].body[0].value] = loop
+    self._appends[stores[0].body[0].value] = (loop, ctor)
     ctx.plan.removed.update((statement, loop))
     return True
 
   def appended(self, ctx: ClassContext, value: cst.BaseExpression, attr: str) -> cst.Call | None:
     """The layer a `self.<attr> = <list>` of `setup_append`'s pattern builds, registered as a setup() list."""
-    loop_node = self._appends.get(value) if isinstance(value, cst.Name) else None
-    if loop_node is None:
+    if not isinstance(value, cst.Name) or value not in self._appends:
       return None
-    ctor = _appended(loop_node, value.value)
+    loop_node, ctor = self._appends[value]
     self._setup_site(ctx, ctor, loop_node, value, attr, 'a loop')
     loop = self.sites[ctor].loop  # `in_channels = self.in_channels if i == 0 else ...` read by the layer: inlined
     self.refs |= {n for n in descendants(loop_node.body) if isinstance(n, cst.Name) and n.value in loop.names}
@@ -226,10 +232,11 @@ class Loops:
                   what: str) -> cst.Call:
     """Registers the construction of a setup() list built by `loop_node` (a for loop or a comprehension)."""
     name = next((a.value for a in ctor.args if a.keyword is not None and a.keyword.value == 'name'), None)
-    loop = loop_header(ctx, loop_node, False)
-    loop.comprehension = value
+    if loop_node not in self._setup_loops:
+      self._setup_loops[loop_node] = loop_header(ctx, loop_node, False)
+    loop = self._setup_loops[loop_node]
     loop.sites.append(Site(loop, ctor, _setup_name(ctx, ctor, name, loop, attr) if name is not None else None,
-                           setup_attr=attr))
+                           setup_attr=attr, comprehension=value))
     self.sites[ctor] = loop.sites[-1]
     self.refs |= {n for n in descendants(ctor) if isinstance(n, cst.Name) and n.value in loop.names}
     try:
@@ -257,6 +264,10 @@ class Loops:
       element = names[1] if names is not None else None
     elif isinstance(parent, cst.For) and parent.iter is sub and isinstance(parent.target, cst.Name):
       element = parent.target.value
+    elif site is not None and isinstance(parent, cst.Arg) and (zipped := _zipped_list(ctx, sub, parent)) is not None:
+      parent, element = zipped  # `for resnet, attn in zip(self.resnets, self.attentions):` (diffusers)
+      if self.loops.get(parent, site.loop) is not site.loop:
+        raise Unsupported(sub, f'self.{child.attr} (a list of layers) zipped with a list another loop builds')
     elif site is not None and (indexed := _indexed_call(ctx, sub)) is not None:  # `self.layers[n](...)` (Bloom)
       parent, call = indexed
       element = ''
@@ -351,7 +362,7 @@ class Loops:
         ctx.plan.pending.append((child.ctor, f'self.{child.attr}: a list of layers -> nnx.List (Linen names them '
                                           f'{first}, {second}, ...)'))
     for loop in loops:
-      if loop.comprehension is not None:  # a setup() list: reported above
+      if any(site.comprehension is not None for site in loop.sites):  # a setup() list: reported above
         continue
       attrs = ', '.join(f'self.{c.attr}' for c in listed if self.sites[c.ctor].loop is loop)
       ctx.plan.pending.append((loop.node, f'the layers built in this loop -> nnx.List attributes {attrs}, built in '
@@ -415,7 +426,7 @@ class Loops:
     else:
       header = f'{loop.element_target() if element else "_"} in {loop.sequence_code}'
     if not child.hoisted:  # a setup() list: the comprehension becomes the nnx.List
-      ctx.plan.exprs[loop.comprehension] = f'nnx.List([{text} for {header}])'
+      ctx.plan.exprs[site.comprehension] = f'nnx.List([{text} for {header}])'
       return text
     return f'nnx.List([{text} for {header}])'
 
@@ -531,6 +542,21 @@ class Loops:
     return shared[key]
 
 
+def _zipped_list(ctx: ClassContext, sub: cst.Attribute, arg: cst.Arg) -> tuple[cst.For, str] | None:
+  """`for a, b in zip(self.a, self.b):` (or `for i, (a, b) in enumerate(zip(...))`) over the list `sub`: the loop
+  and the name its element takes, else None. Iteration k calls element k of each list, as Linen's loop did."""
+  call = ctx.facts.parent(arg)
+  outer = ctx.facts.parent(call)
+  if isinstance(outer, cst.Arg):  # enumerate(zip(...))
+    outer = ctx.facts.parent(ctx.facts.parent(outer))
+  if not isinstance(outer, cst.For):
+    return None
+  zipped = zipped_names(ctx, outer.target, outer.iter)
+  if zipped is None or zipped[2] is not call:
+    return None
+  return outer, zipped[1][[a.value for a in call.args].index(sub)]
+
+
 def _indexed_call(ctx: ClassContext, sub: cst.Attribute) -> tuple[cst.For, cst.Call] | None:
   """`self.layers[n](...)` in the body of a `for n in range(...):` loop (transformers' Bloom): the loop and the call.
   Iteration k calls layer k, as `for layer in self.layers:` does; the loop's own range bounds it (an index past the
@@ -596,37 +622,78 @@ def _empty_list(statement: cst.BaseStatement) -> str | None:
   return None
 
 
-def _appended(loop: cst.CSTNode | None, name: str) -> cst.Call | None:
-  """The construction of `for x in <iterator>: name.append(<construction>)`, else None. Before the append, the body
-  may bind locals (diffusers' `in_channels = self.in_channels if i == 0 else self.out_channels`) and the construction
-  itself (`res_block = FlaxResnetBlock2D(...)`, then `resnets.append(res_block)`): simple assignments to names, the
-  append the only other statement."""
+def _appended(loop: cst.CSTNode | None, name: str, lists: frozenset[str]) -> cst.Call | None:
+  """The construction of `for x in <iterator>: name.append(<construction>)`, else None. The body may also bind locals
+  (diffusers' `in_channels = self.in_channels if i == 0 else self.out_channels`) and the construction itself
+  (`res_block = FlaxResnetBlock2D(...)`, then `resnets.append(res_block)`): simple assignments to names; its other
+  statements are one append to each of `lists` (the empty lists before the loop, which go with it)."""
   if not isinstance(loop, cst.For) or loop.orelse is not None \
       or not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in loop.body.body):
     return None
-  *before, last = [s.body[0] for s in loop.body.body]
-  call = last.value if isinstance(last, cst.Expr) else None
-  if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name)
-          and call.func.value.value == name and call.func.attr.value == 'append' and len(call.args) == 1
-          and call.args[0].keyword is None and not call.args[0].star):
+  statements = [s.body[0] for s in loop.body.body]
+  appends = {}
+  for position, statement in enumerate(statements):
+    call = statement.value if isinstance(statement, cst.Expr) else None
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) \
+        and call.func.value.value in lists and call.func.attr.value == 'append' and len(call.args) == 1 \
+        and call.args[0].keyword is None and not call.args[0].star and call.func.value.value not in appends:
+      appends[call.func.value.value] = (position, call.args[0].value)
+    elif not (isinstance(statement, cst.Assign) and len(statement.targets) == 1
+              and isinstance(statement.targets[0].target, cst.Name)):
+      return None
+  if set(appends) != lists:
     return None
-  if not all(isinstance(s, cst.Assign) and len(s.targets) == 1 and isinstance(s.targets[0].target, cst.Name)
-             for s in before):
-    return None
-  value = call.args[0].value
-  if isinstance(value, cst.Name):  # `resnets.append(res_block)`: the one construction bound to that local
-    bound = [s.value for s in before if s.targets[0].target.value == value.value]
+  position, value = appends[name]
+  if isinstance(value, cst.Name):  # `resnets.append(res_block)`: the one construction bound to that local before
+    bound = [s.value for s in statements[:position]
+             if isinstance(s, cst.Assign) and s.targets[0].target.value == value.value]
+    local = value.value
     value = bound[0] if len(bound) == 1 else None
-    if sum(isinstance(n, cst.Name) and n.value == call.args[0].value.value for n in descendants(loop.body)) != 2:
+    if sum(isinstance(n, cst.Name) and n.value == local for n in descendants(loop.body)) != 2:
       return None  # the local is bound and appended, nothing else
   return value if isinstance(value, cst.Call) else None
+
+
+def _empty_lists_before(body: list[cst.BaseStatement], loop: cst.BaseStatement | None) -> frozenset[str]:
+  """The names of the `name = []` statements just before `loop` in `body`."""
+  found = set()
+  for statement in reversed(body[:body.index(loop)] if loop is not None else ()):
+    if (name := _empty_list(statement)) is None:
+      break
+    found.add(name)
+  return frozenset(found)
+
+
+def _carried(loop: cst.For, setup: cst.FunctionDef, ctor: cst.Call) -> bool:
+  """Whether the layer appended in `loop` reads a local of the loop other than one bound once in setup() from
+  fields and the loop's names (FlaxDecoder's `prev_output_channel = output_channel`, carried from the last
+  iteration): the comprehension that replaces the loop could not give it that value."""
+  def reads(node: cst.CSTNode) -> list[str]:
+    labels = {id(sub.keyword if isinstance(sub, cst.Arg) else sub.attr)
+              for sub in descendants(node) if isinstance(sub, (cst.Arg, cst.Attribute))}
+    return [n.value for n in (node, *descendants(node)) if isinstance(n, cst.Name) and id(n) not in labels]
+  def bound(target: cst.BaseExpression) -> list[str]:  # `a`, `a, (b, c)`; not the `self` of `self.x = ...`
+    if isinstance(target, cst.Name):
+      return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+      return [name for element in target.elements for name in bound(element.value)]
+    return []
+  targets = [name for sub in descendants(setup) if isinstance(sub, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))
+             for name in bound(sub.target)]
+  values = {s.body[0].targets[0].target.value: s.body[0].value for s in loop.body.body if isinstance(s.body[0], cst.Assign)}
+  loop_names = set(reads(loop.target))
+  return any(name in values and (targets.count(name) != 1 or any(
+      other in targets and other not in loop_names for other in reads(values[name]))) for name in reads(ctor))
 
 
 def _loop_locals_read_after(loop: cst.For, setup: cst.FunctionDef) -> bool:
   """Whether setup() reads, after the appending loop (which goes), a local the loop binds."""
   bound = {s.body[0].targets[0].target.value for s in loop.body.body if isinstance(s.body[0], cst.Assign)}
   after = list(setup.body.body)[list(setup.body.body).index(loop) + 1:]
-  return any(isinstance(n, cst.Name) and n.value in bound for s in after for n in (s, *descendants(s)))
+  labels = {id(sub.keyword if isinstance(sub, cst.Arg) else sub.attr)  # `in_channels=`, `.dtype`: not reads
+            for s in after for sub in descendants(s) if isinstance(sub, (cst.Arg, cst.Attribute))}
+  return any(isinstance(n, cst.Name) and n.value in bound and id(n) not in labels
+             for s in after for n in (s, *descendants(s)))
 
 
 def _class_methods(ctx: ClassContext, node: cst.CSTNode) -> set[str]:

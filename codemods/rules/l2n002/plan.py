@@ -134,6 +134,7 @@ class ClassRewrite:
   tie_flags: dict[str, str] = dataclasses.field(default_factory=dict)  # __call__ argument tying a layer -> its flag
   origin: str = ''  # a class another file converted, built here from its record (`interface.py`): that file
   draws: bool = False  # for such a class: whether its call draws random numbers (its own children are not here)
+  setup_bindings: tuple[dict[str, str], dict[str, str]] | None = None  # for such a class: `sizes.setup_bindings`
   # edits of the class's code (original node -> what replaces it)
   exprs: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
   statements: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)

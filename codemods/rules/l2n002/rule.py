@@ -18,6 +18,7 @@ from codemods.rules.l2n002.facts import FileFacts, analyse_file
 from codemods.rules.l2n002.interface import interface_of, sibling_plan
 from codemods.rules.l2n002.linen_parents import ToLinenBridge
 from codemods.rules.l2n002.plan import ClassRewrite, FileRewrite
+from codemods.rules.l2n002.sizes import setup_bindings
 from codemods.vocabulary import COMPACT_NAMES
 
 
@@ -174,4 +175,4 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     records[-1] = dataclasses.replace(records[-1], cache_input=plan.cache_input, input_sizes=entries.input_sizes(plan),
                                       mode_defaults={name: plan.switch_defaults[name] for _, name, _ in plan.mode_params
                                                      if name in plan.switch_defaults},
-                                      interface=interface_of(plan))
+                                      interface=interface_of(plan, setup_bindings(self.facts, plan.name)))

@@ -20,6 +20,7 @@ from codemods.report import INPUT_DIMENSION, UNDETERMINED, ConstructorArgument
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.dims import Dim, Input, Known, LastAxisWalk, first_of_tuple, tuple_end
+from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.nodes import (
   assigned_name,
   assigned_names,
@@ -259,7 +260,9 @@ def in_caller(ctx: ClassContext, code: str, child: Child, depth: int = 0) -> str
   from plain code (BART's `self.embed_dim = self.config.d_model`) by that code in the caller's terms; None when
   one is not passed."""
   fields, missing = child.sibling.field_names, []
-  plain, bound = _plain_attributes(ctx, child.sibling.name) if depth < 3 else ({}, {})
+  sibling = child.sibling
+  plain, bound = ({}, {}) if depth >= 3 else sibling.setup_bindings if sibling.origin else \
+      setup_bindings(ctx.facts, sibling.name)
 
   class Fields(cst.CSTTransformer):
     def leave_Attribute(_, original: cst.Attribute, updated: cst.BaseExpression) -> cst.BaseExpression:
@@ -299,10 +302,10 @@ def in_caller(ctx: ClassContext, code: str, child: Child, depth: int = 0) -> str
   return None if missing else cst.Module([]).code_for_node(node)
 
 
-def _plain_attributes(ctx: ClassContext, name: str) -> tuple[dict[str, str], dict[str, str]]:
+def setup_bindings(facts: FileFacts, name: str) -> tuple[dict[str, str], dict[str, str]]:
   """The attributes the class `name` of this file sets once, by a top-level `self.<attr> = <code>` of its setup(),
   and the locals its setup() binds once, by a top-level `<local> = <code>`, with that code."""
-  node = ctx.facts.class_defs.get(name)
+  node = facts.class_defs.get(name)
   setup = next((s for s in node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == 'setup'), None) \
       if node is not None else None
   if setup is None:
@@ -319,9 +322,9 @@ def _plain_attributes(ctx: ClassContext, name: str) -> tuple[dict[str, str], dic
   for statement in setup.body.body:
     target, local = self_assignment(statement), assigned_name(statement)
     if target is not None and written.count(target) == 1:
-      attributes[target] = ctx.facts.code(statement.body[0].value)
+      attributes[target] = facts.code(statement.body[0].value)
     elif local is not None and names.count(local) == 1:
-      bound[local] = ctx.facts.code(statement.body[0].value)
+      bound[local] = facts.code(statement.body[0].value)
   return attributes, bound
 
 

@@ -310,3 +310,30 @@ def test_an_appending_loop_whose_code_is_needed_elsewhere_stays_linen():
     result = transform_source(changed, registry.select_rules(['L2N002']))
     todos = [e.message for e in result.entries if e.kind == 'todo']
     assert any('FlaxTinyDownBlock2D left as Linen: a setup() list resnets other than' in m for m in todos), todos
+
+
+def test_lists_filled_by_one_loop_convert_only_when_the_loop_fills_nothing_else():
+  """One setup() loop may fill several lists started empty just before it (fixtures/L2N002/setup_append_zip.*, with
+  parity). A loop that also appends to a list started elsewhere, whose other content the converted loop would lose,
+  lists built by two loops and zipped (iteration k would need both loops' sizes), or a layer reading a value the
+  loop carries from one iteration to the next (diffusers' FlaxDecoder: `prev_output_channel = output_channel` after
+  the append), which the comprehension could not give it, keep the class Linen."""
+  source = (FIXTURES / 'setup_append_zip.in.py').read_text()
+  assert 'FlaxTinyCrossAttnDownBlock2D' in {c.linen_name for c in transform_source(source, registry.select_rules(['L2N002'])).classes}
+  other_list = source.replace('    resnets = []\n    attentions = []\n',
+                              '    resnets = []\n    attentions = []\n    kept = [None]\n\n    print(kept)\n') \
+      .replace('      attentions.append(attn_block)\n', '      attentions.append(attn_block)\n      kept.append(i)\n')
+  two_loops = source.replace('    attentions = []\n', '').replace(
+      '      resnets.append(res_block)\n\n',
+      '      resnets.append(res_block)\n\n    attentions = []\n    for i in range(self.num_layers):\n')
+  carried = source.replace('      in_channels = self.in_channels if i == 0 else self.out_channels\n',
+                            '').replace('    resnets = []\n', '    in_channels = self.in_channels\n    resnets = []\n') \
+      .replace('      attentions.append(attn_block)\n',
+               '      attentions.append(attn_block)\n      in_channels = self.out_channels\n')
+  for changed, why in ((other_list, 'a setup() list resnets other than'),
+                       (two_loops, 'a list another loop builds'),
+                       (carried, 'a setup() list resnets other than')):
+    assert changed != source
+    result = transform_source(changed, registry.select_rules(['L2N002']))
+    todos = [e.message for e in result.entries if e.kind == 'todo']
+    assert any('FlaxTinyCrossAttnDownBlock2D left as Linen' in m and why in m for m in todos), todos

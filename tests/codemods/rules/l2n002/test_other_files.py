@@ -314,3 +314,95 @@ def test_a_class_kept_for_another_files_use_does_not_wrap_what_it_builds_in_a_lo
   assert any('class Block kept as Linen: the class Tower, left as Linen, uses it, and cannot wrap it with '
              'nnx_bridge.to_linen: Tower builds Block in a loop' in m for m in todos), todos
   assert 'nnx_bridge.to_linen(' not in (package / 'blocks.py').read_text()
+
+
+RESNET_BLOCK = '''\
+"""A residual block in the style of diffusers' resnet_flax: its output size is a local of its setup()."""
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class ResnetBlock(nn.Module):
+  in_channels: int
+  out_channels: int = None
+
+  def setup(self):
+    out_channels = self.in_channels if self.out_channels is None else self.out_channels
+    self.norm1 = nn.GroupNorm(num_groups=2, epsilon=1e-5)
+    self.conv1 = nn.Conv(out_channels, kernel_size=(3, 3), padding=((1, 1), (1, 1)))
+    self.time_emb_proj = nn.Dense(out_channels)
+    self.conv_shortcut = None
+    if self.in_channels != out_channels:
+      self.conv_shortcut = nn.Conv(out_channels, kernel_size=(1, 1), padding='VALID')
+
+  def __call__(self, hidden_states, temb):
+    residual = hidden_states
+    hidden_states = self.conv1(nn.swish(self.norm1(hidden_states)))
+    hidden_states = hidden_states + jnp.expand_dims(jnp.expand_dims(self.time_emb_proj(nn.swish(temb)), 1), 1)
+    if self.conv_shortcut is not None:
+      residual = self.conv_shortcut(residual)
+    return hidden_states + residual
+'''
+
+DOWN_BLOCKS = '''\
+"""A down block in the style of diffusers' unet_2d_blocks_flax, building the residual blocks of another file."""
+import flax.linen as nn
+
+from .resnet import ResnetBlock
+
+
+class DownBlock(nn.Module):
+  in_channels: int
+  out_channels: int
+  num_layers: int = 2
+
+  def setup(self):
+    resnets = []
+    for i in range(self.num_layers):
+      in_channels = self.in_channels if i == 0 else self.out_channels
+      res_block = ResnetBlock(in_channels=in_channels, out_channels=self.out_channels)
+      resnets.append(res_block)
+    self.resnets = resnets
+
+  def __call__(self, hidden_states, temb):
+    for resnet in self.resnets:
+      hidden_states = resnet(hidden_states, temb)
+    return hidden_states
+'''
+
+
+def test_a_size_a_class_of_another_file_returns_may_name_a_local_of_its_setup(tmp_path, monkeypatch):
+  """The block's later iterations take the residual block's output, `out_channels`, a local of that class's setup()
+  in another file: the record carries what setup() binds it to, so the block's list needs sizes for its first
+  iteration only. Without it, the size would change from one iteration to the next in a way the code does not
+  express, and the block would stay Linen."""
+  trees = {}
+  for side in ('linen', 'nnx'):
+    package = tmp_path / side / 'unets'
+    package.mkdir(parents=True)
+    (package / '__init__.py').write_text('')
+    (package / 'resnet.py').write_text(RESNET_BLOCK)
+    (package / 'blocks.py').write_text(DOWN_BLOCKS)
+    trees[side] = tmp_path / side
+  monkeypatch.chdir(trees['nnx'])
+  result = migrate(['unets'], rules=registry.ALL_RULES, write=True, jobs=1)
+  assert {c.linen_name for o in result.files for c in o.classes} == {'ResnetBlock', 'DownBlock'}, \
+      [e.message for o in result.files for e in o.entries if e.kind == 'todo']
+  blocks = (trees['nnx'] / 'unets' / 'blocks.py').read_text()
+  assert 'norm1_num_features=resnets_norm1_num_features if i == 0 else ' in blocks, blocks
+  modules = {}
+  for side, root in trees.items():
+    for name in [m for m in sys.modules if m == 'unets' or m.startswith('unets.')]:
+      monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(root))
+    modules[side] = importlib.import_module('unets.blocks')
+  x, temb = jax.random.normal(jax.random.key(1), (2, 6, 6, 2)), jax.random.normal(jax.random.key(2), (2, 5))
+  linen = modules['linen'].DownBlock(2, 4)
+  variables = linen.init(jax.random.key(0), x, temb)
+  sizes = {name: value for name, value in (('resnets_norm1_num_features', 2), ('resnets_time_emb_proj_in_features', 5))
+           if name in blocks}
+  port = modules['nnx'].DownBlock(2, 4, **sizes, rngs=nnx.Rngs(0))
+  report = nnx_bridge.compare(linen, variables, port, x, temb)
+  assert report.ok, report.to_text()
+  assert {'resnets/0/conv_shortcut/kernel', 'resnets/1/conv1/kernel'} <= {
+      d.path for d in report.differences if d.check == 'gradient'}
