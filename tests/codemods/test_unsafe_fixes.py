@@ -15,7 +15,8 @@ from codemods.report import UNSAFE_FIX
 from codemods.transform import transform_source
 from tests.codemods.commands.test_migrate import _main
 
-# In the style of transformers' DINOv2 layer scale: a param scaled inside a setup() statement.
+# In the style of transformers' DINOv2 layer scale: a param scaled inside a setup() statement, by a local of setup()
+# (without it, the attribute would convert to a property over the param: derived_params.py).
 LAYER_SCALE = textwrap.dedent('''\
     import flax.linen as nn
     import jax
@@ -29,12 +30,13 @@ LAYER_SCALE = textwrap.dedent('''\
 
         def setup(self):
             self.dense = nn.Dense(self.hidden_size, dtype=self.dtype)
-            self.lambda1 = self.layerscale_value * self.param("lambda1", jax.nn.initializers.ones, (self.hidden_size,))
+            scale = self.layerscale_value
+            self.lambda1 = scale * self.param("lambda1", jax.nn.initializers.ones, (self.hidden_size,))
 
         def __call__(self, hidden_states):
             return hidden_states + self.lambda1 * self.dense(hidden_states)
 ''')
-REFUSED = '        self.lambda1 = self.layerscale_value * self.param("lambda1", jax.nn.initializers.ones, (self.hidden_size,))\n'
+REFUSED = '        self.lambda1 = scale * self.param("lambda1", jax.nn.initializers.ones, (self.hidden_size,))\n'
 # The hand fix the TODO asks for: the param as an nnx.Param, scaled where it is read.
 FIX = '        self.lambda1 = nnx.Param(jax.nn.initializers.ones(rngs.params(), (self.hidden_size,)))\n'
 SCALED = 'return hidden_states + self.layerscale_value * self.lambda1[...] * self.dense(hidden_states)'

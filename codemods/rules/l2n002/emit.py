@@ -41,6 +41,9 @@ def class_body(plan: ClassRewrite, updated: cst.ClassDef) -> cst.ClassDef:
   if plan.cache_lines:
     init_index += 1
     body.insert(init_index, init_cache_method(plan).with_changes(leading_lines=[cst.EmptyLine(indent=False)]))
+  for source in plan.properties:  # `derived_params.py`: after __init__, as setup() computed them first
+    init_index += 1
+    body.insert(init_index, cst.parse_statement(source).with_changes(leading_lines=[cst.EmptyLine(indent=False)]))
   if init_index + 1 < len(body) and not body[init_index + 1].leading_lines:  # a blank line after __init__
     body[init_index + 1] = body[init_index + 1].with_changes(leading_lines=[cst.EmptyLine(indent=False)])
   return updated.with_changes(bases=_bases(plan, updated, plan.base), body=updated.body.with_changes(body=body))

@@ -35,7 +35,8 @@ def class_changes(plan: ClassRewrite, linen_base: str, variable_classes: dict[st
             f' (its cell {c.cell.linen_name} -> self.{c.attr}.{c.wrapper.cell_attribute})' if c.cell else '')
         for c in hoisted))
     what = 'submodules and variables' if any(c.api for c in hoisted) else 'submodules'
-    changes.append(f'{plan.name}: @nn.compact {what} hoisted into __init__: {mapping}')
+    where = '@nn.compact ' if plan.compact else 'setup() '  # setup(): a parameter a property reads (derived_params)
+    changes.append(f'{plan.name}: {where}{what} hoisted into __init__: {mapping}')
   for name in plan.mode_fields:
     changes.append(f'{plan.name}: train/eval field {name} dropped; use model.train() / model.eval()')
   for _, name, _ in plan.mode_params:

@@ -25,7 +25,8 @@ iterations that built one: their names are left to the call order (`LayerNorm_{n
 
 setup() lists: `self.layers = [nn.Dense(f) for f in self.features]`, or `layers = []`, `for f in ...:
 layers.append(nn.Dense(f))`, `self.layers = layers` (Linen's `layers_0`, `layers_1`, ...; the loop may bind locals
-first, the layer among them, whose values are written into the comprehension: diffusers' blocks), become
+first, the layer among them, whose values are written into the comprehension: diffusers' blocks; one loop may fill
+several lists, which `for a, b in zip(self.a, self.b):` walks together), become
 `nnx.List([...])`, sized by walking the `for layer in self.layers:` loops of `__call__` as above (their
 body may hold `if`s of simple statements not using the layer, as transformers' layer collections do), or
 `for n in range(...): self.layers[n](...)` (Bloom: iteration k calls layer k); any other use of the list

@@ -124,6 +124,7 @@ class ClassRewrite:
   collections: list[str] = dataclasses.field(default_factory=list)  # that need a generated Variable type
   output_shape: Shape = None  # the whole shape `__call__` returns, in terms of its first input's (`input_shape`)
   cache_lines: list[str] = dataclasses.field(default_factory=list)  # the body of init_cache; empty: none
+  properties: list[str] = dataclasses.field(default_factory=list)  # generated properties, as code
   cache_input: str | None = None  # the `__call__` argument whose shape init_cache takes
   example_params: list[str] = dataclasses.field(default_factory=list)  # example inputs of bridged Linen children
   base: str = 'nnx.Module'  # the NNX base class: a project base class of the run keeps its name

@@ -16,6 +16,7 @@ from codemods.rules.l2n002 import (
   children,
   constructions,
   decode_cache,
+  derived_params,
   element_lists,
   factories,
   init_code,
@@ -276,9 +277,17 @@ def _mode_params(ctx: ClassContext, call: cst.FunctionDef) -> dict[int, str]:
 
 def _plan_setup(ctx: ClassContext, plan: ClassRewrite, setup: cst.FunctionDef, counts: dict[str, int]) -> None:
   """setup() statements: `self.<attr> = <table layer or same-file class>(...)`, self.param or self.variable, and
-  plain code that stays as it is (`setup_code.py`)."""
+  plain code that stays as it is (`setup_code.py`); an attribute computed from a parameter becomes a property
+  (`derived_params.py`)."""
+  derived_statements: set[cst.BaseStatement] = set()
   for statement in setup.body.body:
-    if not ctx.loops.setup_append(ctx, statement, setup):  # `layers = []` + `for ...: layers.append(...)`: go
+    if statement in derived_statements:
+      continue
+    if (derived := derived_params.derived_param(ctx, setup, statement)) is not None:
+      attr = derived_params.plan_derived(ctx, plan, derived)
+      plan.children.append(scope.variable_child(ctx, derived.param, attr, hoisted=True))
+      derived_statements.update(derived.statements)
+    elif not ctx.loops.setup_append(ctx, statement, setup):  # `layers = []` + `for ...: layers.append(...)`: go
       _setup_statement(ctx, plan, statement, counts)
 
 
