@@ -196,15 +196,20 @@ class Port:
       raise ReportError(f'{self.where}: the record of {record.nnx_name} names no Linen child {argument.child}')
     child = (*path, linen_name)
     inner = self._record_at(child)
-    if inner is not None:
-      return self._measure(inner, self._arm_argument(record, argument, inner), child)
-    return self._layer_size(child, argument.child_argument, where)
+    if inner is None:
+      return self._layer_size(child, argument.child_argument, where)
+    arm_argument = self._arm_argument(record, argument, inner)
+    if arm_argument is None:  # Dinov2's `self.mlp`: SwiGLU in one arm, an MLP in the other, which this model built
+      return 1, (f'unused: {where} sizes the {argument.child} another arm of an if builds, where this model built '
+                 f'{inner.nnx_name}')
+    return self._measure(inner, arm_argument, child)
 
   def _arm_argument(self, record: report.ConvertedClass, argument: report.ConstructorArgument,
-                    inner: report.ConvertedClass) -> str:
+                    inner: report.ConvertedClass) -> str | None:
     """`argument.child_argument`; or, where the arms of an if build the child from other classes (T5's gated or
     plain feed-forward: `wi_0_in_features` or `wi_in_features`) and the record names the first arm's, the size
-    argument of `inner` (the class this model built) that reads the same input of its call."""
+    argument of `inner` (the class this model built) that reads the same input of its call; None where the
+    argument sizes only an arm this model did not build (its value is then never read)."""
     if any(a.name == argument.child_argument for a in inner.arguments):
       return argument.child_argument
     arms = [self.records.get(c.linen_class) for c in record.children if c.nnx_attribute == argument.child]
@@ -212,7 +217,9 @@ class Port:
                  None)
     twins = [a.name for a in inner.arguments if first is not None and first.input is not None
              and (a.origin, a.input) == (first.origin, first.input)]
-    return twins[0] if len(twins) == 1 else argument.child_argument
+    if len(twins) == 1:
+      return twins[0]
+    return None if first is not None and len(arms) > 1 else argument.child_argument
 
   def _layer_size(self, path: Path, nnx_argument: str, where: str) -> tuple[int, str]:
     """NNX argument `nnx_argument` of the table layer at Linen `path`, read off its first call."""
