@@ -18,6 +18,7 @@ from codemods.rules.l2n002.nodes import (
   literal_identifier,
 )
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
+from codemods.rules.l2n002.sizes import setup_bindings
 from nnx_bridge.layer_table import (
   WrapperSpec,
   find_wrapper,
@@ -108,6 +109,30 @@ def inline_calls(ctx: ClassContext, plan: ClassRewrite, inline: dict[cst.Call, c
   return calls
 
 
+SHARED_LAYER_ATTRIBUTES = frozenset({'dtype', 'param_dtype', 'precision'})  # the same on a Linen layer and its NNX twin
+
+
+def _same_attribute_read(ctx: ClassContext, child: Child, sub: cst.Attribute) -> bool:
+  """Whether `sub` (`self.<child>`) is read for an attribute the converted child holds under the same name and with
+  the same value: a field of a class of the run or an attribute its setup() sets once from plain code (NNX's
+  `__init__` stores both), or the dtype of a table layer it builds in setup() (Dinov2's
+  `self.patch_embeddings.projection.dtype`)."""
+  parent = ctx.facts.parent(sub)
+  sibling = child.sibling
+  if sibling is None or not (isinstance(parent, cst.Attribute) and parent.value is sub) \
+      or isinstance(ctx.facts.parent(parent), (cst.AssignTarget, cst.AugAssign, cst.Del)):
+    return False
+  attributes = (sibling.setup_bindings or ({}, {}))[0] if sibling.origin else setup_bindings(ctx.facts, sibling.name)[0]
+  if parent.attr.value in sibling.field_names \
+      or parent.attr.value in attributes and parent.attr.value not in {c.attr for c in sibling.children}:
+    return True
+  grandchild = next((c for c in sibling.children if c.attr == parent.attr.value and not c.hoisted), None)
+  outer = ctx.facts.parent(parent)
+  return grandchild is not None and grandchild.spec is not None and grandchild.wrapper is None \
+      and isinstance(outer, cst.Attribute) and outer.value is parent and outer.attr.value in SHARED_LAYER_ATTRIBUTES \
+      and not isinstance(ctx.facts.parent(outer), (cst.AssignTarget, cst.AugAssign, cst.Del))
+
+
 def setup_child_calls(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, cst.FunctionDef], setup: cst.FunctionDef | None,
                        calls: dict[cst.Call, Child], tied: set[cst.Attribute]) -> None:
   """Adds to `calls` each call of a submodule built in setup() (but the `tied` uses); setup params read back
@@ -137,6 +162,8 @@ def setup_child_calls(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, 
           continue  # `self.rnn.initial_state(...)`: a method of the cell, called outside the scan
         if _none_test(parent, sub):
           continue  # `if self.shortcut is not None:`: None when it is not created, in NNX as in Linen
+        if _same_attribute_read(ctx, child, sub):
+          continue  # `self.patch_embeddings.projection.dtype`: the NNX module has it too
         if not (isinstance(parent, cst.Call) and parent.func is sub):
           raise Unsupported(sub, f'self.{sub.attr.value} used other than by calling it')
         calls[parent] = child

@@ -58,6 +58,7 @@ class Child:
   done: bool = False
   text: str = ''
   hoisted: bool = False  # built inline in the @nn.compact method, so __init__ gets a new line
+  placeholder: bool = False  # setup() first sets its attribute to a plain value (`identity`): built as nnx.data(...)
   api: str | None = None  # 'param' / 'variable' for a variable; None for a submodule
   collection: str = ''  # a variable's Linen collection
   mode_defaults: dict[str, bool] = dataclasses.field(default_factory=dict)  # deterministic=... from a switch default

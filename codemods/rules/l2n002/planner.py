@@ -48,7 +48,7 @@ from codemods.rules.l2n002.nodes import (
   snake,
 )
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
-from codemods.rules.l2n002.setup_code import none_placeholders, plain_attributes, setup_code_blocker
+from codemods.rules.l2n002.setup_code import none_placeholders, plain_attributes, setup_code_blocker, value_placeholders
 from codemods.rules.l2n002.tied import tied_uses
 from codemods.vocabulary import (
   COMPACT_NAMES,
@@ -140,6 +140,7 @@ def _plan_members(ctx: ClassContext, node: cst.ClassDef, methods: dict[str, cst.
   placeholders = none_placeholders(setup) if setup is not None else {}
   if setup is not None:
     _plan_setup(ctx, plan, setup, counts)
+    _value_placeholders(ctx, plan, setup)
     built = {c.attr for c in plan.children}
     ctx.plan.exprs.update((none, 'nnx.data(None)') for none, attr in placeholders.items() if attr in built)
   inline = _plan_compact(ctx, plan, method, counts) if method is not None else {}
@@ -244,6 +245,8 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
     if first is not None:  # another arm's layer of the same name: one attribute, the layer of the arm that holds
       first.text = f'{first.text.removesuffix(" else None")} else {child.text}'
     child.text = ctx.loops.wrap(ctx, child)  # built in a loop: nnx.List([<it> for <target> in <iterator>])
+    if child.placeholder:
+      child.text = f'nnx.data({child.text})'
     if not child.hoisted:
       ctx.plan.exprs[child.ctor] = child.text
   plan.mode_params = [(i, name, MODE_PARAMS[name]) for i, name in mode.items()]
@@ -289,6 +292,27 @@ def _plan_setup(ctx: ClassContext, plan: ClassRewrite, setup: cst.FunctionDef, c
       derived_statements.update(derived.statements)
     elif not ctx.loops.setup_append(ctx, statement, setup):  # `layers = []` + `for ...: layers.append(...)`: go
       _setup_statement(ctx, plan, statement, counts)
+
+
+def _value_placeholders(ctx: ClassContext, plan: ClassRewrite, setup: cst.FunctionDef) -> None:
+  """Children of setup() whose attribute a plain statement before them set (`self.summary = identity`, then `if
+  ...: self.summary = nn.Dense(...)`): NNX took that attribute for a static one, so the submodule is assigned as
+  `nnx.data(...)`; the attribute is theirs, not plain code's."""
+  body = list(setup.body.body)
+  placeholders = value_placeholders(setup)
+  for child in plan.children:
+    statement = placeholders.get(child.attr)
+    if child.hoisted or child.api is not None or statement is None:
+      continue
+    top = next((s for s in body if s is child.ctor or any(n is child.ctor for n in descendants(s))), None)
+    if top is None or body.index(top) <= body.index(statement) \
+        or any(self_assignment(s) == child.attr for s in body[body.index(top) + 1:]):
+      continue  # set after the submodule: not a placeholder
+    child.placeholder = True
+    ctx.plain_attributes.discard(child.attr)
+    ctx.plan.pending.append((child.ctor, f'self.{child.attr}: first set to {ctx.facts.code(statement.body[0].value)}, '
+                                         'a static attribute in NNX: the submodule replacing it is assigned as '
+                                         'nnx.data(...)'))
 
 
 def _build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> Child:

@@ -44,6 +44,19 @@ def plain_attributes(statement: cst.CSTNode) -> set[str]:
   return found
 
 
+def value_placeholders(setup: cst.FunctionDef) -> dict[str, cst.BaseStatement]:
+  """The top-level setup() statements `self.<attr> = <plain value>` (transformers' Electra: `self.summary = identity`,
+  which an `if` may then replace with `nn.Dense(...)`), by attribute; a `None` is `none_placeholders`'."""
+  found = {}
+  for statement in setup.body.body:
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 \
+        and isinstance(assign := statement.body[0], cst.Assign) and len(assign.targets) == 1 \
+        and isinstance(target := assign.targets[0].target, cst.Attribute) and is_self_attr(target) \
+        and not (isinstance(assign.value, cst.Name) and assign.value.value == 'None'):
+      found.setdefault(target.attr.value, statement)
+  return found
+
+
 def none_placeholders(setup: cst.FunctionDef) -> dict[cst.Name, str]:
   """The `None` of each `self.<attr> = None` in setup(), with its attribute. Where a submodule then takes the
   attribute, the `None` becomes `nnx.data(None)`: NNX takes an attribute first set to None for a static one, which a

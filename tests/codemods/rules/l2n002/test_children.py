@@ -10,6 +10,7 @@ import runpy
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import nnx_bridge
@@ -89,3 +90,41 @@ class M(nn.Module):
     result = transform_source(source, registry.select_rules(['L2N002']))
     (todo,) = [e for e in result.entries if e.kind == 'todo']
     assert todo.message.startswith('class M left as Linen: '), todo.message  # built per iteration / in a block
+
+
+def test_a_child_attribute_the_nnx_module_holds_otherwise_keeps_the_class_linen():
+  """A child's field, an attribute its setup() sets, and its convolution's dtype read as they are
+  (fixtures/L2N002/child_attribute_reads.*, with parity); the convolution's `features` (NNX's `out_features`), or
+  a write to the child's attribute, keep the class Linen at that line."""
+  source = (FIXTURES / 'child_attribute_reads.in.py').read_text()
+  rules = registry.select_rules(['L2N002'])
+  assert 'FlaxTinyEmbeddings' in {c.linen_name for c in transform_source(source, rules).classes}
+  features = source.replace('target_dtype = self.patch_embeddings.projection.dtype',
+                            'target_dtype = jnp.float32 if self.patch_embeddings.projection.features else None')
+  written = source.replace('    target_dtype = self.patch_embeddings.projection.dtype\n',
+                           '    target_dtype = self.patch_embeddings.projection.dtype\n'
+                           '    self.patch_embeddings.num_patches = 2\n')
+  for changed in (features, written):
+    assert changed != source
+    result = transform_source(changed, rules)
+    todos = [e.message for e in result.entries if e.kind == 'todo']
+    assert any('FlaxTinyEmbeddings left as Linen: self.patch_embeddings used other than by calling it' in m
+               for m in todos), todos
+
+
+def test_a_layer_replacing_a_plain_value_is_assigned_as_nnx_data():
+  """fixtures/L2N002/setup_value_placeholder.* (parity with and without the layers): without `nnx.data(...)` the port
+  could not be built; a plain value set after the layer is no placeholder, and keeps the class Linen."""
+  port = (FIXTURES / 'setup_value_placeholder.out.py').read_text()
+  bare = port.replace('self.summary = nnx.data(nnx.Linear(', 'self.summary = (nnx.Linear(')
+  assert bare != port
+  scope: dict = {}
+  exec(compile(bare, '<bare>', 'exec'), scope)
+  with pytest.raises(ValueError, match='static attribute'):
+    scope['FlaxTinySequenceSummary'](4, dense_in_features=4, rngs=nnx.Rngs(0))
+  source = (FIXTURES / 'setup_value_placeholder.in.py').read_text()
+  after = source.replace('      self.summary = nn.Dense(self.hidden_size, dtype=self.dtype)\n',
+                         '      self.summary = nn.Dense(self.hidden_size, dtype=self.dtype)\n    self.summary = identity\n')
+  assert after != source
+  result = transform_source(after, registry.select_rules(['L2N002']))
+  assert 'FlaxTinySequenceSummary' not in {c.linen_name for c in result.classes}
