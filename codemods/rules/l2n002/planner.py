@@ -148,7 +148,8 @@ def _plan_members(ctx: ClassContext, node: cst.ClassDef, methods: dict[str, cst.
   _name_children(ctx, plan.children, taken, set(placeholders.values()))
   for child in plan.children:
     if child.condition is not None:
-      named = not child.hoisted or any(a.keyword is not None and a.keyword.value == 'name' for a in child.ctor.args)
+      named = not child.hoisted or child.api is not None \
+          or any(a.keyword is not None and a.keyword.value == 'name' for a in child.ctor.args)  # a variable's name
       shift = '' if named else (f'; when it is not, the auto-named layers created after it shift down (the next '
                                 f'of its class is then {child.linen_name}): name= fixes the names')
       ctx.plan.pending.append((child.ctor, f'self.{child.attr} is created only when {child.condition} (else None), '
@@ -471,6 +472,7 @@ def _plan_compact(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
   for node in descendants(method.body):
     if node in variables:
       child = scope.variable_child(ctx, node, None, hoisted=True, cache=node in caches)
+      child.condition = None if child.cache else ctx.plan.conditions.get(node)  # GPT-2's `if self.use_bias:` bias
       ctx.plan.exprs[node] = f'self.{child.attr}[...]' if child.api == 'param' else f'self.{child.attr}'
       plan.children.append(child)
       assign = ctx.facts.parent(node)

@@ -128,3 +128,22 @@ def test_a_layer_replacing_a_plain_value_is_assigned_as_nnx_data():
   assert after != source
   result = transform_source(after, registry.select_rules(['L2N002']))
   assert 'FlaxTinySequenceSummary' not in {c.linen_name for c in result.classes}
+
+
+def test_a_port_creating_a_conditional_param_always_is_caught():
+  """fixtures/L2N002/compact_conditional_param.* (parity with and without the bias): Linen has no bias without
+  use_bias, so the NNX class makes none; a port that always makes it holds a param Linen has not."""
+  source = (FIXTURES / 'compact_conditional_param.out.py').read_text()
+  always = source.replace(' if self.use_bias else None\n', '\n')
+  assert always != source
+  linen_scope: dict = {}
+  exec(compile((FIXTURES / 'compact_conditional_param.in.py').read_text(), '<linen>', 'exec'), linen_scope)
+  port_scope: dict = {}
+  exec(compile(always, '<port>', 'exec'), port_scope)
+  x = jnp.linspace(-1.0, 1.0, 2 * 5 * 4).reshape(2, 5, 4)
+  linen = linen_scope['FlaxTinyConv1D'](3, use_bias=False)
+  variables = linen.init(jax.random.key(0), x)
+  port = port_scope['FlaxTinyConv1D'](3, use_bias=False, kernel_features=4, rngs=nnx.Rngs(0))
+  assert set(dict(nnx.to_flat_state(nnx.state(port, nnx.Param)))) != {('kernel',)}
+  with pytest.raises(nnx_bridge.MappingError):
+    nnx_bridge.compare(linen, variables, port, x)
