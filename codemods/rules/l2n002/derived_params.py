@@ -52,6 +52,8 @@ def derived_param(ctx: ClassContext, setup: cst.FunctionDef, statement: cst.Base
               and t.attr.value == attr]
   if len(assigned) != len(group) or any(_scope_calls(s.body[0].value) for s in group[1:]):
     return None
+  if any(_reads(s, attr) for s in body if s not in group):  # `self.b = 2 * self.lambda1`: NNX would run it once
+    return None
   param = calls[0]
   if not all(_method_code(ctx, s.body[0].value, param) for s in group):
     return None
@@ -89,7 +91,7 @@ def plan_derived(ctx: ClassContext, plan: ClassRewrite, derived: DerivedParam) -
   return name
 
 
-def _reads(value: cst.BaseExpression, attr: str) -> bool:
+def _reads(value: cst.CSTNode, attr: str) -> bool:
   return any(isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value == attr
              for sub in (value, *descendants(value)))
 

@@ -58,8 +58,12 @@ def test_a_value_a_property_cannot_compute_keeps_the_class_linen():
   source = (FIXTURES / 'setup_derived_param.in.py').read_text()
   local = source.replace('    self.lambda1 = LAYERSCALE_VALUE * self.param(\n',
                          '    scale = LAYERSCALE_VALUE\n    self.lambda1 = scale * self.param(\n')
-  assert local != source
-  result = transform_source(local, RULES)
-  todos = [e.message for e in result.entries if e.kind == 'todo']
-  assert any('FlaxTinyLayerScale left as Linen: self.param(...) inside a setup() statement' in m for m in todos), todos
-  assert 'FlaxTinyLayerScale' not in {c.linen_name for c in result.classes}
+  read_later = source.replace('    self.lambda1 = nn.softplus(self.lambda1) * LAYERSCALE_VALUE\n',
+                              '    self.lambda1 = nn.softplus(self.lambda1) * LAYERSCALE_VALUE\n'
+                              '    self.lambda2 = 2 * self.lambda1\n')
+  for changed in (local, read_later):  # a later setup() statement reading it would run once in NNX: refused too
+    assert changed != source
+    result = transform_source(changed, RULES)
+    todos = [e.message for e in result.entries if e.kind == 'todo']
+    assert any('FlaxTinyLayerScale left as Linen: self.param(...) inside a setup() statement' in m for m in todos), todos
+    assert 'FlaxTinyLayerScale' not in {c.linen_name for c in result.classes}
