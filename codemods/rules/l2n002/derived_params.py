@@ -18,7 +18,7 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
-from codemods.rules.l2n002.nodes import field_name, is_self_attr, scope_api, self_assignment
+from codemods.rules.l2n002.nodes import field_name, is_self_attr, read_names, scope_api, self_assignment
 from codemods.rules.l2n002.plan import ClassRewrite
 
 
@@ -113,15 +113,9 @@ def _inside(node: cst.CSTNode, outer: cst.CSTNode) -> bool:
 def _method_code(ctx: ClassContext, value: cst.BaseExpression, param: cst.Call) -> bool:
   """Whether `value`, the parameter call aside, reads nothing but `self`, globals and builtins, and calls no method of
   the class (which may build layers): code a property can run."""
-  labels = {id(sub.keyword if isinstance(sub, cst.Arg) else sub.attr)
-            for sub in descendants(value) if isinstance(sub, (cst.Arg, cst.Attribute))}
   methods = {s.name.value for s in ctx.facts.class_defs[ctx.plan.name].body.body if isinstance(s, cst.FunctionDef)}
-  for sub in (value, *descendants(value)):
-    if _inside(sub, param):
-      continue
-    if isinstance(sub, cst.Name) and id(sub) not in labels and sub.value != 'self' \
-        and sub.value not in ctx.facts.global_names and not hasattr(builtins, sub.value):
-      return False
-    if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in methods:
-      return False
-  return True
+  if any(not _inside(n, param) and n.value != 'self' and n.value not in ctx.facts.global_names
+         and not hasattr(builtins, n.value) for n in read_names(value)):
+    return False
+  return not any(isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in methods
+                 and not _inside(sub, param) for sub in (value, *descendants(value)))

@@ -16,8 +16,8 @@ import dataclasses
 
 import libcst as cst
 
-from codemods.nodes import descendants
 from codemods.rules.l2n002.dims import Dim, Shape
+from codemods.rules.l2n002.nodes import read_names
 from codemods.rules.l2n002.plan import ClassRewrite, draws_rngs
 
 
@@ -80,6 +80,4 @@ def _self_contained(code: str) -> bool:
     node = cst.parse_expression(code)
   except cst.ParserSyntaxError:
     return False
-  labels = {id(n.attr) for n in descendants(node) if isinstance(n, cst.Attribute)}
-  return all(n.value == 'self' or hasattr(builtins, n.value) for n in (node, *descendants(node))
-             if isinstance(n, cst.Name) and id(n) not in labels)
+  return all(n.value == 'self' or hasattr(builtins, n.value) for n in read_names(node))

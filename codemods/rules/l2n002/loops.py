@@ -50,7 +50,7 @@ from codemods.rules.l2n002.dims import Dim, Known
 from codemods.rules.l2n002.loop_headers import (
     Loop, Site, enclosing, is_builtin, loop_header, pair, paren, unbalanced, wrapped, zipped_names,
 )
-from codemods.rules.l2n002.nodes import assigned_name, is_plain_if
+from codemods.rules.l2n002.nodes import assigned_name, is_plain_if, read_names
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
 if tp.TYPE_CHECKING:
@@ -669,10 +669,7 @@ def _carried(loop: cst.For, setup: cst.FunctionDef, ctor: cst.Call) -> bool:
   """Whether the layer appended in `loop` reads a local of the loop other than one bound once in setup() from
   fields and the loop's names (FlaxDecoder's `prev_output_channel = output_channel`, carried from the last
   iteration): the comprehension that replaces the loop could not give it that value."""
-  def reads(node: cst.CSTNode) -> list[str]:
-    labels = {id(sub.keyword if isinstance(sub, cst.Arg) else sub.attr)
-              for sub in descendants(node) if isinstance(sub, (cst.Arg, cst.Attribute))}
-    return [n.value for n in (node, *descendants(node)) if isinstance(n, cst.Name) and id(n) not in labels]
+  reads = lambda node: [n.value for n in read_names(node)]
   def bound(target: cst.BaseExpression) -> list[str]:  # `a`, `a, (b, c)`; not the `self` of `self.x = ...`
     if isinstance(target, cst.Name):
       return [target.value]
@@ -691,10 +688,7 @@ def _loop_locals_read_after(loop: cst.For, setup: cst.FunctionDef) -> bool:
   """Whether setup() reads, after the appending loop (which goes), a local the loop binds."""
   bound = {s.body[0].targets[0].target.value for s in loop.body.body if isinstance(s.body[0], cst.Assign)}
   after = list(setup.body.body)[list(setup.body.body).index(loop) + 1:]
-  labels = {id(sub.keyword if isinstance(sub, cst.Arg) else sub.attr)  # `in_channels=`, `.dtype`: not reads
-            for s in after for sub in descendants(s) if isinstance(sub, (cst.Arg, cst.Attribute))}
-  return any(isinstance(n, cst.Name) and n.value in bound and id(n) not in labels
-             for s in after for n in (s, *descendants(s)))
+  return any(n.value in bound for s in after for n in read_names(s))  # `in_channels=`, `.dtype`: not reads
 
 
 def _class_methods(ctx: ClassContext, node: cst.CSTNode) -> set[str]:

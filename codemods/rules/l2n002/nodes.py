@@ -337,3 +337,10 @@ def value_else_none(parent: tp.Callable[[cst.CSTNode], cst.CSTNode | None],
       and parent(other) is statement.orelse:
     return statement
   return None
+
+
+def read_names(node: cst.CSTNode) -> list[cst.Name]:
+  """The names `node` reads: its Name nodes but keyword labels (`in_channels=`) and attribute names (`.dtype`)."""
+  labels = {id(sub.keyword if isinstance(sub, cst.Arg) else sub.attr)
+            for sub in (node, *descendants(node)) if isinstance(sub, (cst.Arg, cst.Attribute))}
+  return [n for n in (node, *descendants(node)) if isinstance(n, cst.Name) and id(n) not in labels]
