@@ -82,6 +82,9 @@ MODE_ARGUMENTS: tuple[ModeArgument, ...] = (
 # --- Layer rows --------------------------------------------------------------------------------
 
 _IN = InputDim(0)
+# Attributes a Linen layer and its NNX twin hold under one name with one value (`conv.dtype`): converted code may read
+# them off either as it is.
+SHARED_LAYER_ATTRIBUTES = frozenset({'dtype', 'param_dtype', 'precision'})
 _FLOAT32_REDUCTIONS = LinenOnlyKwarg(
     'force_float32_reductions', True, note='NNX always reduces in at least float32'
 )

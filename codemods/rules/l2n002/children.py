@@ -20,6 +20,7 @@ from codemods.rules.l2n002.nodes import (
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 from codemods.rules.l2n002.sizes import setup_bindings
 from nnx_bridge.layer_table import (
+  SHARED_LAYER_ATTRIBUTES,
   WrapperSpec,
   find_wrapper,
   linen_fields,
@@ -107,9 +108,6 @@ def inline_calls(ctx: ClassContext, plan: ClassRewrite, inline: dict[cst.Call, c
     ctx.plan.calls[call] = (None if child.ctor in ctx.plan.arm_bound else child.attr, set())
     _lifted_call(ctx, call, child)
   return calls
-
-
-SHARED_LAYER_ATTRIBUTES = frozenset({'dtype', 'param_dtype', 'precision'})  # the same on a Linen layer and its NNX twin
 
 
 def _same_attribute_read(ctx: ClassContext, child: Child, sub: cst.Attribute) -> bool:
