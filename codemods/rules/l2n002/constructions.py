@@ -70,11 +70,11 @@ def constructed(ctx: ClassContext, call: cst.Call) -> tuple[str, LayerSpec | Non
     return kept, None, None
   if not isinstance(func, (cst.Name, cst.Attribute)):
     return None
+  imported = ctx.facts.imported_class(func)
+  if imported is not None:  # a class another file of the run converted: built as it is named here
+    ctx.plan.factory_callee[call] = ctx.facts.code(func)
+    return ctx.facts.imported[imported].name, None, ctx.facts.imported[imported]
   for qualified in ctx.facts.qualified_names(func):
-    imported = ctx.facts.imported.get(ctx.facts.hierarchy.resolve(qualified.name) or qualified.name)
-    if imported is not None:  # a class another file of the run converted: built as it is named here
-      ctx.plan.factory_callee[call] = ctx.facts.code(func)
-      return imported.name, None, imported
     spec = find_layer(qualified.name)
     if spec is not None and spec.nnx is not None:
       return spec.linen, spec, None

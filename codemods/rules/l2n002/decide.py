@@ -122,7 +122,8 @@ def _used_by_linen(facts: FileFacts, file: FileRewrite,
   uses it) wraps what it builds too, unless `transform_source` found that a second run would then change it
   (`facts.unbridged`). Of several users, one whose reason holds whatever the class's plan is named
   (`adopted_blocker`): a second run plans the class from the Linen code this run leaves, and other users may
-  then fail on it for another reason first.
+  then fail on it for another reason first. A class another file of the run converted (its record in
+  `facts.imported`) is wrapped the same way where it can be; where not, the run keeps it Linen in its own file.
   """
   used: dict[str, tuple[str, str]] = {}
   bridges: list[ToLinenBridge] = []
@@ -139,6 +140,11 @@ def _used_by_linen(facts: FileFacts, file: FileRewrite,
         bridges.extend(found)
       else:
         used.setdefault(built, (user, used_message(user, found)))
+    imported = dict.fromkeys(key for sub in descendants(facts.class_defs[user])
+                             if (key := facts.imported_class(sub)) is not None)
+    for built in imported:  # unwrapped, it stays a use the run decides on (`decisions.py`): kept Linen in its file
+      found = _bridges(facts, file.plans, user, built, left)
+      bridges.extend(found if isinstance(found, list) else ())
   return used, bridges
 
 

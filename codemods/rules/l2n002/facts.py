@@ -91,6 +91,17 @@ class FileFacts:
     return isinstance(node, (cst.Name, cst.Attribute)) and any(
         q.name == 'flax.linen' or q.name.startswith('flax.linen.') for q in self.qualified_names(node))
 
+  def imported_class(self, node: cst.CSTNode) -> str | None:
+    """The qualified name (the key of `imported`) of the class another file of the run converted that the name or
+    attribute `node` denotes (`FlaxTimesteps`, `base_networks.ImpalaEncoder`), else None."""
+    if not isinstance(node, (cst.Name, cst.Attribute)):
+      return None
+    for qualified in self.qualified_names(node):
+      key = self.hierarchy.resolve(qualified.name) or qualified.name
+      if key in self.imported:
+        return key
+    return None
+
   def ancestors(self, node: cst.CSTNode) -> tp.Iterator[cst.CSTNode]:
     """The nodes above `node` up to its statement, that one included."""
     parent = self.parent(node)

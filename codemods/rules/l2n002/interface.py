@@ -5,8 +5,11 @@ A converted class's record (`ConvertedClass.interface`) carries its interface fr
 the files whose classes build it (`dopamine`'s `networks.ImpalaEncoder(...)` in another module's network); the run
 migrates those files again with the records (`engine._settle`), and there the interface stands in for the plan of
 a class of the same file (`sibling_plan`): the constructor's fields and sizes, the call's train/eval switches and
-output size, and the code its setup() binds once to attributes and locals (`setup_bindings`), which a size
-it returns may name (diffusers' `out_channels = self.in_channels if self.out_channels is None else ...`). Plain data, so that records travel between worker processes and compare by value.
+output size, the code its setup() binds once to attributes and locals (`setup_bindings`), which a size it returns
+may name (diffusers' `out_channels = self.in_channels if self.out_channels is None else ...`), and what a Linen
+class there wraps it with (`nnx_bridge.to_linen`: `LinenBridgeFacts`; diffusers' ControlNet, Linen for its base,
+builds the time embedding of another file). Plain data, so that records travel between worker processes and
+compare by value.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import libcst as cst
 
 from codemods.rules.l2n002.dims import Dim, Shape
 from codemods.rules.l2n002.nodes import read_names
-from codemods.rules.l2n002.plan import ClassRewrite, draws_rngs
+from codemods.rules.l2n002.plan import ClassRewrite, LinenBridgeFacts, draws_rngs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,18 +47,21 @@ class ClassInterface:
   draws_rngs: bool
   setup_attributes: tuple[tuple[str, str], ...] = ()  # `self.<attr> = <code>` set once by setup(), fields only
   setup_locals: tuple[tuple[str, str], ...] = ()  # `<local> = <code>` bound once by setup(), fields only
+  bridge_facts: LinenBridgeFacts | None = None  # what a Linen class wraps it with (nnx_bridge.to_linen)
 
 
-def interface_of(plan: ClassRewrite, bindings: tuple[dict[str, str], dict[str, str]]) -> ClassInterface:
+def interface_of(plan: ClassRewrite, bindings: tuple[dict[str, str], dict[str, str]],
+                 bridge: LinenBridgeFacts) -> ClassInterface:
   """The interface of the converted class `plan`; `bindings`: its setup()'s attributes and locals set once
   (`sizes.setup_bindings`), of which those whose code reads nothing but `self` and builtins travel (a global of
-  its file may mean something else where it is built)."""
+  its file may mean something else where it is built); `bridge`: what a Linen class wraps it with."""
   attributes, bound = ({name: code for name, code in part.items() if _self_contained(code)} for part in bindings)
   return ClassInterface(
       plan.name, tuple(plan.field_names), tuple(plan.linen_fields), tuple(plan.call_params), tuple(plan.mode_params),
       tuple(plan.mode_fields.items()), tuple(plan.switch_defaults.items()), tuple(plan.size_params), plan.output,
       plan.carry_output, plan.first_output, plan.last_output, plan.output_shape, tuple(plan.example_params),
-      tuple(plan.tie_flags.items()), plan.cache_input, draws_rngs(plan), tuple(attributes.items()), tuple(bound.items()))
+      tuple(plan.tie_flags.items()), plan.cache_input, draws_rngs(plan), tuple(attributes.items()), tuple(bound.items()),
+      bridge)
 
 
 def sibling_plan(interface: ClassInterface, origin: str) -> ClassRewrite:
@@ -70,7 +76,8 @@ def sibling_plan(interface: ClassInterface, origin: str) -> ClassRewrite:
       output_shape=interface.output_shape,
       example_params=list(interface.example_params), tie_flags=dict(interface.tie_flags),
       cache_input=interface.cache_input, draws=interface.draws_rngs, origin=origin,
-      setup_bindings=(dict(interface.setup_attributes), dict(interface.setup_locals)))
+      setup_bindings=(dict(interface.setup_attributes), dict(interface.setup_locals)),
+      bridge_facts=interface.bridge_facts)
 
 
 def _self_contained(code: str) -> bool:

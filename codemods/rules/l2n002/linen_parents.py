@@ -36,7 +36,7 @@ from codemods.nodes import descendants
 from codemods.report import INPUT_DIMENSION
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.nodes import assigned_name, is_self_attr, self_assignment, value_else_none
-from codemods.rules.l2n002.plan import Child, ClassRewrite
+from codemods.rules.l2n002.plan import Child, ClassRewrite, LinenBridgeFacts
 from nnx_bridge.layer_spec import LAST_AXIS_SIZES
 
 _ELEMENT_NAME = re.compile(r'(\w*)\{(\w+)\}(\w*)')  # a list's Linen name pattern, by the loop's index alone
@@ -65,23 +65,19 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
   if adopted is not None:
     return adopted
   node = facts.class_defs[user]
-  plan = plans[built]
-  names = _linen_names(facts, plan, '')
-  if isinstance(names, str):
-    return names
-  sizes, traced, reason = _input_sizes(facts, plan)
-  if reason is not None:
-    return reason
+  plan = plans[built] if built in plans else facts.imported[built]
+  record = plan.bridge_facts if plan.origin else bridge_facts(facts, plan)
+  if record is None or record.blocker is not None:
+    return record.blocker if record is not None else f'{plan.name} is a class of {plan.origin}'
+  names, sizes, traced = dict(record.linen_names), dict(record.input_sizes), list(record.traced_sizes)
   if blocker is node:  # a decorator, a base or a converter failure: nothing of its body is the blocker
     return f'{user} is kept Linen whole'
   setup = _method(node, 'setup')
   bridges = []
-  for name in descendants(node):
-    if not (isinstance(name, cst.Name) and name.value == built):
-      continue
+  for name in _references(facts, node, built):
     call = facts.parent(name)
     if not (isinstance(call, cst.Call) and call.func is name):
-      return f'it uses {built} other than by building it'
+      return f'it uses {plan.name} other than by building it'
     if blocker is not None and (_inside(facts, call, blocker) or _inside(facts, blocker, call)) \
         and not _setup_code_blocker(facts, blocker, call, setup):
       return f'a construction of {built} is what keeps {user} Linen'
@@ -93,8 +89,31 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
     flags = _tie_flags(facts, node, plan, call)
     if isinstance(flags, str):
       return flags
-    bridges.append(ToLinenBridge(call, _bridge_code(facts, built, call, flags, sizes, traced, names), built, user))
+    bridges.append(ToLinenBridge(call, _bridge_code(facts, call, flags, sizes, traced, names), built, user))
   return bridges
+
+
+def bridge_facts(facts: FileFacts, plan: ClassRewrite) -> LinenBridgeFacts:
+  """What a Linen class wraps the converted class `plan` of this file with (`LinenBridgeFacts`): a class of this
+  file reads it here, one of another file from the class's record."""
+  names = _linen_names(facts, plan, '')
+  if isinstance(names, str):
+    return LinenBridgeFacts(names)
+  if _method(facts.class_defs[plan.name], '__call__') is None:
+    return LinenBridgeFacts(f'{plan.name} has no __call__ for the wrapper to run')
+  sizes, traced, reason = _input_sizes(facts, plan)
+  return LinenBridgeFacts(reason, tuple(names.items()), tuple(sizes.items()), tuple(traced),
+                          tuple(sorted(_plain_attributes(facts, plan))), _shifted_switch(facts, plan))
+
+
+def _references(facts: FileFacts, node: cst.ClassDef, built: str) -> list[cst.CSTNode]:
+  """The names in `node` of the class `built`: a class of this file by its name, a class another file converted
+  (`built` its qualified name) by what denotes it here (`FlaxTimesteps`, `base_networks.ImpalaEncoder`)."""
+  if built not in facts.imported:
+    return [n for n in descendants(node) if isinstance(n, cst.Name) and n.value == built]
+  return [n for n in descendants(node) if isinstance(n, (cst.Name, cst.Attribute))
+          and not (isinstance(parent := facts.parent(n), cst.Attribute) and parent.attr is n)
+          and facts.imported_class(n) == built]
 
 
 def adopted_blocker(facts: FileFacts, user: str, built: str) -> str | None:
@@ -102,8 +121,9 @@ def adopted_blocker(facts: FileFacts, user: str, built: str) -> str | None:
   module built for it (`_builds_linen`), which Linen keeps below it and a to_linen wrapper would not; else None.
   Checked before what depends on the plan, which a second run, planning `built` from the code this run leaves,
   may find otherwise."""
+  references = _references(facts, facts.class_defs[user], built)
   adopted = next((arg.value for call in descendants(facts.class_defs[user]) if isinstance(call, cst.Call)
-                  and isinstance(call.func, cst.Name) and call.func.value == built
+                  and any(call.func is n for n in references)
                   for arg in call.args if _builds_linen(facts, arg.value)), None)
   if adopted is None:
     return None
@@ -113,8 +133,6 @@ def adopted_blocker(facts: FileFacts, user: str, built: str) -> str | None:
 
 def _plan_blocker(facts: FileFacts, plan: ClassRewrite) -> str | None:
   """Why `plan`'s NNX `__init__` takes more than a Linen construction gives, or None."""
-  if plan.origin:
-    return f'{plan.name} is a class of {plan.origin}'
   if plan.example_params:
     return f'{plan.name} wraps Linen children with nnx_bridge.from_linen, which need example inputs'
   if plan.cache_input is not None:
@@ -132,7 +150,10 @@ def _named_apart(facts: FileFacts, elements: list[Child]) -> bool:
   """Whether two classes of a list written out hold a submodule at one NNX path that Linen names differently:
   the list's names, keyed by path below any element, would then name one of them wrongly."""
   seen: dict[str, str] = {}
-  for plan in {id(c.sibling): c.sibling for c in elements if c.sibling is not None}.values():
+  siblings = {id(c.sibling): c.sibling for c in elements if c.sibling is not None}.values()
+  if len(siblings) > 1 and any(plan.origin for plan in siblings):  # its submodules are not known here
+    return True
+  for plan in siblings:
     names = _linen_names(facts, plan, '')
     for path in _paths(plan, ''):
       name = names.get(path, path.rpartition('.')[2]) if isinstance(names, dict) else None
@@ -150,6 +171,11 @@ def _paths(plan: ClassRewrite, prefix: str) -> list[str]:
 def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str, str] | str:
   """The dotted NNX path -> Linen name of each child of `plan` named otherwise in Linen, down the tree; or why
   its NNX state does not map onto Linen's variable paths."""
+  if plan.origin:  # a class of another file: the names its record carries
+    record = plan.bridge_facts
+    if record is None or record.blocker is not None:
+      return record.blocker if record is not None else f'{plan.name} is a class of {plan.origin}'
+    return {prefix + path: name for path, name in record.linen_names}
   reason = _plan_blocker(facts, plan)
   if reason is not None:
     return reason
@@ -307,7 +333,9 @@ def _read_blocker(facts: FileFacts, plan: ClassRewrite, attr: str, read: cst.Att
     if child is None or child.sibling is None or child.sibling.origin or '{' in child.linen_name:
       return f'{what} reads {name}, which is not a converted submodule of {below.name} of this file'
     below = child.sibling
-  if names[-1] not in _plain_attributes(facts, below):
+  plain = set(below.bridge_facts.plain_attributes) if below.origin and below.bridge_facts is not None \
+      else set() if below.origin else _plain_attributes(facts, below)
+  if names[-1] not in plain:
     return f'{what} is not a plain attribute of {below.name} (a field or what its setup() stores)'
   return None
 
@@ -497,6 +525,8 @@ def _shifted_switch(facts: FileFacts, plan: ClassRewrite) -> str | None:
   Callers out of sight (transformers' wrappers call `module._get_encoder_module()`, which returns `self.encoder`, or
   forward `*args`) call with the Linen arguments: a switch the NNX `__call__` drops must be one no positional call
   can shift others into, so that by position it fails loudly, and by keyword the wrapper takes it."""
+  if plan.origin:
+    return plan.bridge_facts.shifted_switch if plan.bridge_facts is not None else None
   params = _method(facts.class_defs[plan.name], '__call__').params
   positional = [p.name.value for p in (*params.posonly_params, *params.params)][1:]
   modes = {name for _, name, _ in plan.mode_params}
@@ -541,11 +571,11 @@ def _loop_over(facts: FileFacts, attr: cst.Attribute) -> tuple[cst.For, int] | N
   return (parent, position) if isinstance(parent, cst.For) and parent.iter is node else None
 
 
-def _bridge_code(facts: FileFacts, built: str, call: cst.Call, flags: dict[str, str], sizes: dict[str, str],
+def _bridge_code(facts: FileFacts, call: cst.Call, flags: dict[str, str], sizes: dict[str, str],
                  traced: list[str], names: dict[str, str]) -> str:
-  """`nnx_bridge.to_linen(<built>, <the construction's arguments>, <tie flags>, input_sizes={...},
+  """`nnx_bridge.to_linen(<the class built>, <the construction's arguments>, <tie flags>, input_sizes={...},
   traced_sizes=(...), linen_names={...})`."""
-  arguments = [built, *(facts.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for arg in call.args)]
+  arguments = [facts.code(call.func), *(facts.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for arg in call.args)]
   arguments += [f'{flag}={value}' for flag, value in flags.items() if value != 'False']
   if sizes:
     arguments.append('input_sizes={' + ', '.join(f'{k!r}: {v!r}' for k, v in sizes.items()) + '}')

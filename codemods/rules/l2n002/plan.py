@@ -100,6 +100,23 @@ Call = tuple[str | None, set[int]]
 it drops (train/eval switches)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class LinenBridgeFacts:
+  """What a Linen class of another file needs to wrap a converted class with `nnx_bridge.to_linen`, worked out
+  where the class is converted (`linen_parents.bridge_facts`) and carried in its record: why its NNX state does
+  not map onto Linen's variable paths or its sizes are not shown by its call (`blocker`), else the NNX path ->
+  Linen name of each child named otherwise, its size arguments shown by a required call argument and those a run
+  of the call finds, the plain attributes a Linen parent may read through the bridge, and the first train/eval
+  argument of its call that positional ones follow (`linen_parents._shifted_switch`)."""
+
+  blocker: str | None
+  linen_names: tuple[tuple[str, str], ...] = ()
+  input_sizes: tuple[tuple[str, str], ...] = ()
+  traced_sizes: tuple[str, ...] = ()
+  plain_attributes: tuple[str, ...] = ()
+  shifted_switch: str | None = None
+
+
 @dataclasses.dataclass
 class ClassRewrite:
   """What one class becomes, and the edits of its code that get it there."""
@@ -137,6 +154,7 @@ class ClassRewrite:
   origin: str = ''  # a class another file converted, built here from its record (`interface.py`): that file
   draws: bool = False  # for such a class: whether its call draws random numbers (its own children are not here)
   setup_bindings: tuple[dict[str, str], dict[str, str]] | None = None  # for such a class: `sizes.setup_bindings`
+  bridge_facts: LinenBridgeFacts | None = None  # for such a class: what a Linen class here wraps it with
   # edits of the class's code (original node -> what replaces it)
   exprs: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
   statements: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)

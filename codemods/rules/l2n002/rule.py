@@ -16,7 +16,7 @@ from codemods.rules.l2n002.factory_fields import unconverted_suppliers
 from codemods.rules.l2n002.factory_scan import with_factories
 from codemods.rules.l2n002.facts import FileFacts, analyse_file
 from codemods.rules.l2n002.interface import interface_of, sibling_plan
-from codemods.rules.l2n002.linen_parents import ToLinenBridge
+from codemods.rules.l2n002.linen_parents import ToLinenBridge, bridge_facts
 from codemods.rules.l2n002.plan import ClassRewrite, FileRewrite
 from codemods.rules.l2n002.sizes import setup_bindings
 from codemods.vocabulary import COMPACT_NAMES
@@ -55,7 +55,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       self.report_todo(left.node, left.message)
       for bridge in self.bridges.get(node.name.value, ()):
         self.add_needed_import('nnx_bridge')
-        self.report_change(bridge.call, f'{bridge.built}, converted to NNX, is built by {bridge.user}, which stays '
+        built = bridge.built.rpartition('.')[2]  # a class of another file: by its qualified name
+        self.report_change(bridge.call, f'{built}, converted to NNX, is built by {bridge.user}, which stays '
                                         f'Linen: {TO_LINEN_BRIDGED}, its variables keep their Linen paths')
       return
     plan = self.file.classes.get(node)
@@ -175,4 +176,5 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     records[-1] = dataclasses.replace(records[-1], cache_input=plan.cache_input, input_sizes=entries.input_sizes(plan),
                                       mode_defaults={name: plan.switch_defaults[name] for _, name, _ in plan.mode_params
                                                      if name in plan.switch_defaults},
-                                      interface=interface_of(plan, setup_bindings(self.facts, plan.name)))
+                                      interface=interface_of(plan, setup_bindings(self.facts, plan.name),
+                                                             bridge_facts(self.facts, plan)))

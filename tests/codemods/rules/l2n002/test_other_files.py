@@ -406,3 +406,121 @@ def test_a_size_a_class_of_another_file_returns_may_name_a_local_of_its_setup(tm
   assert report.ok, report.to_text()
   assert {'resnets/0/conv_shortcut/kernel', 'resnets/1/conv1/kernel'} <= {
       d.path for d in report.differences if d.check == 'gradient'}
+
+
+EMBEDDINGS = '''\
+"""Embeddings in the style of diffusers' embeddings_flax and jax-md's UMA radial functions."""
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class TimestepEmbedding(nn.Module):
+  time_embed_dim: int = 32
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, temb):
+    temb = nn.Dense(self.time_embed_dim, dtype=self.dtype, name='linear_1')(temb)
+    temb = nn.silu(temb)
+    return nn.Dense(self.time_embed_dim, dtype=self.dtype, name='linear_2')(temb)
+
+
+class GaussianSmearing(nn.Module):
+  num_gaussians: int = 6
+
+  def setup(self):
+    self.offset = jnp.linspace(0.0, 1.0, self.num_gaussians)
+    self.scale = self.param('scale', nn.initializers.ones, (self.num_gaussians,))
+
+  def __call__(self, dist):
+    return jnp.exp(-((dist[..., None] - self.offset) * self.scale) ** 2)
+'''
+
+CONTROLNET = '''\
+"""A top model in the style of diffusers' ControlNet: a base out of sight (a loader mixin) keeps it Linen."""
+import flax.linen as nn
+import jax.numpy as jnp
+
+from loaders import ModelMixin
+
+from . import embeddings
+from .embeddings import TimestepEmbedding
+
+
+class ControlNet(nn.Module, ModelMixin):
+  features: int = 8
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.conv_in = nn.Dense(self.features, dtype=self.dtype)
+    self.time_embedding = TimestepEmbedding(self.features * 4, dtype=self.dtype)
+
+  @nn.compact
+  def __call__(self, x, t, dist):
+    smearing = embeddings.GaussianSmearing(num_gaussians=self.features, name='distance_expansion')
+    h = self.conv_in(x) + self.time_embedding(t)[..., : self.features]
+    return h * smearing(dist)
+'''
+
+
+ARGS = (jax.random.normal(jax.random.key(1), (2, 5)), jax.random.normal(jax.random.key(2), (2, 3)),
+        jax.random.uniform(jax.random.key(3), (2,)))
+
+
+def _controlnets(tmp_path: pathlib.Path, monkeypatch, edit=lambda code: code):
+  """The migrate result over the package `controlnets` (its converted embeddings edited by `edit`), and the module
+  `controlnets.controlnet` of each tree, the original and the migrated."""
+  trees = {}
+  for side in ('linen', 'nnx'):
+    package = tmp_path / side / 'controlnets'
+    package.mkdir(parents=True)
+    (package / '__init__.py').write_text('')
+    (package / 'embeddings.py').write_text(EMBEDDINGS)
+    (package / 'controlnet.py').write_text(CONTROLNET)
+    (tmp_path / side / 'loaders.py').write_text('class ModelMixin:\n  pass\n')
+    trees[side] = tmp_path / side
+  monkeypatch.chdir(trees['nnx'])
+  result = migrate(['controlnets'], rules=registry.ALL_RULES, write=True, jobs=1)
+  again = migrate(['controlnets'], rules=registry.ALL_RULES, write=False, jobs=1)
+  assert [o.path for o in again.files if o.status == 'changed'] == []  # a second run changes nothing
+  path = trees['nnx'] / 'controlnets' / 'embeddings.py'
+  path.write_text(edit(path.read_text()))
+  modules = {}
+  for side, root in trees.items():
+    for name in [m for m in sys.modules if m in ('controlnets', 'loaders') or m.startswith('controlnets.')]:
+      monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(root))
+    modules[side] = importlib.import_module('controlnets.controlnet')
+  return result, modules['linen'], modules['nnx']
+
+
+def test_a_linen_class_wraps_a_class_another_file_converted_with_to_linen(tmp_path, monkeypatch):
+  """ControlNet stays Linen (its base is out of sight) and builds classes of another file, by name in setup() and
+  by module attribute with name= in a compact body: they convert all the same, and ControlNet wraps each with
+  nnx_bridge.to_linen, so that the Linen program runs on the same variables (paths, values, gradients)."""
+  result, linen, ported = _controlnets(tmp_path, monkeypatch)
+  assert {c.linen_name for o in result.files for c in o.classes} == {'TimestepEmbedding', 'GaussianSmearing'}, \
+      [e.message for o in result.files for e in o.entries if e.kind == 'todo']
+  code = (tmp_path / 'nnx' / 'controlnets' / 'controlnet.py').read_text()
+  assert "nnx_bridge.to_linen(TimestepEmbedding, self.features * 4, dtype=self.dtype, input_sizes=" in code, code
+  assert "nnx_bridge.to_linen(embeddings.GaussianSmearing, num_gaussians=self.features, " \
+         "name='distance_expansion')" in code, code
+  assert issubclass(ported.embeddings.TimestepEmbedding, nnx.Module)
+  variables = linen.ControlNet().init(jax.random.key(0), *ARGS)
+  assert jax.tree.structure(ported.ControlNet().init(jax.random.key(0), *ARGS)) == jax.tree.structure(variables)
+  assert {'time_embedding', 'distance_expansion'} <= set(variables['params'])
+  params = jax.tree.map(lambda p: p + jax.random.uniform(jax.random.key(4), p.shape), variables['params'])  # trained
+  loss = lambda module: lambda p: jnp.sum(jnp.sin(module.apply({'params': p}, *ARGS)))
+  assert jnp.array_equal(linen.ControlNet().apply({'params': params}, *ARGS),
+                         ported.ControlNet().apply({'params': params}, *ARGS))
+  want, got = jax.grad(loss(linen.ControlNet()))(params), jax.grad(loss(ported.ControlNet()))(params)
+  assert all(jnp.allclose(a, b, atol=1e-6) for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)))
+  assert jnp.abs(got['distance_expansion']['scale']).sum() > 0
+  assert jnp.abs(got['time_embedding']['linear_2']['kernel']).sum() > 0
+
+
+def test_the_comparison_of_a_linen_class_wrapping_another_files_class_rejects_a_wrong_port(tmp_path, monkeypatch):
+  """The check above fails when the converted class computes something else (relu for silu)."""
+  _, linen, ported = _controlnets(tmp_path, monkeypatch, lambda code: code.replace('nnx.silu(', 'nnx.relu('))
+  variables = linen.ControlNet().init(jax.random.key(0), *ARGS)
+  assert not jnp.allclose(linen.ControlNet().apply(variables, *ARGS), ported.ControlNet().apply(variables, *ARGS))
