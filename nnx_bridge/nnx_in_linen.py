@@ -26,8 +26,9 @@
   that method of the NNX module instead of `__call__`.
 * `linen_names={'layer_norm': 'LayerNorm_0', 'mlp.dense': 'Dense_0', 'layers': '{}'}` stores the NNX
   submodule at each dotted attribute path under its Linen name (a list's elements under the name
-  with `{}` replaced by their index), so a migrated class built by a Linen parent keeps the
-  variable paths (and checkpoints) of the Linen class it replaces.
+  with `{}` replaced by their index i, or `{a + b * i}` by that number: `element_names`), so a
+  migrated class built by a Linen parent keeps the variable paths (and checkpoints) of the Linen
+  class it replaces.
 * `input_sizes={'dense_in_features': 'hidden_states'}` gives the NNX constructor sizes only the
   call knows, as Linen layers learn them: each keyword gets the last-axis size of the named
   argument of the called method, so a Linen parent can build a class whose NNX `__init__`
@@ -65,6 +66,7 @@ from flax import traverse_util
 from flax.core import meta
 
 from nnx_bridge import collectionlib
+from nnx_bridge import element_names
 from nnx_bridge import linen_state
 from nnx_bridge import modes
 from nnx_bridge import size_probe
@@ -184,16 +186,16 @@ def _linen_keys(path: Path, linen_names: tp.Mapping[str, str]) -> tuple[str, ...
   """An NNX path as Linen keys: strings, each submodule under its Linen name where `linen_names` (dotted NNX
   path -> Linen name) gives one.
 
-  A name holding `{}` is a list's: `'layers': '{}'` stores element `('layers', 3)` as Linen's `'3'` (a setup()
-  list named `name=str(i)`), `'blocks': 'Block_{}'` as `'Block_3'`; its elements' own names are keyed with `{}`
-  for the index (`'layers.{}.dense': 'Dense_0'`).
+  A name holding a placeholder is a list's (`element_names`): `'layers': '{}'` stores element `('layers', 3)` as
+  Linen's `'3'` (a setup() list named `name=str(i)`), `'blocks': 'Block_{}'` as `'Block_3'`, `'convs': 'Conv_{1 +
+  2 * i}'` as `'Conv_7'`; its elements' own names are keyed with `{}` for the index (`'layers.{}.dense': 'Dense_0'`).
   """
   keys = [str(key) for key in path]
   named, dotted, j = [], [], 0
   while j < len(keys):
     name = linen_names.get('.'.join([*dotted, keys[j]]))
-    if name is not None and '{}' in name and j + 1 < len(keys):
-      named.append(name.format(keys[j + 1]))
+    if name is not None and element_names.is_template(name) and j + 1 < len(keys):
+      named.append(element_names.element_name(name, int(keys[j + 1])))
       dotted += [keys[j], '{}']
       j += 2
       continue

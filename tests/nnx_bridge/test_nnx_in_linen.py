@@ -13,6 +13,7 @@ from flax import nnx
 from flax import traverse_util
 
 from nnx_bridge import collectionlib
+from nnx_bridge import element_names
 from nnx_bridge.errors import BridgeError, ImmutableCollectionError, MissingRngError, StateMismatchError
 from nnx_bridge.state_check import check_state
 from nnx_bridge.nnx_in_linen import ToLinen, to_linen
@@ -725,6 +726,18 @@ def test_list_elements_and_their_children_are_stored_under_linen_s_names():
     load(layer, {'params': {'norm': variables['params'][str(i)]['LayerNorm_0'],
                             'linear': variables['params'][str(i)]['Dense_0']}})
   np.testing.assert_allclose(to_linen(Stack, linen_names=names).apply(variables, X), native(X), rtol=1e-6)
+
+
+def test_list_elements_linen_counted_across_iterations_are_stored_under_those_names():
+  names = {'layers': 'Block_{1 + 2 * i}'}
+  variables = to_linen(Stack, linen_names=names).init(KEY, X)
+  assert set(variables['params']) == {'Block_1', 'Block_3'}
+  assert element_names.element_name('Conv_{2 * i}', 3) == 'Conv_6' and element_names.element_name('{}', 3) == '3'
+
+
+def test_a_list_name_placeholder_other_than_an_integer_combination_of_the_index_is_refused():
+  with pytest.raises(ValueError, match=r"'Dense_\{self.num_layers\}' has a placeholder other than"):
+    to_linen(Stack, linen_names={'layers': 'Dense_{self.num_layers}'}).init(KEY, X)
 
 
 class PlainArray(nnx.Module):

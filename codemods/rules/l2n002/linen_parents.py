@@ -27,6 +27,7 @@ Otherwise the class stays Linen with its parent, and the reason says which of th
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 
@@ -37,9 +38,10 @@ from codemods.report import INPUT_DIMENSION
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.nodes import assigned_name, is_self_attr, self_assignment, value_else_none
 from codemods.rules.l2n002.plan import Child, ClassRewrite, LinenBridgeFacts
+from nnx_bridge import element_names
 from nnx_bridge.layer_spec import LAST_AXIS_SIZES
 
-_ELEMENT_NAME = re.compile(r'(\w*)\{(\w+)\}(\w*)')  # a list's Linen name pattern, by the loop's index alone
+_ELEMENT_NAME = re.compile(r'(\w*)\{([^{}]+)\}(\w*)')  # a list's Linen name pattern, by the loop's index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +164,39 @@ def _named_apart(facts: FileFacts, elements: list[Child]) -> bool:
   return False
 
 
+def _element_template(linen_name: str) -> str | None:
+  """The `to_linen` template (`element_names`) of a list's Linen names `prefix{<index>}suffix`, the index an integer
+  combination `a + b * i` of the loop's index i (Linen counting layers built across iterations); else None."""
+  element = _ELEMENT_NAME.fullmatch(linen_name)
+  if element is None:
+    return None
+  try:
+    terms = _terms(ast.parse(element[2], mode='eval').body)
+  except SyntaxError:
+    return None
+  if terms is None or len({name for name, _ in terms if name is not None}) != 1:
+    return None
+  offset = sum(k for name, k in terms if name is None)
+  step = sum(k for name, k in terms if name is not None)
+  return element_names.template(element[1], offset, step, element[3]) if step > 0 and offset >= 0 else None
+
+
+def _terms(node: ast.expr) -> list[tuple[str | None, int]] | None:
+  """`node`, a sum of integers, names and integer multiples of names, as (name or None, factor) terms; else None."""
+  if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+    left, right = _terms(node.left), _terms(node.right)
+    return None if left is None or right is None else left + right
+  if isinstance(node, ast.Constant) and type(node.value) is int:
+    return [(None, node.value)]
+  if isinstance(node, ast.Name):
+    return [(node.id, 1)]
+  if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+    factor, name = (node.left, node.right) if isinstance(node.left, ast.Constant) else (node.right, node.left)
+    if isinstance(factor, ast.Constant) and type(factor.value) is int and isinstance(name, ast.Name):
+      return [(name.id, factor.value)]
+  return None
+
+
 def _paths(plan: ClassRewrite, prefix: str) -> list[str]:
   """The dotted NNX path of each submodule below a converted class."""
   return [path for child in plan.children for path in (
@@ -183,11 +218,11 @@ def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str,
   for child in plan.children:
     where = f'{plan.name}.{child.attr}'
     linen_name, below_prefix = child.linen_name, f'{prefix}{child.attr}.'
-    if '{' in linen_name:  # an nnx.List: Linen names element i `{i}` (name=str(i)), `block_{i}`, `Dense_{i}`
-      element = _ELEMENT_NAME.fullmatch(linen_name)
+    if '{' in linen_name:  # an nnx.List: Linen names element i `{i}` (name=str(i)), `block_{i}`, `Conv_{1 + 2 * i}`
+      element = _element_template(linen_name)
       if element is None:
         return f'{where} is a list of layers named {linen_name} in Linen, not by their index alone'
-      linen_name, below_prefix = f'{element[1]}{{}}{element[3]}', f'{below_prefix}{{}}.'
+      linen_name, below_prefix = element, f'{below_prefix}{{}}.'
     if child.element == 0 and _named_apart(facts, [c for c in plan.children if c.attr == child.attr]):
       return f'{where} is a list of layers of several classes that Linen names apart'
     if child.bridged or child.cache and child.ctor not in plan.lazy_caches.values():

@@ -10,6 +10,7 @@ import importlib
 import pathlib
 import sys
 import textwrap
+import typing as tp
 
 import jax
 import jax.numpy as jnp
@@ -467,31 +468,38 @@ ARGS = (jax.random.normal(jax.random.key(1), (2, 5)), jax.random.normal(jax.rand
         jax.random.uniform(jax.random.key(3), (2,)))
 
 
-def _controlnets(tmp_path: pathlib.Path, monkeypatch, edit=lambda code: code):
-  """The migrate result over the package `controlnets` (its converted embeddings edited by `edit`), and the module
-  `controlnets.controlnet` of each tree, the original and the migrated."""
-  trees = {}
-  for side in ('linen', 'nnx'):
-    package = tmp_path / side / 'controlnets'
-    package.mkdir(parents=True)
-    (package / '__init__.py').write_text('')
-    (package / 'embeddings.py').write_text(EMBEDDINGS)
-    (package / 'controlnet.py').write_text(CONTROLNET)
-    (tmp_path / side / 'loaders.py').write_text('class ModelMixin:\n  pass\n')
-    trees[side] = tmp_path / side
+def _two_trees(tmp_path: pathlib.Path, monkeypatch, files: dict[str, str], module: str,
+               edit: tuple[str, tp.Callable[[str], str]] | None = None):
+  """The migrate result over a package of `files` (relative path -> code; the first part the package, a file
+  beside it out of the run), the migrated file `edit[0]` edited by `edit[1]`, and the module `module` of each tree,
+  the original and the migrated."""
+  trees = {side: tmp_path / side for side in ('linen', 'nnx')}
+  package = next(iter(files)).split('/')[0]
+  for root in trees.values():
+    for name, code in files.items():
+      (root / name).parent.mkdir(parents=True, exist_ok=True)
+      (root / name).write_text(code)
   monkeypatch.chdir(trees['nnx'])
-  result = migrate(['controlnets'], rules=registry.ALL_RULES, write=True, jobs=1)
-  again = migrate(['controlnets'], rules=registry.ALL_RULES, write=False, jobs=1)
+  result = migrate([package], rules=registry.ALL_RULES, write=True, jobs=1)
+  again = migrate([package], rules=registry.ALL_RULES, write=False, jobs=1)
   assert [o.path for o in again.files if o.status == 'changed'] == []  # a second run changes nothing
-  path = trees['nnx'] / 'controlnets' / 'embeddings.py'
-  path.write_text(edit(path.read_text()))
+  if edit is not None:
+    path = trees['nnx'] / edit[0]
+    path.write_text(edit[1](path.read_text()))
   modules = {}
+  tops = {name.split('/')[0].removesuffix('.py') for name in files}
   for side, root in trees.items():
-    for name in [m for m in sys.modules if m in ('controlnets', 'loaders') or m.startswith('controlnets.')]:
+    for name in [m for m in sys.modules if m.split('.')[0] in tops]:
       monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(root))
-    modules[side] = importlib.import_module('controlnets.controlnet')
+    modules[side] = importlib.import_module(module)
   return result, modules['linen'], modules['nnx']
+
+
+def _controlnets(tmp_path: pathlib.Path, monkeypatch, edit=None):
+  files = {'controlnets/__init__.py': '', 'controlnets/embeddings.py': EMBEDDINGS,
+           'controlnets/controlnet.py': CONTROLNET, 'loaders.py': 'class ModelMixin:\n  pass\n'}
+  return _two_trees(tmp_path, monkeypatch, files, 'controlnets.controlnet', edit)
 
 
 def test_a_linen_class_wraps_a_class_another_file_converted_with_to_linen(tmp_path, monkeypatch):
@@ -521,6 +529,66 @@ def test_a_linen_class_wraps_a_class_another_file_converted_with_to_linen(tmp_pa
 
 def test_the_comparison_of_a_linen_class_wrapping_another_files_class_rejects_a_wrong_port(tmp_path, monkeypatch):
   """The check above fails when the converted class computes something else (relu for silu)."""
-  _, linen, ported = _controlnets(tmp_path, monkeypatch, lambda code: code.replace('nnx.silu(', 'nnx.relu('))
+  _, linen, ported = _controlnets(tmp_path, monkeypatch, ('controlnets/embeddings.py', lambda code: code.replace('nnx.silu(', 'nnx.relu(')))
   variables = linen.ControlNet().init(jax.random.key(0), *ARGS)
   assert not jnp.allclose(linen.ControlNet().apply(variables, *ARGS), ported.ControlNet().apply(variables, *ARGS))
+
+
+STACKS = '''\
+"""A stack in the style of dopamine's Impala stack: two convolutions per block, which Linen counts across blocks."""
+import flax.linen as nn
+
+
+class Stack(nn.Module):
+  num_ch: int
+  num_blocks: int = 2
+
+  @nn.compact
+  def __call__(self, x):
+    conv_out = nn.Conv(features=self.num_ch, kernel_size=(3, 3), strides=1, padding='SAME')(x)
+    for _ in range(self.num_blocks):
+      block_input = conv_out
+      conv_out = nn.relu(conv_out)
+      conv_out = nn.Conv(features=self.num_ch, kernel_size=(3, 3), strides=1, padding='SAME')(conv_out)
+      conv_out = nn.relu(conv_out)
+      conv_out = nn.Conv(features=self.num_ch, kernel_size=(3, 3), strides=1, padding='SAME')(conv_out)
+      conv_out += block_input
+    return conv_out
+'''
+
+STACK_HEADS = '''\
+import flax.linen as nn
+
+from stacks import encoders
+
+
+@nn.jit
+class Head(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = encoders.Stack(num_ch=4, name='stack')(x)
+    return nn.Dense(2)(x.reshape((x.shape[0], -1)))
+'''
+
+
+def test_a_linen_class_wraps_a_class_whose_loop_layers_linen_counts_across_iterations(tmp_path, monkeypatch):
+  """Linen names the two convolutions of block i `Conv_{1 + 2 * i}` and `Conv_{2 + 2 * i}`: the wrapper stores the
+  NNX lists under those names, so the Linen head runs on the Linen variables, gradients included."""
+  files = {'stacks/__init__.py': '', 'stacks/encoders.py': STACKS, 'stacks/heads.py': STACK_HEADS}
+  result, linen, ported = _two_trees(tmp_path, monkeypatch, files, 'stacks.heads')
+  assert {c.linen_name for o in result.files for c in o.classes} == {'Stack'}
+  code = (tmp_path / 'nnx' / 'stacks' / 'heads.py').read_text()
+  assert "'convs1': 'Conv_{1 + 2 * i}', 'convs2': 'Conv_{2 + 2 * i}'" in code, code
+  x = jax.random.normal(jax.random.key(1), (2, 4, 4, 3))
+  variables = linen.Head().init(jax.random.key(0), x)
+  assert set(variables['params']['stack']) == {f'Conv_{k}' for k in range(5)}
+  assert jax.tree.structure(ported.Head().init(jax.random.key(0), x)) == jax.tree.structure(variables)
+  params = jax.tree.map(lambda p: p + jax.random.uniform(jax.random.key(4), p.shape), variables['params'])
+  loss = lambda module: lambda p: jnp.sum(jnp.sin(module.apply({'params': p}, x)))
+  assert jnp.allclose(linen.Head().apply({'params': params}, x), ported.Head().apply({'params': params}, x),
+                      atol=1e-6)
+  want, got = jax.grad(loss(linen.Head()))(params), jax.grad(loss(ported.Head()))(params)
+  assert all(jnp.allclose(a, b, atol=1e-5) for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)))
+  swapped = {**params, 'stack': {**params['stack'], 'Conv_3': params['stack']['Conv_4'],
+                                 'Conv_4': params['stack']['Conv_3']}}  # the names matter: a swap is caught
+  assert not jnp.allclose(linen.Head().apply({'params': params}, x), ported.Head().apply({'params': swapped}, x))
