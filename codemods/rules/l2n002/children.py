@@ -146,7 +146,7 @@ def setup_child_calls(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, 
       if ctx.loops.list_use(ctx, sub, child, calls):  # `for layer in self.layers:` over a setup() list
         continue
       if child.api == 'param':
-        if isinstance(parent, (cst.AssignTarget, cst.AugAssign)) or isinstance(parent, cst.Del):
+        if isinstance(parent, (cst.AssignTarget, cst.Del)) or isinstance(parent, cst.AugAssign) and parent.target is sub:
           raise Unsupported(sub, f'self.{child.attr} (a param) assigned to')
         if not _none_test(parent, sub):  # `if self.lambda_1 is not None:`: the Param, or None where it is not made
           ctx.plan.exprs[sub] = f'self.{child.attr}[...]'

@@ -147,3 +147,15 @@ def test_a_port_creating_a_conditional_param_always_is_caught():
   assert set(dict(nnx.to_flat_state(nnx.state(port, nnx.Param)))) != {('kernel',)}
   with pytest.raises(nnx_bridge.MappingError):
     nnx_bridge.compare(linen, variables, port, x)
+
+
+def test_a_param_read_in_an_in_place_addition_converts_but_one_added_to_keeps_the_class_linen():
+  """`hidden_states += self.bias` reads the param (fixtures/L2N002/param_in_place_add.*, with parity);
+  `self.bias += 1.0` would change it at every call, which an NNX Param read with `[...]` would not do."""
+  source = (FIXTURES / 'param_in_place_add.in.py').read_text()
+  rules = registry.select_rules(['L2N002'])
+  assert 'hidden_states += self.bias[...]' in transform_source(source, rules).source
+  written = source.replace('hidden_states += self.bias\n', 'self.bias += 1.0\n        hidden_states += self.bias\n')
+  assert written != source
+  todos = [e.message for e in transform_source(written, rules).entries if e.kind == 'todo']
+  assert any('FlaxTinyOnlyMLMHead left as Linen: self.bias (a param) assigned to' in m for m in todos), todos
