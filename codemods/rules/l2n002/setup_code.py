@@ -21,7 +21,7 @@ from libcst.metadata import QualifiedNameSource
 
 from codemods.nodes import descendants
 from codemods.rules.l2n002.facts import FileFacts
-from codemods.rules.l2n002.nodes import DEFERRING, field_name, is_self_attr, scope_api
+from codemods.rules.l2n002.nodes import DEFERRING, field_name, is_self_attr, scope_api, self_assignment
 from codemods.vocabulary import TO_LINEN_NAMES
 
 _INSIDE = {**DEFERRING, cst.List: 'a list', cst.Tuple: 'a tuple', cst.Dict: 'a dict',  # where it sits in a statement
@@ -76,6 +76,11 @@ def setup_code_blocker(facts: FileFacts, node: cst.ClassDef, statement: cst.CSTN
       return sub, (f'self.{scope_api(sub)}(...) inside a setup() statement: only `self.<attr> = '
                    f'self.{scope_api(sub)}(...)` is converted')
     if isinstance(sub, (cst.Name, cst.Attribute)) and _names_linen_class(facts, sub):
+      if _of_another_file(facts, sub) and self_assignment(statement) is not None \
+          and (call := facts.parent(sub)) is statement.body[0].value and call.func is sub:
+        return sub, (f'{facts.code(sub)}, a Linen module class of another file, stays Linen there (see its TODO); '
+                     'L2N002 wraps only Linen classes of the same file with nnx_bridge.from_linen: convert it first, '
+                     'or move it into this file')
       return sub, f'{facts.code(sub)}, a Linen module class, {_where(facts, sub, statement)}'
     if isinstance(sub, cst.Call) and _bridged_class(facts, sub) is not None:  # what a first run made of `X()`
       return sub, f'{_bridged_class(facts, sub)}, a Linen module class, {_where(facts, sub, statement, built=True)}'
@@ -91,6 +96,12 @@ def _names_linen_class(facts: FileFacts, node: cst.Name | cst.Attribute) -> bool
   return any(q.source is QualifiedNameSource.LOCAL and q.name in facts.linen_classes
              or q.source is QualifiedNameSource.IMPORT and facts.hierarchy.resolve(q.name) is not None
              for q in facts.qualified_names(node))
+
+
+def _of_another_file(facts: FileFacts, node: cst.Name | cst.Attribute) -> bool:
+  """Whether `node` names a Linen class another file of the run defines (and none of this file)."""
+  return not any(q.source is QualifiedNameSource.LOCAL and q.name in facts.linen_classes
+                 for q in facts.qualified_names(node))
 
 
 def _bridged_class(facts: FileFacts, call: cst.Call) -> str | None:

@@ -592,3 +592,25 @@ def test_a_linen_class_wraps_a_class_whose_loop_layers_linen_counts_across_itera
   swapped = {**params, 'stack': {**params['stack'], 'Conv_3': params['stack']['Conv_4'],
                                  'Conv_4': params['stack']['Conv_3']}}  # the names matter: a swap is caught
   assert not jnp.allclose(linen.Head().apply({'params': params}, x), ported.Head().apply({'params': swapped}, x))
+
+
+def test_a_class_building_a_linen_class_another_file_keeps_says_so_at_the_construction(tmp_path, monkeypatch):
+  """dopamine's SAC network builds `continuous_networks.ActorCriticNetwork(...)` as `self.<attr> = ...` in setup();
+  that class stays Linen in its file, so the network does too, and its TODO says why rather than that the
+  construction has another shape."""
+  package = tmp_path / 'agents'
+  package.mkdir()
+  (package / '__init__.py').write_text('')
+  (package / 'base.py').write_text(
+      'import flax.linen as nn\n\n\nclass Actor(nn.Module):\n  features: int = 4\n\n  @nn.compact\n'
+      '  def __call__(self, x, *args):\n    return nn.Dense(self.features)(x)\n')
+  (package / 'nets.py').write_text(
+      'import flax.linen as nn\n\nfrom agents import base\n\n\nclass Net(nn.Module):\n  features: int = 4\n\n'
+      '  def setup(self):\n    self.actor = base.Actor(self.features)\n\n  def __call__(self, x):\n'
+      '    return self.actor(x)\n')
+  monkeypatch.chdir(tmp_path)
+  result = migrate(['agents'], rules=registry.ALL_RULES, write=False, jobs=1)
+  todos = {e.message for o in result.files for e in o.entries if e.kind == 'todo'}
+  assert 'class Net left as Linen: base.Actor, a Linen module class of another file, stays Linen there (see its ' \
+         'TODO); L2N002 wraps only Linen classes of the same file with nnx_bridge.from_linen: convert it first, or ' \
+         'move it into this file' in todos, todos
