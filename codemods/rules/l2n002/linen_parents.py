@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import typing as tp
 
 import libcst as cst
 
@@ -38,6 +39,7 @@ from codemods.report import INPUT_DIMENSION
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.nodes import assigned_name, is_self_attr, self_assignment, value_else_none
 from codemods.rules.l2n002.plan import Child, ClassRewrite, LinenBridgeFacts
+from codemods.vocabulary import COMPACT_NAMES
 from nnx_bridge import element_names
 from nnx_bridge.layer_spec import LAST_AXIS_SIZES
 
@@ -76,22 +78,24 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
     return f'{user} is kept Linen whole'
   setup = _method(node, 'setup')
   bridges = []
-  for name in _references(facts, node, built):
+  references = _references(facts, node, built)
+  for name in references:
     call = facts.parent(name)
     if not (isinstance(call, cst.Call) and call.func is name):
       return f'it uses {plan.name} other than by building it'
     if blocker is not None and (_inside(facts, call, blocker) or _inside(facts, blocker, call)) \
         and not _setup_code_blocker(facts, blocker, call, setup):
-      return f'a construction of {built} is what keeps {user} Linen'
+      return f'a construction of {plan.name} is what keeps {user} Linen'
     if blocker is None and _in_loop(facts, call, node):  # kept for a use elsewhere, `user` is planned by a second run
-      return f'{user} builds {built} in a loop, where a second run could not convert {user} with the wrapper'
-    reason = _construction_blocker(facts, plan, call, setup) or _calls_blocker(facts, node, plan, call)
+      return f'{user} builds {plan.name} in a loop, where a second run could not convert {user} with the wrapper'
+    auto = _auto_name(facts, node, call, references)
+    reason = _construction_blocker(facts, plan, call, setup, auto) or _calls_blocker(facts, node, plan, call)
     if reason is not None:
       return reason
     flags = _tie_flags(facts, node, plan, call)
     if isinstance(flags, str):
       return flags
-    bridges.append(ToLinenBridge(call, _bridge_code(facts, call, flags, sizes, traced, names), built, user))
+    bridges.append(ToLinenBridge(call, _bridge_code(facts, call, flags, sizes, traced, names, auto), built, user))
   return bridges
 
 
@@ -275,8 +279,9 @@ def _child_input_size(child: Child, keyword: str | None) -> bool:
 
 
 def _construction_blocker(facts: FileFacts, plan: ClassRewrite, call: cst.Call,
-                          setup: cst.FunctionDef | None) -> str | None:
-  """Why `call` cannot become a to_linen construction that Linen names as before, or None."""
+                          setup: cst.FunctionDef | None, auto: str | None) -> str | None:
+  """Why `call` cannot become a to_linen construction that Linen names as before, or None; `auto`: the name Linen
+  gives it in a compact body (`_auto_name`), else None."""
   if any(arg.star for arg in call.args):
     return f'a construction of {plan.name} with *args or **kwargs'
   keywords = {arg.keyword.value for arg in call.args if arg.keyword is not None}
@@ -286,9 +291,47 @@ def _construction_blocker(facts: FileFacts, plan: ClassRewrite, call: cst.Call,
   modes = [i for i, name in enumerate(plan.linen_fields) if name in plan.mode_fields]
   if modes and positional > modes[0]:
     return f'a construction of {plan.name} gives its train/eval field {plan.linen_fields[modes[0]]} by position'
-  if 'name' not in keywords and (setup is None or not _inside(facts, call, setup)):
-    return f'{plan.name} is built outside setup() without name=, so the wrapper would be named ToLinen_0'
+  if 'name' not in keywords and auto is None and (setup is None or not _inside(facts, call, setup)):
+    return f'{plan.name} is built outside setup() without name=, where Linen numbers it by code the run does not ' \
+           'follow (a loop, a condition before it, a nested function): give it name='
   return None
+
+
+def _auto_name(facts: FileFacts, node: cst.ClassDef, call: cst.Call, references: list[cst.CSTNode]) -> str | None:
+  """The name Linen gives the construction `call` without `name=` in the @nn.compact method of `node`
+  (`<class name>_<k>`, k counting the constructions of that name before it, as brax's `CNN(...)(x)` is `CNN_0`),
+  when the code fixes k: every construction of that name in the method builds the same class (`references`), no
+  earlier one is in a loop, a condition or a nested function, and this one is in no loop; else None."""
+  if any(arg.keyword is not None and arg.keyword.value == 'name' for arg in call.args):
+    return None
+  method = next((m for m in _above(facts, call, node) if isinstance(m, cst.FunctionDef)), None)
+  if method is None or method not in node.body.body \
+      or not any(facts.has_name(d.decorator, COMPACT_NAMES) for d in method.decorators):
+    return None
+  short = facts.code(call.func).rpartition('.')[2]
+  same = [c for c in descendants(method) if isinstance(c, cst.Call) and isinstance(c.func, (cst.Name, cst.Attribute))
+          and facts.code(c.func).rpartition('.')[2] == short]
+  if any(not any(c.func is r for r in references) for c in same) or call not in same:
+    return None
+  earlier = same[:same.index(call)]
+  if any(arg.keyword is not None and arg.keyword.value == 'name' for c in earlier for arg in c.args) \
+      or any(_in_block(facts, c, method) for c in earlier) or _in_loop(facts, call, method):
+    return None
+  return f'{short}_{len(earlier)}'
+
+
+def _in_block(facts: FileFacts, node: cst.CSTNode, method: cst.FunctionDef) -> bool:
+  """Whether `node` is under a compound statement, comprehension, lambda or nested function of `method`."""
+  return any(isinstance(above, (cst.BaseCompoundStatement, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp,
+                                cst.Lambda, cst.IfExp)) for above in _above(facts, node, method))
+
+
+def _above(facts: FileFacts, node: cst.CSTNode, ancestor: cst.CSTNode) -> tp.Iterator[cst.CSTNode]:
+  """The nodes between `node` and its `ancestor`, nearest first."""
+  node = facts.parent(node)
+  while node is not None and node is not ancestor:
+    yield node
+    node = facts.parent(node)
 
 
 def _builds_linen(facts: FileFacts, value: cst.BaseExpression) -> bool:
@@ -607,10 +650,11 @@ def _loop_over(facts: FileFacts, attr: cst.Attribute) -> tuple[cst.For, int] | N
 
 
 def _bridge_code(facts: FileFacts, call: cst.Call, flags: dict[str, str], sizes: dict[str, str],
-                 traced: list[str], names: dict[str, str]) -> str:
-  """`nnx_bridge.to_linen(<the class built>, <the construction's arguments>, <tie flags>, input_sizes={...},
-  traced_sizes=(...), linen_names={...})`."""
+                 traced: list[str], names: dict[str, str], auto: str | None) -> str:
+  """`nnx_bridge.to_linen(<the class built>, <the construction's arguments>, <the name Linen gave it>, <tie flags>,
+  input_sizes={...}, traced_sizes=(...), linen_names={...})`."""
   arguments = [facts.code(call.func), *(facts.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for arg in call.args)]
+  arguments += [f'name={auto!r}'] if auto is not None else []
   arguments += [f'{flag}={value}' for flag, value in flags.items() if value != 'False']
   if sizes:
     arguments.append('input_sizes={' + ', '.join(f'{k!r}: {v!r}' for k, v in sizes.items()) + '}')

@@ -73,8 +73,9 @@ def _run_encoder(source: str) -> jax.Array:
   return model.apply(variables, tokens)
 
 
-# The block built without name= in @nn.compact: Linen names it Encoder1DBlock_0, a to_linen wrapper would be named
-# ToLinen_0, so it cannot be bridged (with name=, `test_linen_parents.py` bridges it).
+# The block built without name= in a loop of @nn.compact: Linen numbers it Encoder1DBlock_0, _1, ... as the loop
+# runs, which no to_linen wrapper's name can say, so it cannot be bridged (with name=, `test_linen_parents.py`
+# bridges it).
 UNNAMED_BLOCKS = WMT_STYLE.replace("Encoder1DBlock(config=config, name=f'encoderblock_{lyr}')", 'Encoder1DBlock(config)')
 
 
