@@ -22,7 +22,8 @@ def ctor_text(ctx: ClassContext, child: Child) -> str:
   """The NNX constructor call of `child`, as code valid in __init__."""
   text = lambda node: queries.code(ctx, node, child.size_codes)
   if child.bridged:
-    mode = ', eval_mode=True' if child.mode_defaults.get('eval_mode') else ''
+    eval_mode = child.mode_defaults.get('eval_mode')
+    mode = f', eval_mode={eval_mode}' if isinstance(eval_mode, str) else ', eval_mode=True' if eval_mode else ''
     return f'nnx_bridge.from_linen({text(child.ctor)}, *{child.attr}_example_inputs, rngs=rngs{mode})'
   if child.wrapper is not None:
     wrapper = child.wrapper
@@ -41,6 +42,7 @@ def ctor_text(ctx: ClassContext, child: Child) -> str:
       positional = positional and i < len(fields) and f == fields[i]
       args.append(text(v) if positional else f'{f}={text(v)}')
     args += [f'{k}={v}' for k, v in child.sizes.items()]
+    args += [f'{k}={v}' for k, v in child.mode_defaults.items()]  # fields merged with a switch (`_merged_field`)
     args += [f'{name}={child.attr}_{name}' for name in child.sibling.example_params]
     built = f'{ctx.plan.factory_callee.get(child.ctor, child.sibling.name)}({", ".join([*args, "rngs=rngs"])})'
     if child.stacked is not None:  # one layer per split key, variables stacked on axis 0
@@ -58,7 +60,7 @@ def ctor_text(ctx: ClassContext, child: Child) -> str:
     args.append(f'{new}={text(value)}')
   callee = ctx.plan.factory_callee.get(child.ctor)  # a factory: its partial holds the Linen defaults
   args += [f'{k}={v!r}' for k, v in spec.linen_defaults if k not in child.kwargs and callee is None]
-  args += [f'{k}={v!r}' for k, v in child.mode_defaults.items() if k in accepted]
+  args += [f'{k}={v if isinstance(v, str) else repr(v)}' for k, v in child.mode_defaults.items() if k in accepted]
   return f'{callee or "nnx." + spec.nnx.rpartition(".")[2]}({", ".join([*args, "rngs=rngs"])})'
 
 

@@ -12,13 +12,39 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
-from codemods.rules.l2n002.nodes import is_written
+from codemods.rules.l2n002.nodes import is_self_attr, is_written
 from codemods.rules.l2n002.plan import Child, Unsupported
 from codemods.vocabulary import EVAL_ATTRIBUTES, EVAL_VALUE, LAYER_MODE_KWARGS, MODE_PARAMS
 from nnx_bridge.layer_signatures import LINEN_CALL_PARAMS
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 
 MODE_ARGUMENTS_BY_NAME = {m.name: m for m in MODE_ARGUMENTS}
+MERGE_PARAM_NAMES = frozenset({'flax.linen.merge_param', 'flax.linen.module.merge_param'})
+
+
+def merged_switches(ctx: ClassContext, call: cst.FunctionDef) -> dict[str, cst.SimpleStatementLine]:
+  """The statements `x = nn.merge_param('x', self.x, x)` at the top of `__call__`'s body that merge a train/eval
+  switch with the field of its name (flax's sst2 `Embedder`: `deterministic: Optional[bool] = None` and
+  `__call__(self, inputs, deterministic=None)`, the idiom of flax's own Linen Dropout), by switch. NNX's
+  `model.train()` / `model.eval()` set that very field, as nnx.Dropout keeps `self.deterministic`: the statement
+  goes, and the switch read after it is the field. Only a switch NNX holds under its own name (`deterministic`,
+  `use_running_average`, not `train`)."""
+  found = {}
+  for statement in call.body.body:
+    assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)
+            and isinstance(value := assign.value, cst.Call) and ctx.facts.has_name(value.func, MERGE_PARAM_NAMES)
+            and len(value.args) == 3 and all(a.keyword is None and not a.star for a in value.args)):
+      continue
+    name = assign.targets[0].target.value
+    label, field, argument = (a.value for a in value.args)
+    if name in ctx.plan.switches and name in ctx.plan.field_names \
+        and MODE_ARGUMENTS_BY_NAME[name].nnx_attribute == name and not MODE_ARGUMENTS_BY_NAME[name].inverted \
+        and isinstance(label, cst.SimpleString) and label.evaluated_value == name \
+        and isinstance(field, cst.Attribute) and is_self_attr(field) and field.attr.value == name \
+        and isinstance(argument, cst.Name) and argument.value == name:
+      found.setdefault(name, statement)
+  return found
 
 
 def read_switches(ctx: ClassContext, call: cst.FunctionDef) -> None:
@@ -26,11 +52,16 @@ def read_switches(ctx: ClassContext, call: cst.FunctionDef) -> None:
   attention function's `deterministic=`) becomes the attribute `model.train()` / `model.eval()` set, as flax's
   own nnx.Dropout and nnx.MultiHeadAttention keep it: `self.deterministic` (`not self.deterministic` for an
   inverted switch like `train`). The module starts in the mode of the switch's default (train mode without one,
-  as NNX modules do)."""
+  as NNX modules do), or of the field a `merge_param` statement merged it with (`merged_switches`; the statement
+  goes)."""
+  merged = ctx.plan.merged_switches
+  inside_merge = {id(sub) for statement in merged.values() for sub in descendants(statement)}
+  ctx.plan.removed.update(merged.values())
   keywords = {sub.keyword for sub in descendants(call.body) if isinstance(sub, cst.Arg)}
   reads = [sub for sub in descendants(call.body) if isinstance(sub, cst.Name) and sub.value in ctx.plan.switches
-           and sub not in ctx.plan.mode_uses | keywords and not is_written(sub, ctx.facts.parent)]
-  taken = {*ctx.plan.field_names, *(c.attr for c in ctx.plan.children)}
+           and sub not in ctx.plan.mode_uses | keywords and not is_written(sub, ctx.facts.parent)
+           and id(sub) not in inside_merge]
+  taken = {*ctx.plan.field_names, *(c.attr for c in ctx.plan.children)} - set(merged)
   started: set[str] = set()
   for sub in reads:
     argument = MODE_ARGUMENTS_BY_NAME[sub.value]
@@ -43,7 +74,11 @@ def read_switches(ctx: ClassContext, call: cst.FunctionDef) -> None:
       ctx.plan.exprs[parent] = f'self.{attribute}'  # `not train`
     else:
       ctx.plan.exprs[sub] = f'(not self.{attribute})' if argument.inverted else f'self.{attribute}'
-    if attribute not in started:
+    if attribute not in started and attribute in merged:
+      started.add(attribute)
+      ctx.plan.pending.append((sub, f'the train/eval switch {sub.value} read here is the field self.{attribute} '
+                                     'nn.merge_param merged it with, which model.train() / model.eval() set'))
+    elif attribute not in started:
       started.add(attribute)
       default = ctx.plan.switch_defaults.get(sub.value)
       start = (default ^ argument.inverted) if default is not None else False
@@ -52,7 +87,8 @@ def read_switches(ctx: ClassContext, call: cst.FunctionDef) -> None:
       ctx.plan.pending.append((sub, f'the train/eval switch {sub.value} read here is {negation}self.{attribute}, '
                                      f'which model.train() / model.eval() set (it starts {start})'))
   for sub in descendants(call.body):
-    if isinstance(sub, cst.Name) and sub.value in ctx.plan.switches and is_written(sub, ctx.facts.parent):
+    if isinstance(sub, cst.Name) and sub.value in ctx.plan.switches and is_written(sub, ctx.facts.parent) \
+        and id(sub) not in inside_merge:
       raise Unsupported(sub, f'the train/eval switch {sub.value} is assigned to')
 
 
@@ -77,8 +113,9 @@ def ctor_modes(ctx: ClassContext, child: Child) -> None:
       queries.switch(ctx, child.kwargs.pop(name), inverted)
 
 
-def _mode_default(ctx: ClassContext, child: Child, attribute: str, value: bool | None) -> None:
-  """A layer fed by a switch with a default starts in that mode, as the Linen call without it did."""
+def _mode_default(ctx: ClassContext, child: Child, attribute: str, value: bool | str | None) -> None:
+  """A layer fed by a switch with a default starts in that mode, as the Linen call without it did; fed by a switch
+  merged with a field, in the mode of that field (`self.deterministic`, code)."""
   if value is not None and child.spec is not None:
     child.mode_defaults[attribute] = value
 
@@ -107,7 +144,9 @@ def call_modes(ctx: ClassContext, call: cst.Call, child: Child) -> set[int]:
       except Unsupported:  # a literal or other value: passed on to the Linen call as written
         continue
       dropped.add(position)
-      if default is not None:  # the wrapper starts in the mode the switch's default gave
+      if isinstance(default, str):  # the wrapper starts in the mode of the field the switch was merged with
+        child.mode_defaults['eval_mode'] = f'not {default}' if MODE_PARAMS[name] else default
+      elif default is not None:  # the wrapper starts in the mode the switch's default gave
         child.mode_defaults['eval_mode'] = default ^ MODE_PARAMS[name]
     return dropped
   if child.wrapper is not None:
@@ -137,6 +176,8 @@ def call_modes(ctx: ClassContext, call: cst.Call, child: Child) -> set[int]:
       default = queries.switch(ctx, arg.value, targets[key])
       if child.spec is not None:
         _mode_default(ctx, child, key if arg.keyword is not None else names[position], default)
+      else:
+        _merged_field(child, key if arg.keyword is not None else _param_name(child, key), default)
       dropped.add(position)
       seen.add(key)
   missing = [n for i, n, _ in child.sibling.mode_params if i not in seen and n not in seen] \
@@ -144,6 +185,19 @@ def call_modes(ctx: ClassContext, call: cst.Call, child: Child) -> set[int]:
   if missing:
     _eval_view(ctx, call, child, missing, bool(seen))
   return dropped
+
+
+def _merged_field(child: Child, name: str | None, value: bool | str | None) -> None:
+  """A class of the run whose switch `name` its call merges with the field of that name (`merged_switches`) is
+  built with that field set to what the Linen call gave it: the caller's switch default or merged field (its own
+  default would let it run in another mode than Linen ran it). A field the construction gives is left as it is."""
+  if name in child.sibling.merged_switches and value is not None and name not in child.kwargs:
+    child.mode_defaults[name] = value
+
+
+def _param_name(child: Child, position: int) -> str | None:
+  """The name of the `__call__` parameter at `position` of the class `child` builds."""
+  return next((name for index, name, _ in child.sibling.mode_params if index == position), None)
 
 
 def _eval_view(ctx: ClassContext, call: cst.Call, child: Child, missing: list[str], given: bool) -> None:

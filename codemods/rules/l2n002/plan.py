@@ -61,7 +61,8 @@ class Child:
   placeholder: bool = False  # setup() first sets its attribute to a plain value (`identity`): built as nnx.data(...)
   api: str | None = None  # 'param' / 'variable' for a variable; None for a submodule
   collection: str = ''  # a variable's Linen collection
-  mode_defaults: dict[str, bool] = dataclasses.field(default_factory=dict)  # deterministic=... from a switch default
+  mode_defaults: dict[str, bool | str] = dataclasses.field(default_factory=dict)  # deterministic=... from a switch
+  # default, or code: the field a switch was merged with (`self.deterministic`)
   var_type: str = ''  # the NNX Variable type of a variable
   shape_refs: dict[cst.Subscript, str] = dataclasses.field(default_factory=dict)  # `x.shape[-1]` -> x
   size_codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)  # ... -> code in __init__
@@ -176,6 +177,9 @@ class ClassRewrite:
   aliases: dict[cst.Name, str | cst.BaseExpression] = dataclasses.field(default_factory=dict)  # `cfg` -> `self.config`, `init` -> its value, in __init__ code
   switches: dict[str, bool] = dataclasses.field(default_factory=dict)  # __call__ train/eval switches -> inverted
   switch_defaults: dict[str, bool] = dataclasses.field(default_factory=dict)  # switches with a literal default
+  merged_switches: dict[str, cst.SimpleStatementLine | None] = dataclasses.field(default_factory=dict)  # switch ->
+  # its `x = nn.merge_param('x', self.x, x)` with the field of its name (`modes.merged_switches`); None: of a class
+  # of another file
   mode_uses: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # uses of switches that set train/eval args
   traced: ClassSizes = dataclasses.field(default_factory=dict)  # the example trace's layer sizes (`--examples`)
   traced_codes: set[str] = dataclasses.field(default_factory=set)  # sizes the traces gave

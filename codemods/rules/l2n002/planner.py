@@ -122,6 +122,7 @@ def _run(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
   if base is not None:  # a subclass of a project base class keeps it (converted in its own file)
     plan.base = ctx.facts.code(ctx.facts.linen_base(node).value)
   ctx.plan.switches = {name: MODE_PARAMS[name] for name in mode.values()}
+  ctx.plan.merged_switches = modes.merged_switches(ctx, call)
   ctx.plan.traced = ctx.facts.options.example_sizes.of_class(ctx.facts.filename, node.name.value)
   ctx.plan.traced_codes = set()
   ctx.plan.mode_uses = set()
@@ -225,6 +226,7 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
   allowed |= {child.ctor.func for child in plan.children if child.api is None and not child.bridged} | ctx.plan.lifted
   allowed |= {child.cell.ctor.func for child in plan.children if child.cell is not None}
   allowed |= lifted.plan_control_flow(ctx, node)
+  allowed |= {statement.body[0].value.func for statement in plan.merged_switches.values()}  # the statements go
   for field in fields:  # `encoder: nn.Module`, `embed_tokens: nn.Embed` hold a submodule the caller builds: NNX now
     annotation = field.body[0].annotation.annotation
     layer = next((spec for q in ctx.facts.qualified_names(annotation)

@@ -334,10 +334,11 @@ def shared_local(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call) -> 
   return calls, names
 
 
-def switch(ctx: ClassContext, value: cst.BaseExpression, inverted: bool) -> bool | None:
+def switch(ctx: ClassContext, value: cst.BaseExpression, inverted: bool) -> bool | str | None:
   """Checks that `value` is a __call__ train/eval switch (or its negation) meaning the same as the target.
 
-  Returns the target's value when the switch keeps its default (a literal bool), else None.
+  Returns the target's value when the switch keeps its default (a literal bool), or as code (`self.deterministic`)
+  when it is the field a `merge_param` statement merged it with (`modes.merged_switches`), else None.
   """
   negated = isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Not)
   name = value.expression if negated else value
@@ -348,6 +349,8 @@ def switch(ctx: ClassContext, value: cst.BaseExpression, inverted: bool) -> bool
   if not (isinstance(name, cst.Name) and name.value in ctx.plan.switches and negated ^ inverted == ctx.plan.switches[name.value]):
     raise Unsupported(value, 'a train/eval argument that is not a matching __call__ switch or train/eval field')
   ctx.plan.mode_uses.add(name)
+  if name.value in ctx.plan.merged_switches:
+    return f'not self.{name.value}' if negated else f'self.{name.value}'
   default = ctx.plan.switch_defaults.get(name.value)
   return None if default is None else default ^ negated
 
