@@ -134,7 +134,6 @@ def _aliases(tree: ast.Module, path: str, roots: tp.Sequence[str], files: tp.Map
   A module of a file that is no package's (a script, `train.py`) is first looked for beside it, as Python puts a
   script's folder first on `sys.path`: `import models` in `beta/train.py` is `beta/models.py` (`files`: the run's
   files by normalised path), whatever other folder of the run has a `models.py`."""
-  own = module_names(path, roots)[0]
   package = package_of(path)
   beside = lambda module: files.get(os.path.join(os.path.dirname(os.path.normpath(path)), f'{module}.py')) \
       if not package and module and '.' not in module else None
@@ -150,9 +149,9 @@ def _aliases(tree: ast.Module, path: str, roots: tp.Sequence[str], files: tp.Map
       module = _file_key(local) if local else absolute_import(package, node.module, node.level)
       if module is not None:
         found.update({a.asname or a.name: f'{module}.{a.name}' for a in node.names if a.name != '*'})
-  for node in tree.body:
+  for node in tree.body:  # under the file's own key: two folders' `models.py` are both the module `models`
     if isinstance(node, ast.ClassDef):
-      found.setdefault(node.name, f'{own}.{node.name}')
+      found.setdefault(node.name, f'{_file_key(path)}.{node.name}')
   return found
 
 

@@ -208,3 +208,25 @@ def test_a_script_imports_the_module_beside_it_not_a_namesake_of_another_folder(
   found = find_seams({paths[name]: text for name, text in sources.items()},
                      [str(tmp_path), str(tmp_path / 'alpha'), str(tmp_path / 'beta')])
   assert {(s.path, s.target_path) for s in found} == {(paths['alpha/train.py'], paths['alpha/models.py'])}
+
+
+def test_a_class_names_its_own_files_namesake_not_one_of_another_folders_file_of_the_same_name(tmp_path):
+  """flax's examples in one run: ogbg_molpcba/models.py's GraphNet (Linen) builds its own MLP, which stays Linen,
+  while sst2/models.py's MLP converted. Both files are the module `models`: GraphNet's `MLP` is its own file's, not a
+  seam on sst2's (which would keep sst2's MLP Linen for a use it never has)."""
+  sources = {
+      'graphs/models.py': 'import flax.linen as nn\n\n\nclass MLP(nn.Module):\n  @nn.compact\n'
+                          '  def __call__(self, x):\n    return nn.Dense(2)(x)\n\n\nclass GraphNet(nn.Module):\n'
+                          '  @nn.compact\n  def __call__(self, x):\n    return MLP()(x)\n',
+      'text/models.py': 'from flax import nnx\n\n\nclass MLP(nnx.Module):\n  def __init__(self, *, rngs):\n'
+                        '    self.linear = nnx.Linear(2, 2, rngs=rngs)\n',
+  }
+  paths = {name: str(tmp_path / name) for name in sources}
+  found = find_seams({paths[name]: text for name, text in sources.items()},
+                     [str(tmp_path), str(tmp_path / 'graphs'), str(tmp_path / 'text')])
+  assert found == []
+  nnx_graphs = sources['graphs/models.py'].replace('class MLP(nn.Module)', 'class MLP(nnx.Module)').replace(
+      'import flax.linen as nn\n', 'import flax.linen as nn\nfrom flax import nnx\n')  # its own MLP converted
+  found = find_seams({paths['graphs/models.py']: nnx_graphs, paths['text/models.py']: sources['text/models.py']},
+                     [str(tmp_path), str(tmp_path / 'graphs'), str(tmp_path / 'text')])
+  assert {(s.kind, s.target_path) for s in found} == {('linen-builds-nnx', paths['graphs/models.py'])}

@@ -225,7 +225,8 @@ class Block(nn.Module):
   def __call__(self, x):
     return nn.relu(nn.Dense(self.features)(x))
 '''
-# A Linen tower in another file that cannot be converted (nn.with_logical_constraint) builds the block.
+# A Linen tower in another file that cannot be converted (nn.with_logical_constraint) builds the block in a loop,
+# where Linen numbers it at run time: no to_linen wrapper can take its name.
 TOWER = '''import flax.linen as nn
 
 from pkg.layers import Block
@@ -236,9 +237,13 @@ class Tower(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    x = Block(self.features)(x)
+    for _ in range(1):
+      x = Block(self.features)(x)
     return nn.with_logical_constraint(x, ('batch', 'embed'))
 '''
+# The same tower building the block once: it wraps the converted block with to_linen under Linen's name for it.
+WRAPPING_TOWER = TOWER.replace('    for _ in range(1):\n      x = Block(self.features)(x)\n',
+                               '    x = Block(self.features)(x)\n')
 TRAIN = '''import jax.numpy as jnp
 
 from pkg.layers import Block
@@ -278,6 +283,34 @@ def test_a_class_another_file_builds_from_linen_stays_linen_and_the_program_runs
   assert 'classes: 0 converted, 2 kept as Linen, 0 bridged with nnx_bridge; 2 TODOs left' in err
   assert '1 used by a class that stays Linen' in err
   assert _run_tower(tmp_path) == before
+  assert _main('pkg', '--check', '-j', '2') == 0  # a second run changes nothing
+
+
+def _run_tower_on(root: pathlib.Path, variables: pathlib.Path) -> list:
+  """Like `_run_tower`, on the variables saved in `variables` (written there first if missing): the migrated
+  program on the original program's parameters (a fresh init draws them from other key streams)."""
+  code = ('import jax, jax.numpy as jnp, numpy as np, os\nfrom flax import traverse_util\nfrom pkg.models import Tower\n'
+          f'm, x, path = Tower(3), jnp.ones((2, 4)), {str(variables)!r}\n'
+          'if not os.path.exists(path):\n'
+          '  np.savez(path, **{"/".join(k): v for k, v in traverse_util.flatten_dict(m.init(jax.random.key(0), x)).items()})\n'
+          'v = traverse_util.unflatten_dict({tuple(k.split("/")): jnp.asarray(a) for k, a in np.load(path).items()})\n'
+          'print(m.apply(v, x).tolist())\n')
+  run = subprocess.run([sys.executable, '-c', code], cwd=root, capture_output=True, text=True)
+  assert run.returncode == 0, run.stderr
+  return json.loads(run.stdout)
+
+
+def test_a_class_another_file_builds_once_from_linen_converts_wrapped_and_the_program_runs(tmp_path, monkeypatch,
+                                                                                            capsys):
+  _package(tmp_path, monkeypatch, layers=LAYERS, models=WRAPPING_TOWER)
+  variables = tmp_path / 'variables.npz'
+  before = _run_tower_on(tmp_path, variables)
+  assert _main('pkg', '--write', '-j', '1') == 0
+  assert 'class Block(nnx.Module)' in pathlib.Path('pkg/layers.py').read_text()
+  assert "x = nnx_bridge.to_linen(Block, self.features, name='Block_0', input_sizes=" in \
+      pathlib.Path('pkg/models.py').read_text()
+  assert 'classes: 1 converted, 1 kept as Linen, 1 bridged with nnx_bridge; 1 TODOs left' in capsys.readouterr().err
+  assert _run_tower_on(tmp_path, variables) == before
   assert _main('pkg', '--check', '-j', '2') == 0  # a second run changes nothing
 
 
