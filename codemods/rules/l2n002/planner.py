@@ -48,7 +48,13 @@ from codemods.rules.l2n002.nodes import (
   snake,
 )
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
-from codemods.rules.l2n002.setup_code import none_placeholders, plain_attributes, setup_code_blocker, value_placeholders
+from codemods.rules.l2n002.setup_code import (
+  none_placeholders,
+  plain_attributes,
+  plain_function,
+  setup_code_blocker,
+  value_placeholders,
+)
 from codemods.rules.l2n002.tied import tied_uses
 from codemods.vocabulary import (
   COMPACT_NAMES,
@@ -446,7 +452,7 @@ def _plan_compact(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
   ctors = [c for c in ctors if c not in cells]
   for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
     if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors \
-        and call not in ctors:
+        and call not in ctors and not plain_function(ctx.facts, call.func.func):
       raise Unsupported(call, _unknown_builder(ctx, call.func.func))
   variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and scope_api(c) in ('param', 'variable')]
   caches = decode_cache.decode_caches(ctx, plan, method)

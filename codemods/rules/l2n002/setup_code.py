@@ -148,6 +148,16 @@ def _call_blocker(facts: FileFacts, call: cst.Call, node: cst.ClassDef) -> str |
   return None
 
 
+def plain_function(facts: FileFacts, func: cst.BaseExpression) -> bool:
+  """Whether `func` names a module-level function of this file that names no Linen class or layer, so that what it
+  returns is plain code too (flax's lm1b `sinusoidal_init(max_len=...)` returns an initializer, which the compact
+  body then calls: `sinusoidal_init(max_len=config.max_len)(None, pos_emb_shape, None)`)."""
+  return isinstance(func, cst.Name) and any(
+      q.source is QualifiedNameSource.LOCAL and q.name == func.value for q in facts.qualified_names(func)) \
+      and any(isinstance(s, cst.FunctionDef) and s.name.value == func.value for s in facts.module.body) \
+      and not _builds_modules(facts, func.value)
+
+
 def _is_project(facts: FileFacts, qualified: str) -> bool:
   """Whether an imported name comes from this project: a relative import, the file's own top package, or a module
   that holds Linen classes of the run."""

@@ -452,3 +452,18 @@ def test_a_library_named_like_a_folder_of_the_run_is_not_project_code(tmp_path, 
   migrate(['agents'], rules=RULES, write=True, jobs=1)
   assert 'helpers.build(...) calls tools.helpers.build, code of this project' in (folder / 'networks.py').read_text()
   assert 'class Net(nn.Module):' in (folder / 'networks.py').read_text()
+
+
+def test_a_call_of_what_a_plain_function_of_the_file_returns_stays_but_one_of_a_module_builder_keeps_the_class():
+  """flax's lm1b `sinusoidal_init(max_len=...)(None, shape, None)` calls the initializer a module-level function of
+  the file returns: plain code (fixtures/L2N002/plain_function_call.*, with parity). A function of the file that
+  names a Linen layer may return a module: `f(...)(x)` then keeps the class Linen at that line."""
+  source = (CONDITIONAL.parent / 'plain_function_call.in.py').read_text()
+  rules = registry.select_rules(['L2N002'])
+  assert 'AddPositionEmbs' in {c.linen_name for c in transform_source(source, rules).classes}
+  builder = source.replace('    return jnp.array(pe[np.newaxis, :, :])\n',
+                           '    return jnp.array(pe[np.newaxis, :, :]) + nn.Dense(1).__class__.__name__.count("x")\n')
+  assert builder != source
+  todos = [e.message for e in transform_source(builder, rules).entries if e.kind == 'todo']
+  assert any('class AddPositionEmbs left as Linen: sinusoidal_init(...)(...) builds a submodule from sinusoidal_init'
+             in m for m in todos), todos
