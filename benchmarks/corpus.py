@@ -1,6 +1,7 @@
 """Migrate the Flax code of six public packages, downloaded from the package registry, and verify what converted.
 
 Run: python benchmarks/corpus.py [--packages a,b] [--cache DIR] [--json FILE] [-j N] [--no-verify] [--hf-families a,b]
+(`--packages flax-examples`: flax's Linen example programs, from the flax 0.8.5 source archive, `FLAX_EXAMPLES`)
 
 For each package at its pinned version (`PACKAGES`), the wheel is fetched with `pip download --no-deps` into the
 cache folder (default `~/.cache/linen2nnx/corpus`; a wheel already there is reused) and the `.py` files of its
@@ -40,6 +41,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import typing as tp
@@ -56,15 +58,26 @@ short_error = hf_zoo._short  # one line for an exception, with the file and line
 
 @dataclasses.dataclass(frozen=True)
 class Package:
-  """A registry package at a pinned version, and the import root in its wheel that holds its code."""
+  """A registry package at a pinned version, and the folder of its wheel (or, `sdist`, of its source archive)
+  that holds the code migrated: an import root, or flax's example programs."""
 
   name: str
   version: str
   root: str
+  sdist: bool = False  # the code is in the source archive only (flax's `examples/`)
+  label: str = ''  # the name it is selected and shown by, when not the registry name
+
+  @property
+  def key(self) -> str:
+    return self.label or self.name
 
   @property
   def wheel_prefix(self) -> str:
     return f'{re.sub(r"[-_.]+", "_", self.name).lower()}-{self.version}-'
+
+  @property
+  def archive_glob(self) -> str:
+    return f'{self.name}-{self.version}.tar.gz' if self.sdist else f'{self.wheel_prefix}*.whl'
 
 
 PACKAGES = (
@@ -75,6 +88,9 @@ PACKAGES = (
     Package('jax-md', '0.2.29', 'jax_md'),
     Package('evojax', '0.2.17', 'evojax'),
 )
+FLAX_EXAMPLES = Package('flax', '0.8.5', 'examples', sdist=True, label='flax-examples')
+"""flax's Linen example programs (mnist, imagenet, wmt, lm1b, sst2, ...), from the source archive of a flax release
+whose examples are Linen: selected by `--packages flax-examples`, not verified (their classes take configs)."""
 DEFAULT_CACHE = pathlib.Path('~/.cache/linen2nnx/corpus')
 SHAPES = ((2, 8), (2, 4, 4, 3), (2, 16, 16, 3), (2, 3))
 """The input shapes a Linen class is tried at, in order, until its `init` works."""
@@ -95,17 +111,19 @@ class RegistryError(RuntimeError):
 
 
 def cached_wheel(package: Package, cache: pathlib.Path) -> pathlib.Path | None:
-  found = sorted(cache.glob(f'{package.wheel_prefix}*.whl'))
+  found = sorted(cache.glob(package.archive_glob))
   return found[0] if found else None
 
 
 def fetch_wheel(package: Package, cache: pathlib.Path) -> pathlib.Path:
-  """The package's wheel in `cache`, downloaded there first (without dependencies) unless it is there already."""
+  """The package's wheel (or source archive) in `cache`, downloaded there first (without dependencies) unless it
+  is there already."""
   cached = cached_wheel(package, cache)
   if cached is not None:
     return cached
   cache.mkdir(parents=True, exist_ok=True)
-  command = [sys.executable, '-m', 'pip', 'download', '--no-deps', '--only-binary=:all:', '--dest', str(cache),
+  kind = '--no-binary=:all:' if package.sdist else '--only-binary=:all:'
+  command = [sys.executable, '-m', 'pip', 'download', '--no-deps', kind, '--dest', str(cache),
              '--disable-pip-version-check', '--quiet', '--retries', '1', '--timeout', '30',
              f'{package.name}=={package.version}']
   try:
@@ -120,22 +138,35 @@ def fetch_wheel(package: Package, cache: pathlib.Path) -> pathlib.Path:
 
 
 def extract(wheel: pathlib.Path, root: str, target: pathlib.Path, flax_only: bool) -> list[str]:
-  """Copies the `.py` files under `root/` of the wheel into `target` (with `flax_only`, those mentioning flax and
-  every `__init__.py`, which make the folders packages: imports resolve as they do in the installed package);
-  returns their paths, relative to `target`."""
+  """Copies the `.py` files under `root/` of the wheel (or of the source archive's top folder) into `target` (with
+  `flax_only`, those mentioning flax and every `__init__.py`, which make the folders packages: imports resolve as
+  they do in the installed package); returns their paths, relative to `target`."""
   copied = []
-  with zipfile.ZipFile(wheel) as archive:
-    for name in archive.namelist():
-      parts = pathlib.PurePosixPath(name).parts
-      if parts[0] != root or not name.endswith('.py') or '..' in parts:
-        continue
-      data = archive.read(name)
-      if flax_only and b'flax' not in data and parts[-1] != '__init__.py':
-        continue
-      (target / name).parent.mkdir(parents=True, exist_ok=True)
-      (target / name).write_bytes(data)
-      copied.append(name)
+  for name, read in _members(wheel):
+    parts = pathlib.PurePosixPath(name).parts
+    if not parts or parts[0] != root or not name.endswith('.py') or '..' in parts:
+      continue
+    data = read()
+    if flax_only and b'flax' not in data and parts[-1] != '__init__.py':
+      continue
+    (target / name).parent.mkdir(parents=True, exist_ok=True)
+    (target / name).write_bytes(data)
+    copied.append(name)
   return sorted(copied)
+
+
+def _members(archive: pathlib.Path) -> tp.Iterator[tuple[str, tp.Callable[[], bytes]]]:
+  """The files of a wheel, or of a source archive below its top folder (`flax-0.8.5/`), with how to read each."""
+  if archive.name.endswith('.tar.gz'):
+    with tarfile.open(archive) as tar:
+      for member in tar.getmembers():
+        top, _, name = member.name.partition('/')
+        if member.isfile() and name:
+          yield name, lambda member=member: tar.extractfile(member).read()
+    return
+  with zipfile.ZipFile(archive) as wheel:
+    for name in wheel.namelist():
+      yield name, lambda name=name: wheel.read(name)
 
 
 # --- Migrating and counting ------------------------------------------------------------------------------------
@@ -438,7 +469,8 @@ def run_package(package: Package, cache: pathlib.Path, jobs: int, verify: bool,
                 hf_families: tp.Collection[str] | None = None, flags: tp.Sequence[str] = ()) -> PackageResult:
   """Fetches, migrates, migrates again with --check and (with `verify`) verifies one package; `flags` are more
   options of both migrate runs (`--unsafe-fixes`)."""
-  found = PackageResult(package.name, package.version, verified=verify)
+  verify = verify and not package.sdist  # example programs: their classes take configs, built by their mains
+  found = PackageResult(package.key, package.version, verified=verify)
   wheel = fetch_wheel(package, cache)
   with tempfile.TemporaryDirectory(prefix=f'corpus-{package.root}-') as folder:
     scratch = pathlib.Path(folder)
@@ -547,7 +579,7 @@ def to_json(results: tp.Sequence[PackageResult]) -> dict[str, tp.Any]:
 
 def select(names: str) -> list[Package]:
   """The packages named (registry names; `jax_md` for `jax-md` too), in the order given."""
-  by_name = {re.sub(r'[-_.]+', '-', p.name): p for p in PACKAGES}
+  by_name = {re.sub(r'[-_.]+', '-', p.key): p for p in (*PACKAGES, FLAX_EXAMPLES)}
   wanted = [re.sub(r'[-_.]+', '-', name.strip().lower()) for name in names.split(',') if name.strip()]
   unknown = [name for name in wanted if name not in by_name]
   if unknown:

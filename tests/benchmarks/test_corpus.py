@@ -7,12 +7,14 @@ verifies is within `corpus.TOLERANCE` of its Linen original. The fast tests chec
 wrapper holds as `module_class` are counted apart, a malformed report is rejected) and what the slow test skips on.
 """
 
+import io
 import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -79,6 +81,27 @@ def test_packages_are_selected_by_registry_or_import_name():
   assert corpus.select('dopamine-rl')[0].wheel_prefix == 'dopamine_rl-4.1.2-'
   with pytest.raises(SystemExit, match='unknown packages'):
     corpus.select('flaxformer')
+
+
+def test_flax_examples_come_from_the_source_archive_below_its_top_folder(tmp_path):
+  """flax's example programs are only in its source archive (`flax-0.8.5/examples/...`): selected by their label,
+  cached as the archive, extracted as `examples/...` with the files that mention flax and every `__init__.py`."""
+  package = corpus.select('flax-examples')[0]
+  assert (package.name, package.root, package.sdist) == ('flax', 'examples', True)
+  archive = tmp_path / 'flax-0.8.5.tar.gz'
+  files = {'flax-0.8.5/examples/__init__.py': b'', 'flax-0.8.5/examples/mnist/train.py': b'from flax import linen\n',
+           'flax-0.8.5/examples/mnist/input_pipeline.py': b'import numpy\n', 'flax-0.8.5/flax/core.py': b'flax\n',
+           'flax-0.8.5/examples/README.md': b'flax\n'}
+  with tarfile.open(archive, 'w:gz') as tar:
+    for name, data in files.items():
+      member = tarfile.TarInfo(name)
+      member.size = len(data)
+      tar.addfile(member, io.BytesIO(data))
+  assert corpus.cached_wheel(package, tmp_path) == archive
+  tree = tmp_path / 'tree'
+  assert corpus.extract(archive, package.root, tree, flax_only=True) == ['examples/__init__.py',
+                                                                          'examples/mnist/train.py']
+  assert (tree / 'examples/mnist/train.py').read_bytes() == b'from flax import linen\n'
 
 
 def test_an_unreachable_registry_is_a_registry_error(tmp_path, monkeypatch):
