@@ -53,7 +53,7 @@ def check_hoistable(ctx: ClassContext, value: cst.CSTNode, skip: tp.Collection[c
     assignments = list(scope[value.value]) if scope is not None else []
     if scope is not None and not isinstance(scope, outer) and any(not isinstance(a.scope, outer) for a in assignments) \
         and not _setup_local(ctx, assignments) and not _lambda_parameter(ctx, assignments):
-      alias = _self_alias(ctx, assignments) or _value_alias(ctx, value, assignments)
+      alias = _self_alias(ctx, assignments) or _value_alias(ctx, value, assignments, skip)
       ctx.plan.aliases[value] = alias
   for child in children(value):
     check_hoistable(ctx, child, skip, linen)
@@ -96,12 +96,13 @@ def _self_alias(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignment
   return None if base is None else base + code[len(chain.value):]
 
 
-def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metadata.BaseAssignment]
-                 ) -> cst.BaseExpression | str:
+def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metadata.BaseAssignment],
+                 skip: tp.Collection[cst.CSTNode] = ()) -> cst.BaseExpression | str:
   """The value of a local bound once, by a statement of its method's own body, to code that may move to __init__
-  (`initializer = nn.initializers.xavier_uniform()`, `features = self.width * 2`): __init__ evaluates it where
-  the construction goes, and the statement stays where it is for the rest of the body. Raises Unsupported, naming
-  the local and what it reads, for any other local."""
+  (`initializer = nn.initializers.xavier_uniform()`, `features = self.width * 2`; `skip`: the input sizes in it,
+  which become constructor arguments): __init__ evaluates it where the construction goes, and the statement stays
+  where it is for the rest of the body. Raises Unsupported, naming the local and what it reads, for any other
+  local."""
   if any(isinstance(a.node, (cst.FunctionDef, cst.ClassDef)) for a in assignments):
     raise Unsupported(name, f'a constructor argument uses {name.value}, defined in the method: define it at module '
                             'level or as a method, reading only fields and constants, and pass it in')
@@ -127,7 +128,7 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, bound to a submodule or a variable: '
                             'pass the submodule or variable itself')
   try:
-    check_hoistable(ctx, assign.value)
+    check_hoistable(ctx, assign.value, skip)
   except Unsupported as e:
     what = e.node.value if isinstance(e.node, cst.Name) else ctx.facts.code(e.node)
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, whose value reads {what}, which '
@@ -240,7 +241,9 @@ def kept_target(ctx: ClassContext, func: cst.CSTNode) -> str | None:
 
 def size_refs(ctx: ClassContext, values: tp.Iterable[cst.CSTNode]) -> dict[cst.CSTNode, str]:
   """Input sizes a constructor argument reads: `x.shape[-1]` (-> x), or a local bound once to one, as
-  `d = x.shape[-1]` or `n, _, d = x.shape` (-> d); `_derive` finds what the code says of each."""
+  `d = x.shape[-1]` or `n, _, d = x.shape` (-> d), also inside the value of a local bound once that the argument
+  reads (flax's wmt `actual_out_dim = inputs.shape[-1] if self.out_dim is None else self.out_dim`, which moves to
+  `__init__` with the size); `_derive` finds what the code says of each."""
   refs = {}
   for value in values:
     for sub in (value, *descendants(value)):
@@ -248,7 +251,19 @@ def size_refs(ctx: ClassContext, values: tp.Iterable[cst.CSTNode]) -> dict[cst.C
         refs[sub] = sub.value.value.value
       elif isinstance(sub, cst.Name) and size_local(ctx, sub) is not None:
         refs[sub] = sub.value
+      elif isinstance(sub, cst.Name) and (bound := _bound_once(ctx, sub)) is not None:
+        refs.update((inner, inner.value.value.value) for inner in descendants(bound) if last_axis_of_name(inner))
   return refs
+
+
+def _bound_once(ctx: ClassContext, name: cst.Name) -> cst.BaseExpression | None:
+  """The value of the function local `name`, bound once by a statement of its method's own body; else None."""
+  scope = ctx.facts.scope(name)
+  if scope is None or isinstance(scope, (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)) \
+      or name.value not in scope:
+    return None
+  assign = _single_assign(ctx, list(scope[name.value]))
+  return assign.value if assign is not None else None
 
 
 def size_local(ctx: ClassContext, name: cst.Name) -> str | None:

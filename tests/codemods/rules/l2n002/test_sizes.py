@@ -12,6 +12,8 @@ import pytest
 from flax import nnx
 
 import nnx_bridge
+from codemods import rules as registry
+from codemods.transform import transform_source
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[4] / 'fixtures' / 'L2N002'
 IMAGES = jax.random.normal(jax.random.key(0), (2, 4, 4, 3))
@@ -422,3 +424,18 @@ def test_sizes_flow_through_dtype_casts(cast, derived):
   model = namespace['FlaxTinyMLP'](**{a.name: 6 for a in records['FlaxTinyMLP'].arguments
                                       if a.origin == 'input_dimension'}, rngs=nnx.Rngs(0))
   assert nnx_bridge.compare(linen_module, variables, model, TOKENS).ok
+
+
+def test_a_local_of_the_input_s_last_axis_sizes_a_layer_but_one_of_another_axis_keeps_the_class_linen():
+  """flax's wmt `actual_out_dim = inputs.shape[-1] if self.out_dim is None else self.out_dim` moves to __init__ with
+  the input size (fixtures/L2N002/local_input_size.*, with parity); a local reading another axis of the input
+  (`inputs.shape[1]`, the length) is what only the call knows."""
+  source = (FIXTURES / 'local_input_size.in.py').read_text()
+  rules = registry.select_rules(['L2N002'])
+  new = transform_source(source, rules).source
+  assert 'out_features=(linear1_in_features if self.out_dim is None else self.out_dim)' in new
+  other_axis = source.replace('actual_out_dim = inputs.shape[-1] if', 'actual_out_dim = inputs.shape[1] if')
+  assert other_axis != source
+  todos = [e.message for e in transform_source(other_axis, rules).entries if e.kind == 'todo']
+  assert any('class MlpBlock left as Linen: a constructor argument uses the local actual_out_dim, whose value reads '
+             'inputs, which only the call knows' in m for m in todos), todos
