@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import typing as tp
 
 LINEN_FIELDS: dict[str, tuple[str, ...]] = {
     'flax.linen.BatchNorm': (
@@ -184,6 +185,20 @@ LINEN_CALL_PARAMS: dict[str, tuple[str, ...]] = {
 }
 """The parameters a Linen layer's `__call__` takes by position, where they go beyond the table's `call_args` (the
 layer inputs): `self.dropout(h, deterministic)` gives `deterministic` by position."""
+
+
+NNX_CALL_MODES: dict[str, frozenset[str]] = {
+    'flax.nnx.BatchNorm': frozenset({'use_running_average'}),
+    'flax.nnx.Dropout': frozenset({'deterministic'}),
+    'flax.nnx.MultiHeadAttention': frozenset({'deterministic'}),
+}
+"""The train/eval arguments (`MODE_ARGUMENTS` under their own name) each NNX layer's `__call__` takes, overriding the
+attribute `model.train()` / `model.eval()` set for that call."""
+
+
+def installed_nnx_call_modes(nnx_name: str, modes: tp.Collection[str]) -> frozenset[str]:
+  """Which of the train/eval argument names `modes` an NNX layer's `__call__` takes, read off the installed class."""
+  return frozenset(inspect.signature(_class_of(nnx_name).__call__).parameters) & frozenset(modes)
 
 
 def installed_linen_call_params(linen_name: str) -> tuple[str, ...]:

@@ -356,6 +356,10 @@ def test_recorded_signatures_are_the_installed_flax_ones():
   for spec in LAYERS:
     recorded = layer_signatures.LINEN_CALL_PARAMS.get(spec.linen, spec.call_args)
     assert recorded == layer_signatures.installed_linen_call_params(spec.linen), spec.linen
+  from codemods.vocabulary import LAYER_MODE_KWARGS
+  for name in {s.nnx for s in LAYERS if s.nnx}:
+    taken = layer_signatures.installed_nnx_call_modes(name, LAYER_MODE_KWARGS)
+    assert layer_signatures.NNX_CALL_MODES.get(name, frozenset()) == taken, name
 
 
 def test_docs_table_is_generated_from_the_rows():

@@ -15,7 +15,7 @@ from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.nodes import is_self_attr, is_written
 from codemods.rules.l2n002.plan import Child, Unsupported
 from codemods.vocabulary import EVAL_ATTRIBUTES, EVAL_VALUE, LAYER_MODE_KWARGS, MODE_PARAMS
-from nnx_bridge.layer_signatures import LINEN_CALL_PARAMS
+from nnx_bridge.layer_signatures import LINEN_CALL_PARAMS, NNX_CALL_MODES
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 
 MODE_ARGUMENTS_BY_NAME = {m.name: m for m in MODE_ARGUMENTS}
@@ -103,8 +103,14 @@ def _linen_call_params(ctx: ClassContext, name: str | None) -> list[cst.Param]:
 
 def ctor_modes(ctx: ClassContext, child: Child) -> None:
   """Drops the constructor's train/eval kwargs (a layer's, a train/eval field of a class of the file), which
-  NNX's train()/eval() set."""
+  NNX's train()/eval() set; one that reads no switch (flax's ogbg `nn.Dropout(rate, deterministic=self.deterministic)`
+  with a field that has a default, a literal) stays, as the NNX layer's starting mode."""
   for key in [k for k in child.kwargs if child.spec is not None and k in LAYER_MODE_KWARGS]:
+    if _fixed_mode(ctx, child.kwargs[key]):
+      ctx.plan.pending.append((child.kwargs[key], f'{key}={ctx.facts.code(child.kwargs[key])} reads no train/eval '
+                                                  'switch: the NNX layer starts in that mode (model.train() / '
+                                                  'model.eval() would set it)'))
+      continue
     _mode_default(ctx, child, key, queries.switch(ctx, child.kwargs.pop(key), False))
   if child.sibling is not None:
     for name, inverted in child.sibling.mode_fields.items():
@@ -172,6 +178,12 @@ def call_modes(ctx: ClassContext, call: cst.Call, child: Child) -> set[int]:
   dropped, seen = set(), set()
   for position, arg in enumerate(call.args):
     key = arg.keyword.value if arg.keyword is not None else position
+    if key in targets and child.spec is not None and arg.keyword is not None \
+        and key in NNX_CALL_MODES.get(child.spec.nnx, ()) and _fixed_mode(ctx, arg.value):
+      ctx.plan.pending.append((arg, f'{key}={ctx.facts.code(arg.value)} reads no train/eval switch: it stays in the '
+                                    'call, which runs in that mode whatever model.train() / model.eval() set, as '
+                                    'Linen ran it'))
+      continue
     if key in targets:
       default = queries.switch(ctx, arg.value, targets[key])
       if child.spec is not None:
@@ -185,6 +197,15 @@ def call_modes(ctx: ClassContext, call: cst.Call, child: Child) -> set[int]:
   if missing:
     _eval_view(ctx, call, child, missing, bool(seen))
   return dropped
+
+
+def _fixed_mode(ctx: ClassContext, value: cst.BaseExpression) -> bool:
+  """Whether a train/eval argument's value reads neither a switch of the call nor a train/eval field (which go,
+  `model.train()` / `model.eval()` setting them): a literal, a field with a default, the config
+  (`deterministic=config.deterministic`, flax's wmt), code of those."""
+  names = {n.value for n in (value, *descendants(value)) if isinstance(n, cst.Name)}
+  fields = {n.attr.value for n in (value, *descendants(value)) if isinstance(n, cst.Attribute) and is_self_attr(n)}
+  return not names & set(ctx.plan.switches) and not fields & set(ctx.plan.mode_fields)
 
 
 def _merged_field(child: Child, name: str | None, value: bool | str | None) -> None:
