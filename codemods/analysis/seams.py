@@ -152,6 +152,8 @@ def _aliases(tree: ast.Module, path: str, roots: tp.Sequence[str], files: tp.Map
   for node in tree.body:  # under the file's own key: two folders' `models.py` are both the module `models`
     if isinstance(node, ast.ClassDef):
       found.setdefault(node.name, f'{_file_key(path)}.{node.name}')
+    elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+      found.setdefault(node.targets[0].id, f'{_file_key(path)}.{node.targets[0].id}')  # an alias: `_class_aliases`
   return found
 
 

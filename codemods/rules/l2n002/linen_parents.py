@@ -88,7 +88,7 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
       return f'a construction of {plan.name} is what keeps {user} Linen'
     if blocker is None and _in_loop(facts, call, node):  # kept for a use elsewhere, `user` is planned by a second run
       return f'{user} builds {plan.name} in a loop, where a second run could not convert {user} with the wrapper'
-    auto = _auto_name(facts, node, call, references)
+    auto = _auto_name(facts, node, call, references, plan.name)
     reason = _construction_blocker(facts, plan, call, setup, auto) or _calls_blocker(facts, node, plan, call)
     if reason is not None:
       return reason
@@ -297,27 +297,29 @@ def _construction_blocker(facts: FileFacts, plan: ClassRewrite, call: cst.Call,
   return None
 
 
-def _auto_name(facts: FileFacts, node: cst.ClassDef, call: cst.Call, references: list[cst.CSTNode]) -> str | None:
+def _auto_name(facts: FileFacts, node: cst.ClassDef, call: cst.Call, references: list[cst.CSTNode],
+               class_name: str) -> str | None:
   """The name Linen gives the construction `call` without `name=` in the @nn.compact method of `node`
-  (`<class name>_<k>`, k counting the constructions of that name before it, as brax's `CNN(...)(x)` is `CNN_0`),
-  when the code fixes k: every construction of that name in the method builds the same class (`references`), no
-  earlier one is in a loop, a condition or a nested function, and this one is in no loop; else None."""
+  (`<class name>_<k>`, k counting the constructions of that name before it, as brax's `CNN(...)(x)` is `CNN_0`;
+  the class's own name, whatever the file imports it as), when the code fixes k: every construction named like it
+  (or like the class) in the method builds the same class (`references`), no earlier one is in a loop, a condition
+  or a nested function, and this one is in no loop; else None."""
   if any(arg.keyword is not None and arg.keyword.value == 'name' for arg in call.args):
     return None
   method = next((m for m in _above(facts, call, node) if isinstance(m, cst.FunctionDef)), None)
   if method is None or method not in node.body.body \
       or not any(facts.has_name(d.decorator, COMPACT_NAMES) for d in method.decorators):
     return None
-  short = facts.code(call.func).rpartition('.')[2]
+  short = {facts.code(call.func).rpartition('.')[2], class_name}
   same = [c for c in descendants(method) if isinstance(c, cst.Call) and isinstance(c.func, (cst.Name, cst.Attribute))
-          and facts.code(c.func).rpartition('.')[2] == short]
+          and facts.code(c.func).rpartition('.')[2] in short]
   if any(not any(c.func is r for r in references) for c in same) or call not in same:
     return None
   earlier = same[:same.index(call)]
   if any(arg.keyword is not None and arg.keyword.value == 'name' for c in earlier for arg in c.args) \
       or any(_in_block(facts, c, method) for c in earlier) or _in_loop(facts, call, method):
     return None
-  return f'{short}_{len(earlier)}'
+  return f'{class_name}_{len(earlier)}'
 
 
 def _in_block(facts: FileFacts, node: cst.CSTNode, method: cst.FunctionDef) -> bool:

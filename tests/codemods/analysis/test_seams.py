@@ -230,3 +230,14 @@ def test_a_class_names_its_own_files_namesake_not_one_of_another_folders_file_of
   found = find_seams({paths['graphs/models.py']: nnx_graphs, paths['text/models.py']: sources['text/models.py']},
                      [str(tmp_path), str(tmp_path / 'graphs'), str(tmp_path / 'text')])
   assert {(s.kind, s.target_path) for s in found} == {('linen-builds-nnx', paths['graphs/models.py'])}
+
+
+def test_a_module_level_alias_of_an_nnx_class_used_by_a_linen_class_of_the_file_is_a_seam(tmp_path):
+  """`Tower = CNN`, then a Linen class of the same file builds `Tower(...)`: the NNX class is built the Linen way,
+  so the run keeps it Linen (before, the alias hid it and the program broke without a TODO)."""
+  source = ('import flax.linen as nn\nfrom flax import nnx\n\n\nclass CNN(nnx.Module):\n  def __init__(self, *, rngs):\n'
+            '    pass\n\n\nTower = CNN\n\n\nclass Head(nn.Module):\n  @nn.compact\n  def __call__(self, x):\n'
+            '    return Tower()(x)\n')
+  path = str(tmp_path / 'heads.py')
+  found = find_seams({path: source}, [str(tmp_path)])
+  assert [(s.kind, s.target_path, s.user) for s in found] == [('linen-builds-nnx', path, 'Head')]

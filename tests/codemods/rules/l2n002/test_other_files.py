@@ -618,3 +618,20 @@ def test_a_class_building_a_linen_class_another_file_keeps_says_so_at_the_constr
   assert 'class Net left as Linen: base.Actor, a Linen module class of another file, stays Linen there (see its ' \
          'TODO); L2N002 wraps only Linen classes of the same file with nnx_bridge.from_linen: convert it first, or ' \
          'move it into this file' in todos, todos
+
+
+def test_a_class_imported_under_another_name_is_wrapped_under_the_name_linen_gives_its_class(tmp_path, monkeypatch):
+  """Linen numbers a module by its class's name, not by what the file imports it as: `Tower(...)(x)` of
+  `from stacks.encoders import Stack as Tower` is `Stack_0`, and the wrapper takes that name."""
+  heads = STACK_HEADS.replace('from stacks import encoders', 'from stacks.encoders import Stack as Tower') \
+      .replace("x = encoders.Stack(num_ch=4, name='stack')(x)", 'x = Tower(num_ch=4)(x)')
+  assert 'Tower(num_ch=4)(x)' in heads
+  files = {'stacks/__init__.py': '', 'stacks/encoders.py': STACKS, 'stacks/heads.py': heads}
+  result, linen, ported = _two_trees(tmp_path, monkeypatch, files, 'stacks.heads')
+  assert {c.linen_name for o in result.files for c in o.classes} == {'Stack'}
+  assert "nnx_bridge.to_linen(Tower, num_ch=4, name='Stack_0'" in (tmp_path / 'nnx' / 'stacks' / 'heads.py').read_text()
+  x = jax.random.normal(jax.random.key(1), (2, 4, 4, 3))
+  variables = linen.Head().init(jax.random.key(0), x)
+  assert 'Stack_0' in variables['params']
+  assert jax.tree.structure(ported.Head().init(jax.random.key(0), x)) == jax.tree.structure(variables)
+  assert jnp.allclose(linen.Head().apply(variables, x), ported.Head().apply(variables, x), atol=1e-6)
