@@ -4,8 +4,9 @@ The rules decide one file at a time; `find_seams` (`analysis/seams.py`) then rea
 for uses of NNX classes that would break. `decide_run` turns them into decisions:
 
 - a class this run converted that a Linen class of another file builds: that file is migrated again with the
-  converted class's record (`imported_classes`), so that its class can build the NNX class in turn; only a
-  class still Linen then keeps the converted class Linen, as below;
+  converted class's record (`imported_classes`), so that its class can build the NNX class in turn, or, staying
+  Linen, wrap it with `nnx_bridge.to_linen`; only a class still building it the Linen way then keeps the converted
+  class Linen, as below;
 - a class this run converted that a Linen class builds or subclasses (in any file), or that a
   class attribute holds for code out of sight (`module_class = Block`, which transformers'
   PreTrainedModel builds with Linen's arguments and runs with `.init` / `.apply`), is kept as
