@@ -160,7 +160,7 @@ def _members(archive: pathlib.Path) -> tp.Iterator[tuple[str, tp.Callable[[], by
   if archive.name.endswith('.tar.gz'):
     with tarfile.open(archive) as tar:
       for member in tar.getmembers():
-        top, _, name = member.name.partition('/')
+        _, _, name = member.name.partition('/')
         if member.isfile() and name:
           yield name, lambda member=member: tar.extractfile(member).read()
     return

@@ -21,6 +21,7 @@ from nnx_bridge.layer_table import MODE_ARGUMENTS
 MODULE_NAMES = frozenset({'flax.linen.Module', 'flax.linen.module.Module'})
 COMPACT_NAMES = frozenset({'flax.linen.compact', 'flax.linen.module.compact'})
 NOWRAP_NAMES = frozenset({'flax.linen.nowrap', 'flax.linen.module.nowrap'})
+MERGE_PARAM_NAMES = frozenset({'flax.linen.merge_param', 'flax.linen.module.merge_param'})
 """A method Linen does not wrap (no scope of its own): NNX wraps no method, so the decorator goes."""
 SCOPE_APIS = frozenset({
     'param', 'variable', 'make_rng', 'sow', 'has_variable', 'is_initializing', 'is_mutable_collection',

@@ -681,11 +681,8 @@ def _setup_code_blocker(facts: FileFacts, blocker: cst.CSTNode, call: cst.Call, 
 def _in_loop(facts: FileFacts, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
   """Whether `node` is in a loop or comprehension below `ancestor`: a to_linen construction there is refused when a
   second run plans the class (loops.py converts no Linen module built in a loop)."""
-  while node is not None and node is not ancestor:
-    if isinstance(node, (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
-      return True
-    node = facts.parent(node)
-  return False
+  return any(isinstance(above, (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp))
+             for above in _above(facts, node, ancestor))
 
 
 def _inside(facts: FileFacts, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:

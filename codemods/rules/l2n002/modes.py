@@ -12,14 +12,13 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
-from codemods.rules.l2n002.nodes import is_self_attr, is_written
+from codemods.rules.l2n002.nodes import is_self_attr, is_written, read_names
 from codemods.rules.l2n002.plan import Child, Unsupported
-from codemods.vocabulary import EVAL_ATTRIBUTES, EVAL_VALUE, LAYER_MODE_KWARGS, MODE_PARAMS
+from codemods.vocabulary import EVAL_ATTRIBUTES, EVAL_VALUE, LAYER_MODE_KWARGS, MERGE_PARAM_NAMES, MODE_PARAMS
 from nnx_bridge.layer_signatures import LINEN_CALL_PARAMS, NNX_CALL_MODES
 from nnx_bridge.layer_table import MODE_ARGUMENTS
 
 MODE_ARGUMENTS_BY_NAME = {m.name: m for m in MODE_ARGUMENTS}
-MERGE_PARAM_NAMES = frozenset({'flax.linen.merge_param', 'flax.linen.module.merge_param'})
 
 
 def merged_switches(ctx: ClassContext, call: cst.FunctionDef) -> dict[str, cst.SimpleStatementLine]:
@@ -203,7 +202,7 @@ def _fixed_mode(ctx: ClassContext, value: cst.BaseExpression) -> bool:
   """Whether a train/eval argument's value reads neither a switch of the call nor a train/eval field (which go,
   `model.train()` / `model.eval()` setting them): a literal, a field with a default, the config
   (`deterministic=config.deterministic`, flax's wmt), code of those."""
-  names = {n.value for n in (value, *descendants(value)) if isinstance(n, cst.Name)}
+  names = {n.value for n in read_names(value)}  # not the attribute of `config.deterministic`
   fields = {n.attr.value for n in (value, *descendants(value)) if isinstance(n, cst.Attribute) and is_self_attr(n)}
   return not names & set(ctx.plan.switches) and not fields & set(ctx.plan.mode_fields)
 

@@ -321,6 +321,34 @@ def test_a_class_kept_for_another_files_use_does_not_wrap_what_it_builds_in_a_lo
   assert 'nnx_bridge.to_linen(' not in (package / 'blocks.py').read_text()
 
 
+def _two_trees(tmp_path: pathlib.Path, monkeypatch, files: dict[str, str], module: str,
+               edit: tuple[str, tp.Callable[[str], str]] | None = None):
+  """The migrate result over a package of `files` (relative path -> code; the first part the package, a file
+  beside it out of the run), the migrated file `edit[0]` edited by `edit[1]`, and the module `module` of each tree,
+  the original and the migrated."""
+  trees = {side: tmp_path / side for side in ('linen', 'nnx')}
+  package = next(iter(files)).split('/')[0]
+  for root in trees.values():
+    for name, code in files.items():
+      (root / name).parent.mkdir(parents=True, exist_ok=True)
+      (root / name).write_text(code)
+  monkeypatch.chdir(trees['nnx'])
+  result = migrate([package], rules=registry.ALL_RULES, write=True, jobs=1)
+  again = migrate([package], rules=registry.ALL_RULES, write=False, jobs=1)
+  assert [o.path for o in again.files if o.status == 'changed'] == []  # a second run changes nothing
+  if edit is not None:
+    path = trees['nnx'] / edit[0]
+    path.write_text(edit[1](path.read_text()))
+  modules = {}
+  tops = {name.split('/')[0].removesuffix('.py') for name in files}
+  for side, root in trees.items():
+    for name in [m for m in sys.modules if m.split('.')[0] in tops]:
+      monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(root))
+    modules[side] = importlib.import_module(module)
+  return result, modules['linen'], modules['nnx']
+
+
 RESNET_BLOCK = '''\
 """A residual block in the style of diffusers' resnet_flax: its output size is a local of its setup()."""
 import flax.linen as nn
@@ -381,32 +409,18 @@ def test_a_size_a_class_of_another_file_returns_may_name_a_local_of_its_setup(tm
   in another file: the record carries what setup() binds it to, so the block's list needs sizes for its first
   iteration only. Without it, the size would change from one iteration to the next in a way the code does not
   express, and the block would stay Linen."""
-  trees = {}
-  for side in ('linen', 'nnx'):
-    package = tmp_path / side / 'unets'
-    package.mkdir(parents=True)
-    (package / '__init__.py').write_text('')
-    (package / 'resnet.py').write_text(RESNET_BLOCK)
-    (package / 'blocks.py').write_text(DOWN_BLOCKS)
-    trees[side] = tmp_path / side
-  monkeypatch.chdir(trees['nnx'])
-  result = migrate(['unets'], rules=registry.ALL_RULES, write=True, jobs=1)
+  files = {'unets/__init__.py': '', 'unets/resnet.py': RESNET_BLOCK, 'unets/blocks.py': DOWN_BLOCKS}
+  result, linen_blocks, nnx_blocks = _two_trees(tmp_path, monkeypatch, files, 'unets.blocks')
   assert {c.linen_name for o in result.files for c in o.classes} == {'ResnetBlock', 'DownBlock'}, \
       [e.message for o in result.files for e in o.entries if e.kind == 'todo']
-  blocks = (trees['nnx'] / 'unets' / 'blocks.py').read_text()
+  blocks = (tmp_path / 'nnx' / 'unets' / 'blocks.py').read_text()
   assert 'norm1_num_features=resnets_norm1_num_features if i == 0 else ' in blocks, blocks
-  modules = {}
-  for side, root in trees.items():
-    for name in [m for m in sys.modules if m == 'unets' or m.startswith('unets.')]:
-      monkeypatch.delitem(sys.modules, name)
-    monkeypatch.syspath_prepend(str(root))
-    modules[side] = importlib.import_module('unets.blocks')
   x, temb = jax.random.normal(jax.random.key(1), (2, 6, 6, 2)), jax.random.normal(jax.random.key(2), (2, 5))
-  linen = modules['linen'].DownBlock(2, 4)
+  linen = linen_blocks.DownBlock(2, 4)
   variables = linen.init(jax.random.key(0), x, temb)
   sizes = {name: value for name, value in (('resnets_norm1_num_features', 2), ('resnets_time_emb_proj_in_features', 5))
            if name in blocks}
-  port = modules['nnx'].DownBlock(2, 4, **sizes, rngs=nnx.Rngs(0))
+  port = nnx_blocks.DownBlock(2, 4, **sizes, rngs=nnx.Rngs(0))
   report = nnx_bridge.compare(linen, variables, port, x, temb)
   assert report.ok, report.to_text()
   assert {'resnets/0/conv_shortcut/kernel', 'resnets/1/conv1/kernel'} <= {
@@ -470,34 +484,6 @@ class ControlNet(nn.Module, ModelMixin):
 
 ARGS = (jax.random.normal(jax.random.key(1), (2, 5)), jax.random.normal(jax.random.key(2), (2, 3)),
         jax.random.uniform(jax.random.key(3), (2,)))
-
-
-def _two_trees(tmp_path: pathlib.Path, monkeypatch, files: dict[str, str], module: str,
-               edit: tuple[str, tp.Callable[[str], str]] | None = None):
-  """The migrate result over a package of `files` (relative path -> code; the first part the package, a file
-  beside it out of the run), the migrated file `edit[0]` edited by `edit[1]`, and the module `module` of each tree,
-  the original and the migrated."""
-  trees = {side: tmp_path / side for side in ('linen', 'nnx')}
-  package = next(iter(files)).split('/')[0]
-  for root in trees.values():
-    for name, code in files.items():
-      (root / name).parent.mkdir(parents=True, exist_ok=True)
-      (root / name).write_text(code)
-  monkeypatch.chdir(trees['nnx'])
-  result = migrate([package], rules=registry.ALL_RULES, write=True, jobs=1)
-  again = migrate([package], rules=registry.ALL_RULES, write=False, jobs=1)
-  assert [o.path for o in again.files if o.status == 'changed'] == []  # a second run changes nothing
-  if edit is not None:
-    path = trees['nnx'] / edit[0]
-    path.write_text(edit[1](path.read_text()))
-  modules = {}
-  tops = {name.split('/')[0].removesuffix('.py') for name in files}
-  for side, root in trees.items():
-    for name in [m for m in sys.modules if m.split('.')[0] in tops]:
-      monkeypatch.delitem(sys.modules, name)
-    monkeypatch.syspath_prepend(str(root))
-    modules[side] = importlib.import_module(module)
-  return result, modules['linen'], modules['nnx']
 
 
 def _controlnets(tmp_path: pathlib.Path, monkeypatch, edit=None):
