@@ -589,7 +589,8 @@ def select(names: str) -> list[Package]:
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--packages', default=','.join(p.name for p in PACKAGES))
+  parser.add_argument('--packages', default=','.join(p.name for p in PACKAGES),
+                      help='comma-separated (default: %(default)s); flax-examples: flax\'s Linen example programs')
   parser.add_argument('--cache', default=str(DEFAULT_CACHE), help='the wheels, downloaded once (default: %(default)s)')
   parser.add_argument('--json', help='also write the results as JSON')
   parser.add_argument('-j', '--jobs', type=int, default=2)
