@@ -35,6 +35,9 @@
   takes input sizes (the migration's `*_in_features` arguments) without knowing them.
   `traced_sizes=('dense_in_features',)` does the same for sizes no argument shows (a layer fed a
   reshaped or computed value): one abstract run of the call finds them (`size_probe`).
+  `traced_inputs={'attn_c_attn_kernel_features': 'inputs'}` does so for a size that shapes a variable
+  of a module inside, by the argument of that module's call whose last-axis size it is (GPT-2's
+  `FlaxConv1D`, whose kernel is `(features, inputs.shape[-1])`).
 * train/eval: a mode argument of `MODE_ARGUMENTS` (`train`, `deterministic`,
   `use_running_average`, `training`, `is_training`) that the NNX method does not take, passed
   at call time as a Linen parent passes it to a Linen child, runs the module after `train()` or
@@ -237,6 +240,7 @@ class ToLinen(linen.Module):
   eval_mode: bool | None = None
   input_sizes: tuple[tuple[str, str], ...] = ()  # constructor keyword -> call argument whose last-axis size it is
   traced_sizes: tuple[str, ...] = ()  # constructor keywords found by running the call (`size_probe`)
+  traced_inputs: tuple[tuple[str, str], ...] = ()  # such keywords shaping a variable -> its module's call argument
   linen_names: tuple[tuple[str, str], ...] = ()  # dotted NNX submodule path -> its Linen name
 
   def __call__(self, *args: tp.Any, nnx_method: str = '__call__', **kwargs: tp.Any) -> tp.Any:
@@ -275,7 +279,8 @@ class ToLinen(linen.Module):
     except AttributeError:
       if name.startswith('_') or name in {f.name for f in dataclasses.fields(self)}:
         raise
-    placeholders = tuple((keyword, 1) for keyword in (*dict(self.input_sizes), *self.traced_sizes))
+    placeholders = tuple((keyword, 1) for keyword in (*dict(self.input_sizes), *self.traced_sizes,
+                                                       *dict(self.traced_inputs)))
     try:  # `hasattr` asks too, and expects AttributeError alone
       structure = _structure(self.nnx_class, self.args, self.kwargs + placeholders)
     except Exception as error:
@@ -323,13 +328,15 @@ class ToLinen(linen.Module):
       self, nnx_method: str, args: tuple[tp.Any, ...], kwargs: dict[str, tp.Any],
       constructor_kwargs: tuple[tuple[str, tp.Any], ...]
   ) -> tuple[tuple[str, int], ...]:
-    """The `traced_sizes` constructor keywords, found by running this call abstractly (`size_probe`)."""
-    if not self.traced_sizes:
+    """The `traced_sizes` and `traced_inputs` constructor keywords, found by running this call abstractly
+    (`size_probe`)."""
+    names = (*self.traced_sizes, *dict(self.traced_inputs))
+    if not names:
       return ()
     _, takes = modes.take_mode_arguments(kwargs, getattr(self.nnx_class, nnx_method), where=self._label())
-    found = size_probe.traced_sizes(self.nnx_class, self.args, constructor_kwargs, self.traced_sizes, nnx_method,
-                                    args, takes, where=self._label())
-    return tuple((name, found[name]) for name in self.traced_sizes)
+    found = size_probe.traced_sizes(self.nnx_class, self.args, constructor_kwargs, names, nnx_method,
+                                    args, takes, where=self._label(), inputs=dict(self.traced_inputs))
+    return tuple((name, found[name]) for name in names)
 
   def _initial_state(
       self, given: dict[LinenPath, tp.Any], constructor_kwargs: tuple[tuple[str, tp.Any], ...]
@@ -471,6 +478,7 @@ def to_linen(
     name: str | None = None,
     input_sizes: tp.Mapping[str, str] | None = None,
     traced_sizes: tp.Sequence[str] = (),
+    traced_inputs: tp.Mapping[str, str] | None = None,
     linen_names: tp.Mapping[str, str] | None = None,
     **kwargs: tp.Any,
 ) -> ToLinen:
@@ -482,10 +490,13 @@ def to_linen(
   keywords to the call argument whose last-axis size each one is, read at the first call;
   `traced_sizes` names constructor keywords that are the input sizes of layers inside the module, found by
   running the call abstractly (`size_probe`), as Linen layers learn theirs;
+  `traced_inputs` maps constructor keywords that shape a variable of a module inside to the argument of that
+  module's call whose last-axis size each one is, also found by that run;
   `linen_names` maps dotted NNX submodule paths to the Linen names their variables keep.
   """
   label = f'to_linen({getattr(nnx_class, "__name__", repr(nnx_class))})'
   eval_mode, kwargs = modes.take_mode_arguments(kwargs, nnx_class, where=label)
   return ToLinen(nnx_class, args=args, kwargs=tuple(kwargs.items()), eval_mode=eval_mode,
                  input_sizes=tuple((input_sizes or {}).items()), traced_sizes=tuple(traced_sizes),
+                 traced_inputs=tuple((traced_inputs or {}).items()),
                  linen_names=tuple((linen_names or {}).items()), name=name)

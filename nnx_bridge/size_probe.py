@@ -7,7 +7,9 @@ merged) is in no argument of the call. `traced_sizes` finds it the way Linen doe
 module is built with a distinct placeholder for each such size (inside `jax.eval_shape`, so no array is
 allocated) and called on the real inputs; a layer holding a placeholder as its `in_features` / `num_features`
 takes the size from the last axis of its first argument when it is called, the placeholder is replaced by it
-in every attribute and variable shape of the module, and the run goes on to the next layer.
+in every attribute and variable shape of the module, and the run goes on to the next layer. A size that shapes a
+variable of a module's own (a migrated `self.param('kernel', init, (features, inputs.shape[-1]))`, GPT-2's
+`FlaxConv1D`) is taken, when that module is called, from the last axis of the call argument `inputs` names for it.
 
 A size no attribute or shape of the built module holds is unused (a layer not built, HF's tied decoder) and
 gets 0. A size held but never reached by the run, or a run that fails, is a `BridgeError` naming the size:
@@ -18,6 +20,7 @@ The sizes found are cached per class, constructor arguments and the call's shape
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import typing as tp
 
@@ -36,10 +39,12 @@ _cache: dict[tp.Hashable, dict[str, int]] = {}
 
 def traced_sizes(nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: tuple[tuple[str, tp.Any], ...],
                  names: tp.Sequence[str], method: str, call_args: tuple, call_kwargs: dict[str, tp.Any],
-                 where: str) -> dict[str, int]:
+                 where: str, inputs: tp.Mapping[str, str] | None = None) -> dict[str, int]:
   """The constructor keywords `names` of `nnx_class(*args, **dict(kwargs), <names>=..., rngs=...)`, each the
-  input size of the layer it reaches, as the call `method(*call_args, **call_kwargs)` feeds it."""
-  key = _cache_key(nnx_class, args, kwargs, names, method, call_args, call_kwargs)
+  input size of the layer it reaches, as the call `method(*call_args, **call_kwargs)` feeds it; a name `inputs`
+  maps shapes a variable of a module inside, and is the last-axis size of that call argument of the module."""
+  inputs = dict(inputs or {})
+  key = _cache_key(nnx_class, args, kwargs, (*names, *sorted(inputs.items())), method, call_args, call_kwargs)
   if key is not None and key in _cache:
     return dict(_cache[key])
   placeholders = _placeholders(names, (*call_args, *call_kwargs.values()))
@@ -51,7 +56,7 @@ def traced_sizes(nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: t
     by_value = {value: name for name, value in placeholders.items()}
     unused = set(by_value) - _visible(module)
     found.update((by_value[value], 0) for value in unused)  # a layer not built (a tied decoder): any size serves
-    with _probing(module, by_value, found):
+    with _probing(module, by_value, inputs, found):
       getattr(module, method)(*call_args, **call_kwargs)
 
   try:
@@ -94,16 +99,20 @@ def _placeholders(names: tp.Sequence[str], call: tuple) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def _probing(root: nnx.Module, by_value: dict[int, str], found: dict[str, int]) -> tp.Iterator[None]:
+def _probing(root: nnx.Module, by_value: dict[int, str], inputs: dict[str, str],
+             found: dict[str, int]) -> tp.Iterator[None]:
   """Patches `__call__` of the classes of `root`'s submodules that hold a placeholder size: called, such a
-  layer settles its placeholders from its first argument's last axis (`_settle`) before it runs."""
-  classes = {type(node) for _, node in nnx.iter_graph(root) if isinstance(node, nnx.Module) and _held(node, by_value)}
+  module settles each placeholder (`_settle`) from the last axis of its first argument (a layer's input-size
+  attribute) or of the argument `inputs` names (a variable of its own), before it runs."""
+  classes = {type(node) for _, node in nnx.iter_graph(root)
+             if isinstance(node, nnx.Module) and _held(node, by_value, inputs)}
 
   def patched(original: tp.Callable[..., tp.Any]) -> tp.Callable[..., tp.Any]:
     def call(self, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
-      if args and jnp.ndim(args[0]):
-        for value in _held(self, by_value):
-          actual = int(jnp.shape(args[0])[-1])
+      for value, argument in _held(self, by_value, inputs):
+        given = args[0] if argument is None and args else _argument(original, self, args, kwargs, argument)
+        if given is not None and jnp.ndim(given):
+          actual = int(jnp.shape(given)[-1])
           found[by_value[value]] = actual
           _settle(root, value, actual)
       return original(self, *args, **kwargs)
@@ -123,10 +132,26 @@ def _probing(root: nnx.Module, by_value: dict[int, str], found: dict[str, int]) 
           cls.__call__ = original
 
 
-def _held(module: nnx.Module, by_value: dict[int, str]) -> list[int]:
-  """The placeholders `module` holds as an input-size attribute."""
-  return [value for attr in LAST_AXIS_SIZES
+def _held(module: nnx.Module, by_value: dict[int, str], inputs: dict[str, str]) -> list[tuple[int, str | None]]:
+  """The placeholders `module` holds, each with the call argument whose last axis settles it: an input-size
+  attribute of a layer (None: the first argument), or a dimension of a variable of its own (named by `inputs`)."""
+  held = [(value, None) for attr in LAST_AXIS_SIZES
           if isinstance(value := vars(module).get(attr), int) and value in by_value]
+  for variable in vars(module).values():
+    if isinstance(variable, nnx.Variable):
+      held += [(d, inputs[by_value[d]]) for d in jnp.shape(variable.get_value())
+               if d in by_value and by_value[d] in inputs and (d, inputs[by_value[d]]) not in held]
+  return held
+
+
+def _argument(method: tp.Callable[..., tp.Any], module: nnx.Module, args: tuple, kwargs: dict[str, tp.Any],
+              name: str) -> tp.Any:
+  """The value the call `method(module, *args, **kwargs)` binds to its parameter `name`, or None."""
+  try:
+    bound = inspect.signature(method).bind(module, *args, **kwargs)
+  except TypeError:
+    return None
+  return bound.arguments.get(name)
 
 
 def _visible(root: nnx.Module) -> set[int]:

@@ -115,3 +115,88 @@ def test_a_size_the_code_computes_with_is_an_error_not_a_guess():
   with pytest.raises(nnx_bridge.BridgeError, match='finding dense_in_features by running the call failed'):
     size_probe.traced_sizes(Doubled, (3, 4), (('out', 6), ('query_in_features', 6), ('norm_num_features', 6)),
                             ('dense_in_features',), '__call__', (H,), {}, where='test')
+
+
+class LinenConv1D(nn.Module):
+  """GPT-2's FlaxConv1D: a kernel of its own, shaped by its input's last axis."""
+
+  features: int
+
+  @nn.compact
+  def __call__(self, inputs):
+    kernel = self.param('kernel', nn.initializers.normal(stddev=0.02), (self.features, inputs.shape[-1]))
+    return inputs @ kernel.T
+
+
+class Conv1D(nnx.Module):
+  def __init__(self, features, *, kernel_features, rngs):
+    self.kernel = nnx.Param(nn.initializers.normal(stddev=0.02)(rngs.params(), (features, kernel_features)))
+
+  def __call__(self, inputs):
+    return inputs @ self.kernel[...].T
+
+
+class LinenAttention(nn.Module):
+  """The projection is fed the heads merged back: its kernel's width is in no argument of the call."""
+
+  @nn.compact
+  def __call__(self, hidden_states):
+    heads = LinenConv1D(8, name='c_attn')(hidden_states).reshape(hidden_states.shape[:2] + (2, 4))
+    return LinenConv1D(3, name='c_proj')(jnp.tanh(heads).reshape(hidden_states.shape[:2] + (-1,)))
+
+
+class Attention(nnx.Module):
+  def __init__(self, *, c_attn_kernel_features, c_proj_kernel_features, rngs):
+    self.c_attn = Conv1D(8, kernel_features=c_attn_kernel_features, rngs=rngs)
+    self.c_proj = Conv1D(3, kernel_features=c_proj_kernel_features, rngs=rngs)
+
+  def __call__(self, hidden_states):
+    heads = self.c_attn(hidden_states).reshape(hidden_states.shape[:2] + (2, 4))
+    return self.c_proj(jnp.tanh(heads).reshape(hidden_states.shape[:2] + (-1,)))
+
+
+class TransposedAttention(Attention):
+  """A wrong port: the projection's kernel is read the other way round, so its width is not the input's."""
+
+  def __call__(self, hidden_states):
+    heads = self.c_attn(hidden_states).reshape(hidden_states.shape[:2] + (2, 4))
+    return jnp.tanh(heads).reshape(hidden_states.shape[:2] + (-1,)) @ self.c_proj.kernel[...]
+
+
+def _attention_parent(cls):
+  class Parent(nn.Module):
+    @nn.compact
+    def __call__(self, h):
+      return nnx_bridge.to_linen(cls, name='attn', input_sizes={'c_attn_kernel_features': 'hidden_states'},
+                                 traced_inputs={'c_proj_kernel_features': 'inputs'})(h)
+  return Parent()
+
+
+class LinenAttentionParent(nn.Module):
+  @nn.compact
+  def __call__(self, h):
+    return LinenAttention(name='attn')(h)
+
+
+def test_a_size_shaping_a_variable_of_a_module_inside_is_found_from_that_module_s_argument():
+  linen, bridged = LinenAttentionParent(), _attention_parent(Attention)
+  variables = jax.tree.map(lambda v: v + 0.1, linen.init(jax.random.key(1), H))
+  shapes = lambda tree: jax.tree.map(jnp.shape, tree)
+  assert shapes(bridged.init(jax.random.key(1), H)) == shapes(variables)
+  assert shapes(variables)['params']['attn']['c_proj']['kernel'] == (3, 8)
+  np.testing.assert_allclose(bridged.apply(variables, H), linen.apply(variables, H), atol=1e-6)
+  grads = [jax.grad(lambda p, m=m: m.apply({'params': p}, H).sum())(variables['params']) for m in (linen, bridged)]
+  for expected, actual in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+    np.testing.assert_allclose(actual, expected, atol=1e-5)
+
+
+def test_a_port_whose_variable_is_shaped_otherwise_fails_the_run():
+  variables = LinenAttentionParent().init(jax.random.key(1), H)
+  with pytest.raises(nnx_bridge.BridgeError, match='finding c_proj_kernel_features by running the call failed'):
+    _attention_parent(TransposedAttention).apply(variables, H)
+
+
+def test_without_the_argument_s_name_the_size_is_an_error_not_a_guess():
+  with pytest.raises(nnx_bridge.BridgeError, match='finding c_proj_kernel_features by running the call failed'):
+    size_probe.traced_sizes(Attention, (), (('c_attn_kernel_features', 6),), ('c_proj_kernel_features',),
+                            '__call__', (H,), {}, where='test')

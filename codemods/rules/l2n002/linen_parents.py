@@ -73,7 +73,7 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
   record = plan.bridge_facts if plan.origin else bridge_facts(facts, plan)
   if record is None or record.blocker is not None:
     return record.blocker if record is not None else f'{plan.name} is a class of {plan.origin}'
-  names, sizes, traced = dict(record.linen_names), dict(record.input_sizes), list(record.traced_sizes)
+  names, sizes, traced = dict(record.linen_names), dict(record.input_sizes), dict(record.traced_sizes)
   if blocker is node:  # a decorator, a base or a converter failure: nothing of its body is the blocker
     return f'{user} is kept Linen whole'
   setup = _method(node, 'setup')
@@ -108,7 +108,7 @@ def bridge_facts(facts: FileFacts, plan: ClassRewrite) -> LinenBridgeFacts:
   if _method(facts.class_defs[plan.name], '__call__') is None:
     return LinenBridgeFacts(f'{plan.name} has no __call__ for the wrapper to run')
   sizes, traced, reason = _input_sizes(facts, plan)
-  return LinenBridgeFacts(reason, tuple(names.items()), tuple(sizes.items()), tuple(traced),
+  return LinenBridgeFacts(reason, tuple(names.items()), tuple(sizes.items()), tuple(traced.items()),
                           tuple(sorted(_plain_attributes(facts, plan))), _shifted_switch(facts, plan))
 
 
@@ -246,36 +246,44 @@ def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str,
   return names
 
 
-def _input_sizes(facts: FileFacts, plan: ClassRewrite) -> tuple[dict[str, str], list[str], str | None]:
+def _input_sizes(facts: FileFacts, plan: ClassRewrite) -> tuple[dict[str, str], dict[str, str | None], str | None]:
   """`plan`'s size arguments: those a required `__call__` argument shows (-> the argument whose last-axis size
-  each one is), those to_linen finds by running the call (`traced_sizes`: the input size of a table layer inside,
-  fed something the code computes), and why there are none when a size is neither."""
+  each one is), those to_linen finds by running the call (`_traced_input`), and why there are none when a size is
+  neither."""
   call = _method(facts.class_defs[plan.name], '__call__')
   optional = {p.name.value for p in (*call.params.params, *call.params.kwonly_params) if p.default is not None}
-  shown, traced = {}, []
+  shown, traced = {}, {}
   for argument in plan.size_arguments:
     if argument.origin == INPUT_DIMENSION and argument.input is not None and argument.input not in optional:
       shown[argument.name] = argument.input
-    elif _layer_input_size(plan, argument.child, argument.child_argument):
-      traced.append(argument.name)
+    elif (found := _traced_input(plan, argument.child, argument.child_argument)) is not None:
+      traced[argument.name] = found or None
     else:
-      return {}, [], f'its NNX __init__ needs {argument.name}, which no argument of its call shows'
+      return {}, {}, f'its NNX __init__ needs {argument.name}, which no argument of its call shows'
   return shown, traced, None
 
 
-def _layer_input_size(plan: ClassRewrite, attr: str | None, keyword: str | None) -> bool:
-  """Whether the constructor keyword `keyword` of the child `attr` is, down the tree, a table layer's
-  last-axis input size (`LAST_AXIS_SIZES`), which a run of the call shows."""
-  return any(_child_input_size(c, keyword) for c in plan.children if c.attr == attr)  # each element of a list
+def _traced_input(plan: ClassRewrite, attr: str | None, keyword: str | None) -> str | None:
+  """How a run of the call shows the constructor keyword `keyword` of the child `attr`: '' when it is, down the
+  tree, a table layer's last-axis input size (`LAST_AXIS_SIZES`, `to_linen(traced_sizes=)`); the name of a call
+  argument when it shapes a variable of a converted class down the tree, the last-axis size of that argument of
+  its call (GPT-2's `FlaxConv1D`: `to_linen(traced_inputs=)`); None when neither (or, for the elements of a list
+  that reach it, both)."""
+  found = {_child_input(c, keyword) for c in plan.children if c.attr == attr} - {None}
+  return found.pop() if len(found) == 1 else None
 
 
-def _child_input_size(child: Child, keyword: str | None) -> bool:
+def _child_input(child: Child, keyword: str | None) -> str | None:
   if keyword is None or child.api is not None:
-    return False
+    return None
   if child.sibling is not None:
     below = next((a for a in child.sibling.size_arguments if a.name == keyword), None)
-    return below is not None and _layer_input_size(child.sibling, below.child, below.child_argument)
-  return child.spec is not None and keyword in LAST_AXIS_SIZES
+    if below is None:
+      return None
+    own = below.origin == INPUT_DIMENSION and below.input is not None and below.child_argument is None \
+        and any(c.attr == below.child and c.api is not None for c in child.sibling.children)
+    return below.input if own else _traced_input(child.sibling, below.child, below.child_argument)
+  return '' if child.spec is not None and keyword in LAST_AXIS_SIZES else None
 
 
 def _construction_blocker(facts: FileFacts, plan: ClassRewrite, call: cst.Call,
@@ -652,16 +660,18 @@ def _loop_over(facts: FileFacts, attr: cst.Attribute) -> tuple[cst.For, int] | N
 
 
 def _bridge_code(facts: FileFacts, call: cst.Call, flags: dict[str, str], sizes: dict[str, str],
-                 traced: list[str], names: dict[str, str], auto: str | None) -> str:
+                 traced: dict[str, str | None], names: dict[str, str], auto: str | None) -> str:
   """`nnx_bridge.to_linen(<the class built>, <the construction's arguments>, <the name Linen gave it>, <tie flags>,
-  input_sizes={...}, traced_sizes=(...), linen_names={...})`."""
+  input_sizes={...}, traced_sizes=(...), traced_inputs={...}, linen_names={...})`."""
   arguments = [facts.code(call.func), *(facts.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for arg in call.args)]
   arguments += [f'name={auto!r}'] if auto is not None else []
   arguments += [f'{flag}={value}' for flag, value in flags.items() if value != 'False']
   if sizes:
     arguments.append('input_sizes={' + ', '.join(f'{k!r}: {v!r}' for k, v in sizes.items()) + '}')
-  if traced:
-    arguments.append(f'traced_sizes=({", ".join(map(repr, traced))},)')
+  if layers := [name for name, argument in traced.items() if argument is None]:
+    arguments.append(f'traced_sizes=({", ".join(map(repr, layers))},)')
+  if inputs := {name: argument for name, argument in traced.items() if argument is not None}:
+    arguments.append('traced_inputs={' + ', '.join(f'{k!r}: {v!r}' for k, v in inputs.items()) + '}')
   if names:
     arguments.append('linen_names={' + ', '.join(f'{k!r}: {v!r}' for k, v in names.items()) + '}')
   return f'nnx_bridge.to_linen({", ".join(arguments)})'

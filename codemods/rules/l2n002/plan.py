@@ -113,7 +113,8 @@ class LinenBridgeFacts:
   blocker: str | None
   linen_names: tuple[tuple[str, str], ...] = ()
   input_sizes: tuple[tuple[str, str], ...] = ()
-  traced_sizes: tuple[str, ...] = ()
+  traced_sizes: tuple[tuple[str, str | None], ...] = ()  # -> the call argument of the module whose variable it
+  # shapes (`to_linen(traced_inputs=)`), None: a table layer's input size (`to_linen(traced_sizes=)`)
   plain_attributes: tuple[str, ...] = ()
   shifted_switch: str | None = None
 

@@ -1247,3 +1247,105 @@ def test_a_compact_construction_linen_numbers_at_run_time_keeps_the_class_linen(
   assert 'class CNN(nn.Module):' in new and 'to_linen(' not in new
   todo = next(e for e in entries if 'class CNN kept as Linen' in e)
   assert 'CNN is built outside setup() without name=, where Linen numbers it by code the run does not follow' in todo
+
+
+GPT2_STYLE = '''import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+class TinyConfig:
+  hidden_size = 8
+  num_heads = 2
+  vocab_size = 16
+
+
+class FlaxConv1D(nn.Module):
+  features: int
+  use_bias: bool = True
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, inputs):
+    inputs = jnp.asarray(inputs, self.dtype)
+    kernel = self.param("kernel", jax.nn.initializers.normal(stddev=0.02), (self.features, inputs.shape[-1]))
+    kernel = jnp.asarray(kernel.transpose(), self.dtype)
+    y = lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())))
+    if self.use_bias:
+      y = y + jnp.asarray(self.param("bias", jax.nn.initializers.zeros, (self.features,)), self.dtype)
+    return y
+
+
+class FlaxTinyAttention(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.embed_dim = self.config.hidden_size
+    self.head_dim = self.embed_dim // self.config.num_heads
+    self.c_attn = FlaxConv1D(3 * self.embed_dim, dtype=self.dtype)
+    self.c_proj = FlaxConv1D(self.embed_dim, dtype=self.dtype)
+
+  def __call__(self, hidden_states):
+    query, key, value = jnp.split(self.c_attn(hidden_states), 3, axis=2)
+    split = lambda x: x.reshape(x.shape[:2] + (self.config.num_heads, self.head_dim))
+    weights = jax.nn.softmax(jnp.einsum("...qhd,...khd->...hqk", split(query), split(key)), axis=-1)
+    merged = jnp.einsum("...hqk,...khd->...qhd", weights, split(value))
+    return self.c_proj(merged.reshape(merged.shape[:2] + (-1,)))
+
+
+class FlaxTinyModule(nn.Module):
+  config: TinyConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.wte = nn.Embed(self.config.vocab_size, self.config.hidden_size, dtype=self.dtype)
+    self.attn = FlaxTinyAttention(self.config, dtype=self.dtype)
+
+  def __call__(self, input_ids):
+    hidden_states = self.wte(input_ids)
+    return hidden_states + self.attn(hidden_states)
+
+
+class FlaxTinyPreTrainedModel:
+  module_class: nn.Module = None
+
+  def __init__(self, config: TinyConfig, dtype: jnp.dtype = jnp.float32):
+    self.module = self.module_class(config=config, dtype=dtype)
+
+  def init_weights(self, rng, input_ids):
+    return self.module.init(rng, input_ids)["params"]
+
+  def __call__(self, params, input_ids):
+    return self.module.apply({"params": params}, input_ids)
+
+
+class FlaxTinyModel(FlaxTinyPreTrainedModel):
+  module_class = FlaxTinyModule
+'''
+
+
+def test_a_size_shaping_a_converted_class_s_own_variable_down_the_tree_is_found_by_the_bridge():
+  """GPT-2: the attention's output FlaxConv1D is fed the heads merged back; its kernel's width, `inputs.shape[-1]`
+  of its own call, is in no argument of the attention's call: the bridge finds it from that call in a run."""
+  new, _ = _migrate(GPT2_STYLE)
+  assert 'class FlaxTinyAttention(nnx.Module):' in new and 'class FlaxTinyModule(nn.Module):' in new
+  assert ("self.attn = nnx_bridge.to_linen(FlaxTinyAttention, self.config, dtype=self.dtype, "
+          "input_sizes={'c_attn_kernel_features': 'hidden_states'}, "
+          "traced_inputs={'c_proj_kernel_features': 'inputs'})") in new
+  original, bridged = (_module(s)['FlaxTinyModule'](_module(s)['TinyConfig']()) for s in (GPT2_STYLE, new))
+  variables = original.init(jax.random.key(0), TOKENS)
+  trained = {'params': jax.tree.map(lambda v: v + 0.05 * jax.random.normal(jax.random.key(4), v.shape),
+                                    variables['params'])}
+  assert _layout(bridged.init(jax.random.key(0), TOKENS)) == _layout(variables)
+  np.testing.assert_allclose(bridged.apply(trained, TOKENS), original.apply(trained, TOKENS), rtol=1e-6, atol=1e-6)
+  grads = [jax.grad(lambda p, m=m: m.apply({'params': p}, TOKENS).sum())(trained['params'])
+           for m in (original, bridged)]
+  for expected, actual in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+  wrong = new.replace('return self.c_proj(merged.reshape(merged.shape[:2] + (-1,)))',
+                      'return self.c_proj(merged.reshape(merged.shape[:2] + (-1,))[..., ::-1])')
+  assert wrong != new
+  port = _module(wrong)['FlaxTinyModule'](_module(wrong)['TinyConfig']())
+  assert not np.allclose(port.apply(trained, TOKENS), original.apply(trained, TOKENS), atol=1e-4)
