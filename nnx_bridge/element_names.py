@@ -3,19 +3,52 @@
 A setup() list names its elements `name=str(i)` or `f'block_{i}'`; a compact body building layers in a loop lets
 Linen count them: the k-th of two convolutions per iteration i is `Conv_{k + 2 * i}` (dopamine's Impala `Stack`).
 A template holds one placeholder for the element's index i: `{}` (i itself) or `{a + b * i}` with integers a and b.
+
+A compact body building a loop's layers and then one more lets Linen number the last after the loop's: dopamine's
+actor network names its output layer `Dense_{self.num_layers}`. Such a name holds a placeholder for an int attribute
+of the NNX module the submodule belongs to, `{num_layers}` or `{num_layers + 1}` (`resolve_attributes`).
 """
 
 from __future__ import annotations
 
 import re
+import typing as tp
 
 _PLACEHOLDER = re.compile(r'\{([^{}]*)\}')
 _AFFINE = re.compile(r'(?:(\d+) \+ )?(?:(\d+) \* )?i')
+_ATTRIBUTE = re.compile(r'\{([A-Za-z_]\w*)(?: \+ (\d+))?\}')
 
 
 def is_template(name: str) -> bool:
   """Whether `name` names a list's elements (it holds a placeholder)."""
   return _PLACEHOLDER.search(name) is not None
+
+
+def attribute_placeholder(name: str) -> tuple[str, int] | None:
+  """The attribute and the number added to it of a name `Dense_{num_layers + 1}`, else None (`{i}` is an index)."""
+  found = _ATTRIBUTE.search(name)
+  return (found[1], int(found[2] or 0)) if found is not None and found[1] != 'i' else None
+
+
+def resolve_attributes(names: tp.Mapping[str, str], root: tp.Any) -> dict[str, str]:
+  """`names` (dotted path -> Linen name) with each attribute placeholder replaced by the int attribute of the
+  module at the path's parent under `root`, plus its number; raises ValueError for an attribute that is not an int
+  there, or a path through a list's elements."""
+  resolved = dict(names)
+  for path, name in names.items():
+    if (found := attribute_placeholder(name)) is None:
+      continue
+    owner = root
+    for key in path.split('.')[:-1]:
+      if key == '{}':
+        raise ValueError(f'linen_names: {path!r}: {name!r} names an attribute of a list element')
+      owner = getattr(owner, key, None)
+    value = getattr(owner, found[0], None)
+    if type(value) is not int:
+      raise ValueError(f'linen_names: {path!r}: {name!r} needs the int attribute {found[0]} of the module holding '
+                       f'it, which is {value!r}')
+    resolved[path] = _ATTRIBUTE.sub(str(value + found[1]), name, count=1)
+  return resolved
 
 
 def element_name(template: str, index: int) -> str:

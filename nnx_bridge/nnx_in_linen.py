@@ -26,9 +26,10 @@
   that method of the NNX module instead of `__call__`.
 * `linen_names={'layer_norm': 'LayerNorm_0', 'mlp.dense': 'Dense_0', 'layers': '{}'}` stores the NNX
   submodule at each dotted attribute path under its Linen name (a list's elements under the name
-  with `{}` replaced by their index i, or `{a + b * i}` by that number: `element_names`), so a
-  migrated class built by a Linen parent keeps the variable paths (and checkpoints) of the Linen
-  class it replaces.
+  with `{}` replaced by their index i, or `{a + b * i}` by that number: `element_names`; a layer
+  Linen numbers after a loop's, `'linear': 'Dense_{num_layers}'`, under the int attribute of the
+  module holding it, plus a number), so a migrated class built by a Linen parent keeps the
+  variable paths (and checkpoints) of the Linen class it replaces.
 * `input_sizes={'dense_in_features': 'hidden_states'}` gives the NNX constructor sizes only the
   call knows, as Linen layers learn them: each keyword gets the last-axis size of the named
   argument of the called method, so a Linen parent can build a class whose NNX `__init__`
@@ -247,7 +248,8 @@ class ToLinen(linen.Module):
     given = traverse_util.flatten_dict(self.variables)
     constructor_kwargs = self.kwargs + self._sizes_of_call(nnx_method, args, kwargs)
     constructor_kwargs += self._traced_sizes(nnx_method, args, kwargs, constructor_kwargs)
-    graphdef, flat_state, values, created = self._initial_state(given, constructor_kwargs)
+    names = self._linen_names(constructor_kwargs)
+    graphdef, flat_state, values, created = self._initial_state(given, constructor_kwargs, names)
     call_state = [
         (path, var.replace(self._rng_value(var) if isinstance(var, nnx.RngState) else values[path])
          if isinstance(var, nnx.Variable) else var)  # a plain array: a constant of __init__
@@ -266,7 +268,7 @@ class ToLinen(linen.Module):
     out = method(*args, **kwargs)
     after = _variables(module)
     self._check_rng_use(before, after)
-    self._write_changes(before, after, given)
+    self._write_changes(before, after, given, names)
     return out
 
   def __getattr__(self, name: str) -> tp.Any:
@@ -339,7 +341,8 @@ class ToLinen(linen.Module):
     return tuple((name, found[name]) for name in names)
 
   def _initial_state(
-      self, given: dict[LinenPath, tp.Any], constructor_kwargs: tuple[tuple[str, tp.Any], ...]
+      self, given: dict[LinenPath, tp.Any], constructor_kwargs: tuple[tuple[str, tp.Any], ...],
+      names: dict[str, str]
   ) -> tuple[nnx.GraphDef, list[tuple[Path, tp.Any]], dict[Path, tp.Any], dict[Path, nnx.Variable]]:
     """The graphdef, state leaves and Variable values to call with: built at first init, else given; and the
     Variables an earlier call created in attributes `__init__` left None (decode caches), from the given ones."""
@@ -347,21 +350,31 @@ class ToLinen(linen.Module):
     if self.is_initializing() and not given:
       graphdef, state = self._construct(structure.stream_names, constructor_kwargs)
       flat_state = list(nnx.to_flat_state(state))
-      names = dict(self.linen_names)
       constructed = {_linen_path(path, var, names): linen_state.to_linen_leaf(var)
                      for path, var in flat_state if _stored(var)}
       self._put(constructed, base={})
       values = {path: var.get_raw_value() for path, var in flat_state if _stored(var)}
       return graphdef, flat_state, values, {}
     flat_state = list(nnx.to_flat_state(structure.abstract_state))
-    names = dict(self.linen_names)
     slots = {_linen_keys(path, names): path for path in structure.slots}
     created = {
         slots[linen_path[1:]]: collectionlib.variable_type(linen_path[0])(_unbox(leaf))
         for linen_path, leaf in given.items() if linen_path[1:] in slots
     }
     rest = {linen_path: leaf for linen_path, leaf in given.items() if linen_path[1:] not in slots}
-    return structure.graphdef, flat_state, self._checked_values(flat_state, rest), created
+    return structure.graphdef, flat_state, self._checked_values(flat_state, rest, names), created
+
+  def _linen_names(self, constructor_kwargs: tuple[tuple[str, tp.Any], ...]) -> dict[str, str]:
+    """`linen_names`, each attribute placeholder (`'linear': 'Dense_{num_layers}'`) replaced by that int
+    attribute of the NNX module built with these arguments (`element_names.resolve_attributes`)."""
+    names = dict(self.linen_names)
+    if not any(element_names.attribute_placeholder(name) for name in names.values()):
+      return names
+    structure = _structure(self.nnx_class, self.args, constructor_kwargs)
+    try:
+      return element_names.resolve_attributes(names, nnx.merge(structure.graphdef, structure.abstract_state))
+    except ValueError as error:
+      raise BridgeError(f'{self._label()}: {error}') from None
 
   def _label(self) -> str:
     """Names this wrapper in error messages: the NNX class and the Linen path."""
@@ -378,10 +391,9 @@ class ToLinen(linen.Module):
     return nnx.split(self.nnx_class(*self.args, **dict(constructor_kwargs), rngs=rngs))
 
   def _checked_values(
-      self, flat_state: list[tuple[Path, tp.Any]], given: dict[LinenPath, tp.Any]
+      self, flat_state: list[tuple[Path, tp.Any]], given: dict[LinenPath, tp.Any], names: dict[str, str]
   ) -> dict[Path, tp.Any]:
     """Maps the Linen variables onto the abstract state's paths after checking they match it."""
-    names = dict(self.linen_names)
     expected = {_linen_path(path, var, names): (path, var) for path, var in flat_state if _stored(var)}
     unboxed = {linen_path: _unbox(leaf) for linen_path, leaf in given.items()}
     check_state(
@@ -430,6 +442,7 @@ class ToLinen(linen.Module):
       before: dict[Path, tp.Any],
       after: list[tuple[Path, nnx.Variable]],
       given: dict[LinenPath, tp.Any],
+      names: dict[str, str],
   ) -> None:
     """Writes every non-rng leaf the call changed or created back to its Linen collection.
 
@@ -437,7 +450,6 @@ class ToLinen(linen.Module):
     collections init keeps (Linen's init drops a sown value of any other); the constructed state is already
     stored, and changes to it are not (as Linen layers skip updates while `is_initializing()`)."""
     changes = {}
-    names = dict(self.linen_names)
     initializing = self.is_initializing()
     for path, var in after:
       if isinstance(var, nnx.RngState) or var.get_raw_value() is before.get(path):

@@ -740,6 +740,38 @@ def test_a_list_name_placeholder_other_than_an_integer_combination_of_the_index_
     to_linen(Stack, linen_names={'layers': 'Dense_{self.num_layers}'}).init(KEY, X)
 
 
+class CountedAfterLoop(nnx.Module):
+  """dopamine's actor migrated: its output layer is Linen's `Dense_{self.num_layers}`, after the loop's."""
+
+  def __init__(self, num_layers: int, *, rngs: nnx.Rngs):
+    self.num_layers, self.label = num_layers, 'actor'
+    self.linears = nnx.List([nnx.Linear(3, 3, rngs=rngs) for _ in range(num_layers)])
+    self.linear = nnx.Linear(3, 2, rngs=rngs)
+
+  def __call__(self, x):
+    for layer in self.linears:
+      x = layer(x)
+    return self.linear(x)
+
+
+def test_a_layer_named_after_a_loop_s_takes_the_number_of_the_module_s_attribute():
+  names = {'linears': 'Dense_{}', 'linear': 'Dense_{num_layers}'}
+  for layers in (1, 3):
+    variables = to_linen(CountedAfterLoop, layers, linen_names=names).init(KEY, X)
+    assert set(variables['params']) == {f'Dense_{i}' for i in range(layers + 1)}
+    assert variables['params'][f'Dense_{layers}']['kernel'].shape == (3, 2)
+  shifted = to_linen(CountedAfterLoop, 2, linen_names={**names, 'linear': 'Dense_{num_layers + 1}'}).init(KEY, X)
+  assert set(shifted['params']) == {'Dense_0', 'Dense_1', 'Dense_3'}
+
+
+@pytest.mark.parametrize('name, error', [('Dense_{label}', "needs the int attribute label of the module holding it, "
+                                                          "which is 'actor'"),
+                                         ('Dense_{depth}', 'needs the int attribute depth')])
+def test_a_name_after_an_attribute_that_is_no_int_is_an_error(name, error):
+  with pytest.raises(BridgeError, match=error):
+    to_linen(CountedAfterLoop, 2, linen_names={'linears': 'Dense_{}', 'linear': name}).init(KEY, X)
+
+
 class PlainArray(nnx.Module):
   """HF's causal mask and rotary table, migrated: constants kept as plain array attributes, not nnx.Variables."""
 

@@ -44,6 +44,7 @@ from nnx_bridge import element_names
 from nnx_bridge.layer_spec import LAST_AXIS_SIZES
 
 _ELEMENT_NAME = re.compile(r'(\w*)\{([^{}]+)\}(\w*)')  # a list's Linen name pattern, by the loop's index
+_AFTER_LOOP_NAME = re.compile(r'(\w*)\{self\.(\w+)( \+ \d+)?\}(\w*)')  # a layer numbered after a loop's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +169,16 @@ def _named_apart(facts: FileFacts, elements: list[Child]) -> bool:
   return False
 
 
+def _after_loop_template(plan: ClassRewrite, linen_name: str, prefix: str) -> str | None:
+  """The `to_linen` name (`element_names.resolve_attributes`) of a layer Linen numbers by a field, after a loop's
+  layers (`Dense_{self.num_layers}`, `Dense_{self.num_layers + 1}`): `Dense_{num_layers}`, read from the NNX
+  module's attribute of that field; None for another name, or below a list's elements."""
+  found = _AFTER_LOOP_NAME.fullmatch(linen_name)
+  if found is None or found[2] not in plan.field_names or found[2] == 'i' or '{}' in prefix:
+    return None
+  return f'{found[1]}{{{found[2]}{found[3] or ""}}}{found[4]}'
+
+
 def _element_template(linen_name: str) -> str | None:
   """The `to_linen` template (`element_names`) of a list's Linen names `prefix{<index>}suffix`, the index an integer
   combination `a + b * i` of the loop's index i (Linen counting layers built across iterations); else None."""
@@ -222,7 +233,9 @@ def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str,
   for child in plan.children:
     where = f'{plan.name}.{child.attr}'
     linen_name, below_prefix = child.linen_name, f'{prefix}{child.attr}.'
-    if '{' in linen_name:  # an nnx.List: Linen names element i `{i}` (name=str(i)), `block_{i}`, `Conv_{1 + 2 * i}`
+    if child.element is None and (after := _after_loop_template(plan, linen_name, prefix)) is not None:
+      linen_name = after  # a layer Linen numbers after a loop's: `Dense_{self.num_layers}`
+    elif '{' in linen_name:  # an nnx.List: Linen names element i `{i}` (name=str(i)), `block_{i}`, `Conv_{1 + 2 * i}`
       element = _element_template(linen_name)
       if element is None:
         return f'{where} is a list of layers named {linen_name} in Linen, not by their index alone'

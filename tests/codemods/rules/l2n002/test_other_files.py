@@ -621,3 +621,105 @@ def test_a_class_imported_under_another_name_is_wrapped_under_the_name_linen_giv
   assert 'Stack_0' in variables['params']
   assert jax.tree.structure(ported.Head().init(jax.random.key(0), x)) == jax.tree.structure(variables)
   assert jnp.allclose(linen.Head().apply(variables, x), ported.Head().apply(variables, x), atol=1e-6)
+
+
+CONTINUOUS_NETWORKS = '''\
+"""Actor and critic networks in the style of dopamine's jax/continuous_networks.py."""
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+class ActorNetwork(nn.Module):
+  action_dim: int
+  num_layers: int = 2
+  hidden_units: int = 8
+  activation: Callable[[jax.Array], jax.Array] = nn.relu
+
+  @nn.compact
+  def __call__(self, state: jnp.ndarray) -> jnp.ndarray:
+    x = state.astype(jnp.float32)
+    for _ in range(self.num_layers):
+      x = nn.Dense(features=self.hidden_units)(x)
+      x = self.activation(x)
+    loc = nn.Dense(features=self.action_dim)(x)
+    return jnp.tanh(nn.Dense(features=self.action_dim)(x)) + loc
+
+
+class CriticNetwork(nn.Module):
+  num_layers: int = 2
+  hidden_units: int = 8
+
+  @nn.compact
+  def __call__(self, state: jnp.ndarray, action: jnp.ndarray) -> jnp.ndarray:
+    x = jnp.concatenate((state.astype(jnp.float32), action), axis=-1)
+    for _ in range(self.num_layers):
+      x = nn.relu(nn.Dense(features=self.hidden_units)(x))
+    return nn.Dense(features=1)(x)
+
+
+class ActorCriticNetwork(nn.Module):
+  action_dim: int
+  num_layers: int = 2
+  hidden_units: int = 8
+
+  def setup(self):
+    self._actor = ActorNetwork(self.action_dim, self.num_layers, self.hidden_units)
+    self._critic = CriticNetwork(num_layers=self.num_layers + 1)
+
+  def __call__(self, state: jnp.ndarray) -> jnp.ndarray:
+    action = self._actor(state)
+    return action, self._critic(state, action)
+'''
+CALE_NETWORKS = '''\
+"""A pixel encoder over a continuous agent, in the style of dopamine's labs/cale/networks.py."""
+import flax.linen as nn
+import jax.numpy as jnp
+
+from agents import continuous_networks
+
+
+class SACConvNetwork(nn.Module):
+  action_dim: int
+  sac_cls: nn.Module = continuous_networks.ActorCriticNetwork
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    x = nn.relu(nn.Conv(features=4, kernel_size=(3, 3))(x)).reshape((x.shape[0], -1))
+    return self.sac_cls(self.action_dim, num_layers=3)(x)
+'''
+
+
+def test_layers_linen_numbers_after_a_loop_s_keep_their_names_under_the_bridge(tmp_path, monkeypatch):
+  """The actor's last layers are Linen's `Dense_{self.num_layers}` and `Dense_{self.num_layers + 1}`: the wrapper
+  stores them there by the NNX module's num_layers, whatever the construction gives it (the critic is built with
+  num_layers=self.num_layers + 1), so the Linen class that stays builds both on its own variables."""
+  files = {'agents/__init__.py': '', 'agents/continuous_networks.py': CONTINUOUS_NETWORKS,
+           'agents/cale_networks.py': CALE_NETWORKS}
+  result, linen_nets, nnx_nets = _two_trees(tmp_path, monkeypatch, files, 'agents.cale_networks')
+  assert {c.linen_name for o in result.files for c in o.classes} == {'ActorNetwork', 'CriticNetwork'}, \
+      [e.message for o in result.files for e in o.entries if e.kind == 'todo']
+  code = (tmp_path / 'nnx' / 'agents' / 'continuous_networks.py').read_text()
+  assert "linen_names={'linears': 'Dense_{}', 'linear1': 'Dense_{num_layers}', 'linear2': 'Dense_{num_layers + 1}'}" \
+      in code and "linen_names={'linears': 'Dense_{}', 'linear': 'Dense_{num_layers}'}" in code, code
+  x = jax.random.normal(jax.random.key(1), (2, 4, 4, 1))
+  linen, bridged = linen_nets.SACConvNetwork(2), nnx_nets.SACConvNetwork(2)
+  variables = linen.init(jax.random.key(0), x)
+  trained = jax.tree.map(lambda v: v + 0.1 * jax.random.normal(jax.random.key(5), v.shape), variables)
+  assert {'Dense_3', 'Dense_4'} <= set(variables['params']['ActorCriticNetwork_0']['_actor'])
+  assert set(variables['params']['ActorCriticNetwork_0']['_critic']) == {'Dense_0', 'Dense_1', 'Dense_2', 'Dense_3',
+                                                                          'Dense_4'}
+  assert jax.tree.map(jnp.shape, bridged.init(jax.random.key(0), x)) == jax.tree.map(jnp.shape, variables)
+  for got, want in zip(bridged.apply(trained, x), linen.apply(trained, x), strict=True):
+    assert jnp.allclose(got, want, atol=1e-6)
+  loss = lambda model: lambda p: sum(o.sum() for o in model.apply({'params': p}, x))
+  grads = [jax.grad(loss(m))(trained['params']) for m in (linen, bridged)]
+  for got, want in zip(jax.tree.leaves(grads[1]), jax.tree.leaves(grads[0]), strict=True):
+    assert jnp.allclose(got, want, atol=1e-5)
+  swapped = {**trained['params']['ActorCriticNetwork_0']['_actor']}
+  swapped['Dense_3'], swapped['Dense_4'] = swapped['Dense_4'], swapped['Dense_3']
+  wrong = {'params': {**trained['params'], 'ActorCriticNetwork_0': {
+      **trained['params']['ActorCriticNetwork_0'], '_actor': swapped}}}
+  assert not jnp.allclose(bridged.apply(wrong, x)[0], linen.apply(trained, x)[0], atol=1e-3)
