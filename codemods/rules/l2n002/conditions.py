@@ -54,3 +54,41 @@ def arm_conditions(ctx: ClassContext, arm: cst.BaseSuite, built: set[cst.Call], 
     else:
       conditions.update((sub, condition) for sub in descendants(statement) if sub in built)
   return conditions
+
+
+ArmPath = frozenset[tuple[str, bool]]
+"""The tests of the if / elif / else arms a node sits in, within its method: (the test's code, whether it holds)."""
+
+
+def arm_path(ctx: ClassContext, node: cst.CSTNode) -> ArmPath:
+  """The arms `node` sits in: in an arm's body its test holds, and the tests of the arms before it in the chain
+  do not (an `else` holds where no test of its chain does)."""
+  found: set[tuple[str, bool]] = set()
+  child, parent = node, ctx.facts.parent(node)
+  while parent is not None and not isinstance(parent, cst.FunctionDef):
+    if isinstance(parent, cst.If) and child is parent.body:
+      found |= {(_test_key(ctx, parent.test), True), *_earlier_tests(ctx, parent)}
+    elif isinstance(parent, cst.Else) and isinstance(owner := ctx.facts.parent(parent), cst.If):
+      found |= {(_test_key(ctx, owner.test), False), *_earlier_tests(ctx, owner)}
+    child, parent = parent, ctx.facts.parent(parent)
+  return frozenset(found)
+
+
+def may_meet(left: ArmPath, right: ArmPath) -> bool:
+  """Whether code on the arm path `left` and code on `right` may run in one module: no test holds on one and
+  fails on the other (setup()'s `if self.config.attention_type == "original_full":` and the same test in
+  `__call__`, both tests of fields, which do not change)."""
+  return not any((test, not holds) in right for test, holds in left)
+
+
+def _earlier_tests(ctx: ClassContext, statement: cst.If) -> set[tuple[str, bool]]:
+  """The tests of the arms before the `elif` `statement` in its chain, none of which holds where it runs."""
+  found, node = set(), statement
+  while isinstance(parent := ctx.facts.parent(node), cst.If) and parent.orelse is node:
+    found.add((_test_key(ctx, parent.test), False))
+    node = parent
+  return found
+
+
+def _test_key(ctx: ClassContext, test: cst.BaseExpression) -> str:
+  return ' '.join(ctx.facts.code(test).split())

@@ -29,6 +29,7 @@ from codemods.vocabulary import (
   CONTROL_FLOW,
   JIT_NAMES,
   MODULE_NAMES,
+  PARTIAL_NAMES,
   PARTITIONING_REMAT_NAMES,
   REMAT_NAMES,
   SCAN_NAMES,
@@ -197,8 +198,9 @@ def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, o
 
 
 def _flax_aliases(facts: FileFacts, scope: Scope | None) -> dict[str, frozenset[QualifiedName]]:
-  """Module-level names bound once to a flax name (`remat = nn_partitioning.remat` in transformers' files): what
-  they name, so that `remat(...)` is read as the flax function it is."""
+  """Module-level names bound once to a flax name (`remat = nn_partitioning.remat` in transformers' files) or to
+  `functools.partial` (jax-md's `partial = functools.partial`): what they name, so that `remat(...)` is read as the
+  flax function it is."""
   aliases = {}
   for line in facts.module.body:
     assign = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
@@ -206,7 +208,8 @@ def _flax_aliases(facts: FileFacts, scope: Scope | None) -> dict[str, frozenset[
             and isinstance(assign.value, (cst.Name, cst.Attribute))):
       continue
     name, names = assign.targets[0].target.value, frozenset(facts.qualified_names(assign.value))
-    if names and all(q.name.startswith('flax.') for q in names) and scope is not None and len(scope[name]) == 1:
+    if names and all(q.name.startswith('flax.') or q.name in PARTIAL_NAMES for q in names) and scope is not None \
+        and len(scope[name]) == 1:
       aliases[name] = names
   return aliases
 

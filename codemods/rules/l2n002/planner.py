@@ -26,7 +26,7 @@ from codemods.rules.l2n002 import (
   scope,
   sizes,
 )
-from codemods.rules.l2n002.conditions import construction_conditions
+from codemods.rules.l2n002.conditions import arm_path, construction_conditions, may_meet
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.example_shapes import add_shape_formulas
 from codemods.rules.l2n002.facts import FileFacts
@@ -183,16 +183,16 @@ def _plan_members(ctx: ClassContext, node: cst.ClassDef, methods: dict[str, cst.
     for child in plan.children:
       child.done, child.sizes, child.size_codes, child.ref_dims = False, {}, {}, {}
     sizes.derive(ctx, plan, methods, call, calls, carry)
-  _check_alternatives(ctx, plan)
+  _check_alternatives(ctx, plan, calls)
   add_shape_formulas(ctx, plan, call, calls)
   decode_cache.plan_init_cache(ctx, node, plan, call, calls, taken)
 
 
-def _check_alternatives(ctx: ClassContext, plan: ClassRewrite) -> None:
-  """Children that several arms of a setup() `if` build into one attribute are called where the first is: the
-  call must fit each (the same train/eval switches); the size walk sizes each from the call. Layer lists (`if
-  self.gradient_checkpointing:` a rematted one, else the plain one) build one class: the later ones take the
-  first's sizes."""
+def _check_alternatives(ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.Call, Child]) -> None:
+  """Children that several arms of a setup() `if` build into one attribute are called where the first is: each
+  call must fit every arm it may run with (the same train/eval switches; `_fits_its_arms`); the size walk sizes each
+  from the call. Layer lists (`if self.gradient_checkpointing:` a rematted one, else the plain one) build one
+  class: the later ones take the first's sizes."""
   for child in plan.children:
     if not child.alternative:
       continue
@@ -201,11 +201,35 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite) -> None:
     signature = lambda c: (c.sibling.call_params, [m[:2] for m in c.sibling.mode_params]) if c.sibling is not None \
         else _layer_signature(c) if c.spec is not None else c
     if child.bridged or first.bridged or (child.sibling is None) != (first.sibling is None) \
-        or signature(child) != signature(first) or listed and child.sibling is not first.sibling:
+        or signature(child) != signature(first) and not _fits_its_arms(ctx, plan, child, calls) \
+        or listed and child.sibling is not first.sibling:
       raise Unsupported(child.ctor, f'self.{child.attr} is built by two arms of an if, as modules that take other '
                                     'call arguments')
     if listed:
       child.sizes, child.size_codes, child.done = dict(first.sizes), dict(first.size_codes), first.done
+
+
+def _fits_its_arms(ctx: ClassContext, plan: ClassRewrite, child: Child, calls: dict[cst.Call, Child]) -> bool:
+  """Whether each call of `child`'s attribute fits every class the arms of setup()'s `if` build there that it may
+  run with (`conditions.may_meet`: BigBird's `self.self`, full attention in one arm and block-sparse attention in
+  the other, each called under the same test in `__call__` with its own arguments): its arguments bind to the
+  class's call, and it drops the same train/eval switches whichever it runs."""
+  arms = [c for c in plan.children if c.attr == child.attr]
+  if any(c.sibling is None for c in arms):
+    return False
+  for call, called in calls.items():
+    if called.attr != child.attr:
+      continue
+    path = arm_path(ctx, call)
+    reached = [c for c in arms if may_meet(arm_path(ctx, c.ctor), path)]
+    keywords = {a.keyword.value for a in call.args if a.keyword is not None}
+    positional = sum(1 for a in call.args if a.keyword is None)
+    if any(a.star for a in call.args) or len({frozenset(modes.call_modes(ctx, call, c)) for c in reached}) > 1 \
+        or any(positional > len(c.sibling.call_params) or not keywords <= {*c.sibling.call_params,
+                                                                            *(m[1] for m in c.sibling.mode_params)}
+               for c in reached):
+      return False
+  return True
 
 
 def _layer_signature(child: Child) -> tp.Any:

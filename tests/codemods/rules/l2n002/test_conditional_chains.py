@@ -82,7 +82,9 @@ def test_a_port_that_builds_the_class_of_the_other_arm_fails(tmp_path):
 def test_arms_building_modules_called_otherwise_stay_linen_with_a_todo_at_the_second():
   source = (FIXTURES / f'{ARMS}.in.py').read_text().replace(
       '  def __call__(self, hidden_states, deterministic):\n    hidden_gelu',
-      '  def __call__(self, hidden_states, deterministic, scale=1.0):\n    hidden_gelu')
+      '  def __call__(self, hidden_states, scale=1.0, deterministic=True):\n    hidden_gelu').replace(
+      'self.DenseReluDense(forwarded_states, deterministic=deterministic)',
+      'self.DenseReluDense(forwarded_states, deterministic)')  # the gated block takes it as its scale
   result = transform_source(source, RULES)
   assert 'class FlaxTinyLayerFF(nn.Module)' in result.source
   (todo,) = [e for e in result.entries if e.kind == 'todo' and e.message.startswith('class FlaxTinyLayerFF ')]
@@ -151,3 +153,33 @@ class M(nn.Module):
   result = transform_source(source, RULES)
   assert [c.linen_name for c in result.classes] == ['M'], [e.message for e in result.entries if e.kind == 'todo']
   assert 'self.drop = nnx.Dropout(rate=0.5' in result.source and 'self.drop = nnx.Dropout(rate=0.1' in result.source
+
+
+ARM_CALLS = 'L2N002/hf_arm_calls'
+
+
+def test_arms_called_under_their_own_test_each_with_their_own_arguments_convert(tmp_path):
+  """transformers' BigBird: `self.self` is full or block-sparse attention by the config, each called under the
+  same test with the arguments its class takes (parity in both arms: fixtures/L2N002/hf_arm_calls.parity.json). A
+  port building the other arm's class for the sparse config is rejected; a call the test does not separate from
+  the other arm (both classes could run there) keeps the class Linen."""
+  entry = spec(ARM_CALLS, 'FlaxTinyAttention', 'block_sparse')
+  linen_module, variables, _, xs = models(ARM_CALLS, entry)
+  text = (FIXTURES / f'{ARM_CALLS}.out.py').read_text()
+  wrong = text.replace('elif self.config.attention_type == "block_sparse":', 'elif False:').replace(
+      'if self.config.attention_type == "original_full":\n      self.self', 'if True:\n      self.self')
+  assert wrong != text
+  (tmp_path / 'port.py').write_text(wrong)
+  scope = runpy.run_path(str(tmp_path / 'port.py'))
+  port = scope['FlaxTinyAttention'](scope['TinyBigBirdConfig'](attention_type='block_sparse'), **entry['sizes'],
+                                    rngs=nnx.Rngs(0))
+  with pytest.raises(nnx_bridge.MappingError):
+    nnx_bridge.compare(linen_module, variables, port, *xs)  # Linen's qkv has no NNX counterpart
+  source = (FIXTURES / f'{ARM_CALLS}.in.py').read_text()
+  unguarded = source.replace('    if self.config.attention_type == "original_full":\n      attn_outputs',
+                             '    if layer_head_mask is not None:\n      attn_outputs')
+  assert unguarded != source
+  result = transform_source(unguarded, RULES)
+  assert 'class FlaxTinyAttention(nn.Module)' in result.source
+  assert any(e.message.endswith('self.self is built by two arms of an if, as modules that take other call arguments')
+             for e in result.entries if e.kind == 'todo')
