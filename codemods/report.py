@@ -67,6 +67,7 @@ class ConstructorArgument:
   # A size the input's whole shape decides: (rank, formula over `input_shape`) of the call argument `example_input`.
   shape_formulas: tuple[tuple[int, str], ...] = ()
   example_input: str | None = None
+  per_element: bool = False  # a tuple of sizes, one per element of the list `child` (a loop whose size changes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,13 +47,14 @@ def traced_sizes(nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: t
   key = _cache_key(nnx_class, args, kwargs, (*names, *sorted(inputs.items())), method, call_args, call_kwargs)
   if key is not None and key in _cache:
     return dict(_cache[key])
-  placeholders = _placeholders(names, (*call_args, *call_kwargs.values()))
-  found: dict[str, int] = {}
+  widths = _Widths((*call_args, *call_kwargs.values()))
+  placeholders = {name: _Placeholder(widths.next(), name, widths) for name in names}
+  found: dict[str | tuple[str, int], int] = {}
 
   def run() -> None:
     module = nnx_class(*args, **dict(kwargs), **placeholders, rngs=AnyRngs(default=0))
     _linen_eagerly(module)
-    by_value = {value: name for name, value in placeholders.items()}
+    by_value = {**{int(value): name for name, value in placeholders.items()}, **widths.elements}
     unused = set(by_value) - _visible(module)
     found.update((by_value[value], 0) for value in unused)  # a layer not built (a tied decoder): any size serves
     with _probing(module, by_value, inputs, found):
@@ -66,6 +67,7 @@ def traced_sizes(nnx_class: tp.Callable[..., nnx.Module], args: tuple, kwargs: t
   except Exception as error:  # the user's code failed with a placeholder width: say which sizes were asked
     raise BridgeError(f'{where}: finding {", ".join(names)} by running the call failed '
                       f'({" ".join(str(error).split())[:300]}); give them to to_linen as keywords') from None
+  found = _per_element(found, widths)
   missing = [name for name in names if name not in found]
   if missing:
     raise BridgeError(f'{where}: the call never ran a layer whose input size is {", ".join(missing)}, so it cannot '
@@ -87,15 +89,55 @@ class AnyRngs(nnx.Rngs):
     return vars(self)[name]
 
 
-def _placeholders(names: tp.Sequence[str], call: tuple) -> dict[str, int]:
-  """A distinct odd width per size, none of them an axis of the call's arrays."""
-  taken = {d for leaf in jax.tree.leaves(call) for d in jnp.shape(leaf)}
-  values, candidate = [], _FIRST_PLACEHOLDER
-  while len(values) < len(names):
-    if candidate not in taken:
-      values.append(candidate)
-    candidate += 2
-  return dict(zip(names, values))
+class _Widths:
+  """Distinct odd widths far above any real layer width, none of them an axis of the call's arrays; and the
+  widths handed out for elements of per-element sizes (`_Placeholder`), by value."""
+
+  def __init__(self, call: tuple):
+    self.taken = {d for leaf in jax.tree.leaves(call) for d in jnp.shape(leaf)}
+    self.candidate = _FIRST_PLACEHOLDER
+    self.elements: dict[int, tuple[str, int]] = {}
+
+  def next(self) -> int:
+    while self.candidate in self.taken:
+      self.candidate += 2
+    self.candidate += 2
+    return self.candidate - 2
+
+
+class _Placeholder(int):
+  """The placeholder width of one size, which a constructor may also index: a size argument holding one size per
+  element of a layer list (`tuple[int, ...]`, the migration's sizes of a loop whose input size changes) gives
+  element k a width of its own, found as that element's layer runs."""
+
+  def __new__(cls, value: int, name: str, widths: _Widths) -> _Placeholder:
+    placeholder = super().__new__(cls, value)
+    placeholder.name, placeholder.widths = name, widths
+    return placeholder
+
+  def __getitem__(self, index: int) -> int:
+    if type(index) is not int or index < 0:
+      raise TypeError(f'the per-element size {self.name} is indexed by {index!r}, not an element number')
+    known = {key: value for value, key in self.widths.elements.items()}
+    if (self.name, index) not in known:
+      known[(self.name, index)] = value = self.widths.next()
+      self.widths.elements[value] = (self.name, index)
+    return known[(self.name, index)]
+
+
+def _per_element(found: dict[tp.Any, int], widths: _Widths) -> dict[str, tp.Any]:
+  """`found` with the sizes of a per-element argument's elements gathered into its tuple, in element order."""
+  indexed: dict[str, dict[int, int]] = {}
+  for value, (name, index) in widths.elements.items():
+    if (name, index) in found:
+      indexed.setdefault(name, {})[index] = found[(name, index)]
+  gathered = {name: size for name, size in found.items() if isinstance(name, str)}
+  for name, sizes in indexed.items():
+    if sorted(sizes) == list(range(len(sizes))):
+      gathered[name] = tuple(sizes[k] for k in range(len(sizes)))
+    else:
+      gathered.pop(name, None)  # an element the run never reached: reported missing
+  return gathered
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from flax import linen as nn
 from flax import nnx
 
 from codemods import report
+from codemods.ports import linen_names
 from nnx_bridge import derive
 from nnx_bridge import modes
 from nnx_bridge.errors import BridgeError
@@ -113,6 +114,10 @@ class Port:
       return None
     return self.records.get(cls.__name__)
 
+  def _fields(self, path: Path) -> dict[str, tp.Any]:
+    """The field values of the Linen module at `path`, from its first call."""
+    return next((call.fields for (call_path, _), call in self.calls.items() if call_path == path), {})
+
   def _label(self, path: Path) -> str:
     cls = self.classes.get(path)
     return f'Linen {"/".join(path) or "<root>"}' + (f' ({cls.__name__})' if cls else '')
@@ -159,7 +164,8 @@ class Port:
     the first call of the Linen child it is for, arrays as `jax.ShapeDtypeStruct`s; followed into a converted
     child's record when it passes them on (`child_argument`)."""
     argument = next((a for a in record.arguments if a.name == name), None)
-    linen_name = _first_element({c.nnx_attribute: c.linen_name for c in record.children}.get(argument.child)) if argument else None
+    linen_name = _first_element({c.nnx_attribute: c.linen_name for c in record.children}.get(argument.child),
+                                self._fields(path)) if argument else None
     if linen_name is None:
       raise ReportError(f'{self.where}: {record.nnx_name}({name}=...) names no Linen child of its record')
     child = (*path, linen_name)
@@ -175,7 +181,7 @@ class Port:
     shapes = ', '.join(str(list(value.shape)) for value in call.example if hasattr(value, 'shape'))
     return call.example, f'the inputs of the first call of {self._label(child)} ({shapes})'
 
-  def _measure(self, record: report.ConvertedClass, name: str, path: Path) -> tuple[int, str]:
+  def _measure(self, record: report.ConvertedClass, name: str, path: Path) -> tuple[int | tuple[int, ...], str]:
     """Size argument `name` of `record`'s class, the Linen module at `path`, and how it was read.
 
     The argument says what it is: an argument of a child (`child_argument`), measured on the
@@ -191,7 +197,13 @@ class Port:
       return self._last_axis(path, argument.input, where)
     if argument.child_argument is None or argument.child is None:
       raise ReportError(f'{self.where}: {where} is not determined by the code ({argument.detail})')
-    linen_name = _first_element({c.nnx_attribute: c.linen_name for c in record.children}.get(argument.child))
+    template = {c.nnx_attribute: c.linen_name for c in record.children}.get(argument.child)
+    if argument.per_element and template is not None and '{' in template:
+      others = {linen_names.resolve(c.linen_name, self._fields(path)) for c in record.children
+                if c.nnx_attribute != argument.child}
+      return self._each_element(path, template, argument.child_argument, where, others)
+    linen_name = _first_element({c.nnx_attribute: c.linen_name for c in record.children}.get(argument.child),
+                                self._fields(path))
     if linen_name is None:
       raise ReportError(f'{self.where}: the record of {record.nnx_name} names no Linen child {argument.child}')
     child = (*path, linen_name)
@@ -203,6 +215,27 @@ class Port:
       return 1, (f'unused: {where} sizes the {argument.child} another arm of an if builds, where this model built '
                  f'{inner.nnx_name}')
     return self._measure(inner, arm_argument, child)
+
+  def _each_element(self, path: Path, template: str, nnx_argument: str, where: str,
+                    others: set[str | None]) -> tuple[tuple[int, ...], str]:
+    """A per-element size argument (`tuple[int, ...]`): `nnx_argument` of each element of the layer list the Linen
+    module at `path` names by `template` (`Dense_{i}`), measured on each element's call, in order, up to a name
+    another child of the record takes (`others`: the layer after the loop's, `Dense_{self.num_layers}`)."""
+    if not re.fullmatch(r'[^{}]*\{\w*\}[^{}]*', template):
+      raise ReportError(f'{self.where}: {where} sizes the elements of a list named {template}, which are not '
+                        'numbered by their index')
+    sizes, described = [], []
+    while (element := (*path, re.sub(r'\{\w*\}', str(len(sizes)), template))) in self.classes \
+        and element[-1] not in others:
+      inner = self._record_at(element)
+      size, how = self._layer_size(element, nnx_argument, where) if inner is None else \
+          self._measure(inner, nnx_argument, element)
+      sizes.append(size)
+      described.append(how)
+    if not sizes:
+      raise ReportError(f'{self._label((*path, template))} is not called on these inputs, so {where} cannot be '
+                        'measured')
+    return tuple(sizes), '; '.join(described)
 
   def _arm_argument(self, record: report.ConvertedClass, argument: report.ConstructorArgument,
                     inner: report.ConvertedClass) -> str | None:
@@ -374,8 +407,11 @@ def load_port(
   return port
 
 
-def _first_element(linen_name: str | None) -> str | None:
+def _first_element(linen_name: str | None, fields: tp.Mapping[str, tp.Any]) -> str | None:
   """The Linen name of the first element of a layer list the record names by a pattern (`{i}`, `block_{i}`: the
   elements `0`, `block_0`, ...), where its size arguments are measured (the others' follow from it in the port's
-  code); any other name as it is."""
-  return None if linen_name is None else re.sub(r'\{\w+\}', '0', linen_name)
+  code); a layer numbered after a loop's by its parent's `fields` (`Dense_{self.num_layers}`: `linen_names`); any
+  other name as it is."""
+  if linen_name is None:
+    return None
+  return linen_names.resolve(re.sub(r'\{\w+\}', '0', linen_name), fields)

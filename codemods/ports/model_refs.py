@@ -219,7 +219,9 @@ def nnx_constructor_kwargs(
       origins.append(f'rngs: nnx.Rngs({seed})')
     elif measured is not None and name in measured:
       kwargs[name], how = measured[name]()
-      origins.append(f'{name}={kwargs[name]}: {how}' if isinstance(kwargs[name], int) else f'{name}: {how}')
+      shown = isinstance(kwargs[name], int) or isinstance(kwargs[name], tuple) and all(
+          isinstance(size, int) for size in kwargs[name])  # a size, or one per element of a list
+      origins.append(f'{name}={kwargs[name]}: {how}' if shown else f'{name}: {how}')
     elif measured is None and name in _SIZE_NAMES and inputs and hasattr(inputs[0], 'shape'):
       kwargs[name] = int(inputs[0].shape[-1])
       origins.append(f'{name}={kwargs[name]}: the first input\'s last axis (traced from the inputs)')

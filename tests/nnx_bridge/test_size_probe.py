@@ -200,3 +200,62 @@ def test_without_the_argument_s_name_the_size_is_an_error_not_a_guess():
   with pytest.raises(nnx_bridge.BridgeError, match='finding c_proj_kernel_features by running the call failed'):
     size_probe.traced_sizes(Attention, (), (('c_attn_kernel_features', 6),), ('c_proj_kernel_features',),
                             '__call__', (H,), {}, where='test')
+
+
+def _doubling(x):
+  return jnp.concatenate([x, x], axis=-1)
+
+
+class LinenGrowing(nn.Module):
+  """Each layer's output passes through a function that doubles its width: every layer has its own input size."""
+
+  features: tuple = (3, 4, 5)
+
+  @nn.compact
+  def __call__(self, x):
+    for f in self.features:
+      x = _doubling(nn.Dense(f)(x))
+    return x
+
+
+class Growing(nnx.Module):
+  """Its port: one input size per element of the list, a tuple the constructor takes."""
+
+  def __init__(self, features=(3, 4, 5), *, linears_in_features: tuple, rngs):
+    self.linears = nnx.List([nnx.Linear(linears_in_features[i], f, rngs=rngs) for i, f in enumerate(features)])
+
+  def __call__(self, x):
+    for linear in self.linears:
+      x = _doubling(linear(x))
+    return x
+
+
+def test_a_size_per_element_of_a_list_is_found_element_by_element():
+  found = size_probe.traced_sizes(Growing, (), (), ('linears_in_features',), '__call__', (H,), {}, where='test')
+  assert found == {'linears_in_features': (6, 6, 8)}
+
+  class Parent(nn.Module):
+    @nn.compact
+    def __call__(self, h):
+      return nnx_bridge.to_linen(Growing, traced_sizes=('linears_in_features',),
+                                 linen_names={'linears': 'Dense_{}'}, name='mlp')(h)
+
+  class LinenParent(nn.Module):
+    @nn.compact
+    def __call__(self, h):
+      return LinenGrowing(name='mlp')(h)
+
+  linen, bridged = LinenParent(), Parent()
+  variables = jax.tree.map(lambda v: v + 0.1, linen.init(jax.random.key(1), H))
+  assert jax.tree.map(jnp.shape, bridged.init(jax.random.key(1), H)) == jax.tree.map(jnp.shape, variables)
+  np.testing.assert_allclose(bridged.apply(variables, H), linen.apply(variables, H), atol=1e-6)
+
+
+def test_an_element_size_indexed_by_other_than_a_number_is_an_error():
+  class Keyed(Growing):
+    def __init__(self, *, linears_in_features, rngs):
+      super().__init__(linears_in_features={'a': linears_in_features['a']}, rngs=rngs)
+
+  with pytest.raises(nnx_bridge.BridgeError, match="finding linears_in_features by running the call failed .*"
+                                                   "indexed by 'a', not an element number"):
+    size_probe.traced_sizes(Keyed, (), (), ('linears_in_features',), '__call__', (H,), {}, where='test')

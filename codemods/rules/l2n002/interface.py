@@ -21,7 +21,7 @@ import libcst as cst
 
 from codemods.rules.l2n002.dims import Dim, Shape
 from codemods.rules.l2n002.nodes import read_names
-from codemods.rules.l2n002.plan import ClassRewrite, LinenBridgeFacts, draws_rngs
+from codemods.rules.l2n002.plan import ClassRewrite, EachElement, LinenBridgeFacts, draws_rngs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,7 @@ class ClassInterface:
   mode_params: tuple[tuple[int, str, bool], ...]
   mode_fields: tuple[tuple[str, bool], ...]
   switch_defaults: tuple[tuple[str, bool], ...]
-  size_params: tuple[tuple[str, Dim], ...]
+  size_params: tuple[tuple[str, Dim | EachElement], ...]
   output: Dim
   carry_output: Dim
   first_output: Dim

@@ -524,8 +524,15 @@ class Loops:
              'iteration to the next in a way the code does not express (write the NNX sizes by hand)')
       if _same(first, later) and (first is not None or not reads):
         child.sizes[nnx_arg] = self._first(ctx, plan, child, nnx_arg, first, node, position, shared, '')
-      elif not isinstance(later, Known) or (unstable and reads) or not derive:
+      elif not derive:
         raise Unsupported(node, why)
+      elif not isinstance(later, Known) or (unstable and reads):  # one size per element, the constructor's to give
+        argument = ctx.facts.code(node.args[position].value) if position is not None else None
+        where = None if argument is None else \
+            f"the input dimension of self.{child.attr}'s call argument {argument}, which changes from one iteration " \
+            'to the next in a way the code does not express'
+        name = sizes.size_param(ctx, plan, child, nnx_arg, where, None, node, each=True)
+        child.sizes[nnx_arg] = f'{name}[{site.loop.index}]'
       else:
         first_code = self._first(ctx, plan, child, nnx_arg, first, node, position, shared, ' in the first iteration')
         child.sizes[nnx_arg] = f'{first_code} if {site.loop.index} == 0 else {later.code}'
@@ -561,7 +568,10 @@ def _zipped_list(ctx: ClassContext, sub: cst.Attribute, arg: cst.Arg) -> tuple[c
 def _indexed_call(ctx: ClassContext, sub: cst.Attribute) -> tuple[cst.For, cst.Call] | None:
   """`self.layers[n](...)` in the body of a `for n in range(...):` loop (transformers' Bloom): the loop and the call.
   Iteration k calls layer k, as `for layer in self.layers:` does; the loop's own range bounds it (an index past the
-  list fails in NNX as in Linen)."""
+  list fails in NNX as in Linen). The index may also be a local the loop body binds once, at its top, to an index
+  that is 0 in the first iteration (transformers' ALBERT shares layer groups: `group_idx = int(i / (layers /
+  groups))`): the first iteration calls layer 0 and the others are first called later, so that each layer takes
+  the size of the iteration that first calls it, as it does for Bloom."""
   subscript = ctx.facts.parent(sub)
   call = ctx.facts.parent(subscript) if isinstance(subscript, cst.Subscript) else None
   if not (isinstance(call, cst.Call) and call.func is subscript and subscript.value is sub
@@ -570,12 +580,39 @@ def _indexed_call(ctx: ClassContext, sub: cst.Attribute) -> tuple[cst.For, cst.C
     return None
   index = subscript.slice[0].slice.value.value
   loop = enclosing(ctx, call, cst.For)
-  if not (isinstance(loop, cst.For) and isinstance(loop.target, cst.Name) and loop.target.value == index
+  if not (isinstance(loop, cst.For) and isinstance(loop.target, cst.Name)
           and isinstance(loop.iter, cst.Call) and is_builtin(ctx, loop.iter.func, 'range')):
     return None
-  assigned = {n.value for s in descendants(loop.body) if isinstance(s, (cst.AssignTarget, cst.AugAssign))
-              for n in (s.target, *descendants(s.target)) if isinstance(n, cst.Name)}
-  return None if index in assigned else (loop, call)
+  assigned = [s for s in descendants(loop.body) if isinstance(s, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))
+              for n in (s.target, *descendants(s.target)) if isinstance(n, cst.Name) and n.value in (index, loop.target.value)]
+  if index == loop.target.value:
+    return None if assigned else (loop, call)
+  top = [line for line in loop.body.body if assigned_name(line) == index]
+  if len(assigned) != 1 or len(top) != 1 or not _zero_first(top[0].body[0].value, loop.target.value) \
+      or loop.body.body.index(top[0]) > loop.body.body.index(_line_of(ctx, call, loop.body)):
+    return None
+  return loop, call
+
+
+def _line_of(ctx: ClassContext, node: cst.CSTNode, body: cst.BaseSuite) -> cst.CSTNode:
+  """The statement of `body` that holds `node`."""
+  while ctx.facts.parent(node) is not body:
+    node = ctx.facts.parent(node)
+  return node
+
+
+def _zero_first(value: cst.BaseExpression, counter: str) -> bool:
+  """Whether `value` is 0 when the loop counter `counter` is: `i * k`, `i // k`, `i % k`, `int(i / k)` (k any code
+  that reads no `counter`)."""
+  if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == 'int' \
+      and len(value.args) == 1 and value.args[0].keyword is None and not value.args[0].star:
+    value = value.args[0].value
+    allowed = (cst.Divide, cst.FloorDivide, cst.Multiply, cst.Modulo)
+  else:
+    allowed = (cst.FloorDivide, cst.Multiply, cst.Modulo)
+  return isinstance(value, cst.BinaryOperation) and isinstance(value.operator, allowed) \
+      and isinstance(value.left, cst.Name) and value.left.value == counter \
+      and not any(isinstance(n, cst.Name) and n.value == counter for n in (value.right, *descendants(value.right)))
 
 
 def _class_name(ctx: ClassContext, child: Child) -> str:

@@ -102,6 +102,17 @@ it drops (train/eval switches)."""
 
 
 @dataclasses.dataclass(frozen=True)
+class EachElement:
+  """The source of a size argument that holds one size per element of a layer list, in order (`tuple[int, ...]`):
+  the list's layers are built in a loop whose input size changes from one iteration to the next in a way the code
+  does not express (an activation looked up by name, `nn.glu`), so each element's size is the constructor's to give.
+  """
+
+
+EACH_ELEMENT = EachElement()
+
+
+@dataclasses.dataclass(frozen=True)
 class LinenBridgeFacts:
   """What a Linen class of another file needs to wrap a converted class with `nnx_bridge.to_linen`, worked out
   where the class is converted (`linen_parents.bridge_facts`) and carried in its record: why its NNX state does
@@ -132,7 +143,7 @@ class ClassRewrite:
   linen_fields: list[str] = dataclasses.field(default_factory=list)  # all Linen fields, mode fields included
   mode_fields: dict[str, bool] = dataclasses.field(default_factory=dict)  # `training: bool` field -> inverted
   children: list[Child] = dataclasses.field(default_factory=list)
-  size_params: list[tuple[str, Dim]] = dataclasses.field(default_factory=list)
+  size_params: list[tuple[str, Dim | EachElement]] = dataclasses.field(default_factory=list)  # -> its source
   output: Dim = None  # the last-axis size `__call__` returns, when the code determines it
   carry_output: Dim = None  # for a class the file scans: the last-axis size of the carry `__call__` returns
   first_output: Dim = None  # of the first element of the tuple `__call__` returns (transformers' `outputs[0]`)
@@ -253,7 +264,8 @@ def draws_rngs(plan: ClassRewrite) -> bool:
 
 def init_params(plan: ClassRewrite) -> list[str]:
   """The NNX `__init__` parameters after self: the fields, then keyword-only sizes, example inputs and rngs."""
-  return [*plan.params, '*', *(f'{p}: int' for p, _ in plan.size_params),
+  return [*plan.params, '*',
+          *(f'{p}: tuple[int, ...]' if isinstance(source, EachElement) else f'{p}: int' for p, source in plan.size_params),
           *(f'{p}: bool = False' for p in plan.flags), *(f'{p}: tuple' for p in plan.example_params), 'rngs: nnx.Rngs']
 
 

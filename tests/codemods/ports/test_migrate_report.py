@@ -51,6 +51,11 @@ CASES = {
         {'d_model': 4, 'd_ff': 4}, ['hidden_states=float32[2,4]'],
         'DenseReluDense_wi_0_in_features=4: in_features of Linen DenseReluDense/wi (Dense)',
     ),
+    ('per_element_sizes', 'MLP'): (  # one size per element of a loop's layers, each measured on its own call
+        {'features': [6, 5, 3], 'nonlinearity': 'swish'}, ['x=float32[2,4]'],
+        'linears_in_features=(4, 6): in_features of Linen Dense_0 (Dense) = inputs.shape[-1], measured on its call '
+        '(inputs [2, 4]); in_features of Linen Dense_1 (Dense)',
+    ),
     ('setup_arm_sizes', 'FlaxTinyLayer'): (  # a size only the arm not built reads: any value does
         {'hidden_size': 4}, ['hidden_states=float32[2,4]'],
         'mlp_weights_out_in_features=1: unused: FlaxTinyLayer(mlp_weights_out_in_features=...) sizes the mlp another '
