@@ -103,6 +103,8 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
   which become constructor arguments): __init__ evaluates it where the construction goes, and the statement stays
   where it is for the rest of the body. Raises Unsupported, naming the local and what it reads, for any other
   local."""
+  if len(assignments) == 1 and isinstance(assignments[0].node, cst.FunctionDef):
+    return _hoisted_function(ctx, name, assignments[0].node)
   if any(isinstance(a.node, (cst.FunctionDef, cst.ClassDef)) for a in assignments):
     raise Unsupported(name, f'a constructor argument uses {name.value}, defined in the method: define it at module '
                             'level or as a method, reading only fields and constants, and pass it in')
@@ -134,6 +136,39 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, whose value reads {what}, which '
                             'only the call knows: make it a field, or a constructor argument') from None
   return assign.value
+
+
+def _hoisted_function(ctx: ClassContext, name: cst.Name, function: cst.FunctionDef) -> str:
+  """A function the method defines once and a constructor argument names (jax-md's `def init_fn(key, shape)`
+  handed to `self.param`): its definition is copied into __init__ before the hoisted layers, where the argument
+  names it, and stays where it is for the rest of the body. It may read its own parameters and locals, globals,
+  builtins and `self` (the fields are stored first); raises Unsupported for one that reads a local of the method
+  (only the call knows it), has decorators or uses a scope API."""
+  outer = (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)
+  if function.decorators or has_scope_call(function):
+    raise Unsupported(name, f'a constructor argument uses {name.value}, a function defined in the method with '
+                            'decorators or a scope API: define it at module level or as a method, and pass it in')
+  for sub in descendants(function.body):
+    parent = ctx.facts.parent(sub)
+    if not isinstance(sub, cst.Name) or sub.value == 'self' or isinstance(parent, cst.Attribute) and parent.attr is sub \
+        or isinstance(parent, cst.Arg) and parent.keyword is sub:
+      continue
+    scope = ctx.facts.scope(sub)
+    found = list(scope[sub.value]) if scope is not None and sub.value in scope else []
+    if any(not isinstance(a.scope, outer) and not _inside(ctx, a.scope.node, function) for a in found):
+      raise Unsupported(name, f'a constructor argument uses {name.value}, defined in the method, which reads '
+                              f'{sub.value}, a local of the method that only the call knows: make it a field, or a '
+                              'constructor argument')
+  text = ctx.facts.code(function.with_changes(leading_lines=())).strip('\n').replace('\n', '\n  ')
+  if text not in ctx.plan.init_lines:
+    ctx.plan.init_lines.append(text)
+  return name.value
+
+
+def _inside(ctx: ClassContext, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+  while node is not None and node is not ancestor:
+    node = ctx.facts.parent(node)
+  return node is ancestor
 
 
 def _arm_values(ctx: ClassContext, name: cst.Name, assignments: list[cst.metadata.BaseAssignment]

@@ -467,3 +467,40 @@ def test_a_call_of_what_a_plain_function_of_the_file_returns_stays_but_one_of_a_
   todos = [e.message for e in transform_source(builder, rules).entries if e.kind == 'todo']
   assert any('class AddPositionEmbs left as Linen: sinusoidal_init(...)(...) builds a submodule from sinusoidal_init'
              in m for m in todos), todos
+
+
+NESTED_INIT = 'L2N002/nested_init_function'
+
+
+def test_a_nested_initializer_moves_into_init_and_initialises_as_linen_did():
+  """jax-md's BesselEmbedding: `def init_fn(key, shape)` in the compact body initialises `self.param`; its copy in
+  `__init__` gives the Linen initial values (parity on trained values: fixtures/L2N002/nested_init_function.*)."""
+  import jax
+  import numpy as np
+  from flax import nnx
+  from tests.codemods.rules.test_fixture_parity import FIXTURES
+  linen_scope, nnx_scope = {}, {}
+  exec(compile((FIXTURES / f'{NESTED_INIT}.in.py').read_text(), 'linen.py', 'exec'), linen_scope)
+  exec(compile((FIXTURES / f'{NESTED_INIT}.out.py').read_text(), 'nnx.py', 'exec'), nnx_scope)
+  linen = linen_scope['BesselEmbedding'](4, 0.5, 3.0)
+  params = linen.init(jax.random.key(0), jax.numpy.ones((5,)))['params']
+  port = nnx_scope['BesselEmbedding'](4, 0.5, 3.0, rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(port.frequencies[...], params['frequencies'])
+  wrong = (FIXTURES / f'{NESTED_INIT}.out.py').read_text().replace('jnp.arange(1, n + 1)', 'jnp.arange(n)', 1)
+  scope: dict = {}
+  exec(compile(wrong, 'wrong.py', 'exec'), scope)
+  assert not np.allclose(scope['BesselEmbedding'](4, 0.5, 3.0, rngs=nnx.Rngs(0)).frequencies[...],
+                         params['frequencies'])
+
+
+def test_a_nested_initializer_reading_a_local_of_the_call_keeps_the_class_linen():
+  from codemods import rules as registry
+  from codemods.transform import transform_source
+  from tests.codemods.rules.test_fixture_parity import FIXTURES
+  source = (FIXTURES / f'{NESTED_INIT}.in.py').read_text().replace(
+      '      return jnp.arange(1, n + 1) * jnp.pi', '      return jnp.arange(1, n + 1) * jnp.pi / rs.shape[0]')
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  assert result.classes == ()
+  (todo,) = [e.message for e in result.entries if e.kind == 'todo']
+  assert todo.endswith('a constructor argument uses init_fn, defined in the method, which reads rs, a local of the '
+                       'method that only the call knows: make it a field, or a constructor argument'), todo
