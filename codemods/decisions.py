@@ -11,7 +11,10 @@ for uses of NNX classes that would break. `decide_run` turns them into decisions
   class attribute holds for code out of sight (`module_class = Block`, which transformers'
   PreTrainedModel builds with Linen's arguments and runs with `.init` / `.apply`), is kept as
   Linen: its file is migrated again with it in `kept_classes`, and the run is checked again, until
-  no such use is left (the kept classes only grow, so this ends);
+  no such use is left (the kept classes only grow, so this ends). Its reason names the class that builds it;
+  where an earlier run named another that still builds it (its TODO is in the file), that one is named again
+  (`_earlier_reason`): a run starting from the earlier run's output may keep the class in another round, for
+  another of its builders, and a second run must change nothing;
 - any other broken use (an NNX class built without the arguments its `__init__` requires, `.init`
   / `.apply` on one, a Linen class building an NNX class the run did not convert, or
   `getattr(models, name)` on a module where this run converted classes) gets a TODO
@@ -22,6 +25,7 @@ for uses of NNX classes that would break. `decide_run` turns them into decisions
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing as tp
 
 from codemods.analysis.seams import HELD_FOR_LINEN_CODE
@@ -32,6 +36,9 @@ from codemods.analysis.seams import Seam
 from codemods.analysis.seams import find_seams
 
 SEAMS_CODE = 'L2N000'  # the code of the report entries for run-wide findings
+_KEPT_FOR = re.compile(r'^[ \t]*# TODO\(linen2nnx\): class (?P<name>\w+) kept as Linen: (?P<reason>the class '
+                       r'(?P<user>\w+) of (?P<file>\S+), which stays Linen, builds it); ', re.MULTILINE)
+"""An earlier run's TODO keeping a class Linen because a Linen class of another file builds it."""
 _KEPT_BY = {  # the uses of a class this run converted that keep it Linen -> how its user uses it
     LINEN_BUILDS_NNX: 'which stays Linen, builds it',
     LINEN_SUBCLASSES_NNX: 'which stays Linen, subclasses it',
@@ -66,7 +73,8 @@ def decide_run(sources: tp.Mapping[str, str], converted: tp.Mapping[str, tp.Coll
       retry.setdefault(seam.path, set()).add(seam.target_path)
     elif seam.kind in _KEPT_BY and ours:
       keep.setdefault(seam.target_path, {}).setdefault(
-          name, f'the class {seam.user} of {seam.path}, {_KEPT_BY[seam.kind]}')
+          name, _earlier_reason(sources, seam.target_path, name)
+          or f'the class {seam.user} of {seam.path}, {_KEPT_BY[seam.kind]}')
     elif seam.kind == HELD_FOR_LINEN_CODE:  # an NNX class the user wrote, held on purpose
       continue
     elif seam.kind == LOOKUP_BY_NAME and not converted.get(seam.target_path):  # a module of NNX classes the user wrote
@@ -76,6 +84,19 @@ def decide_run(sources: tp.Mapping[str, str], converted: tp.Mapping[str, tp.Coll
   if retry:
     return RunDecision({}, {}, retry)
   return RunDecision(keep, {} if keep else todos)
+
+
+def _earlier_reason(sources: tp.Mapping[str, str], path: str, name: str) -> str | None:
+  """The reason an earlier run's TODO in `path` gives for keeping the class `name` Linen because a class of another
+  file of the run builds it, when that class still names it in its body; else None."""
+  for found in _KEPT_FOR.finditer(sources.get(path, '')):
+    user_source = sources.get(found['file'])
+    if found['name'] != name or user_source is None:
+      continue
+    body = re.search(rf'^class {re.escape(found["user"])}\b.*?(?=^\S|\Z)', user_source, re.MULTILINE | re.DOTALL)
+    if body is not None and re.search(rf'\b{re.escape(name)}\b', body[0]):
+      return found['reason']
+  return None
 
 
 def with_todos(source: str, seams: tp.Sequence[Seam]) -> str:
