@@ -119,9 +119,9 @@ def size_param(ctx: ClassContext, plan: ClassRewrite, child: Child, nnx_arg: str
   """A new keyword-only constructor argument for a size the code does not determine, unless the example
   trace (`--examples`) found one expression of the class's fields for it: then that expression. `shape_ref`:
   an `x.shape[-1]` the child's arguments read, rather than an input size of the child. `each`: one size per
-  element of the list `child` is (`EachElement`); a child's argument that is one passes through as one."""
-  if child.sibling is not None and isinstance(dict(child.sibling.size_params).get(nnx_arg), EachElement):
-    each = True
+  element of the list `child` is (`EachElement`); a child's argument that is one passes through as one (its record
+  not `per_element`: the child's own record says how its tuple is measured)."""
+  passed_on = child.sibling is not None and isinstance(dict(child.sibling.size_params).get(nnx_arg), EachElement)
   traced = ctx.plan.traced.get((child.linen_name, nnx_arg)) \
       if child.api is None and child.spec is not None and not shape_ref else None
   if child.sibling is not None and input_index is not None:  # a class of the file: the input it is called with
@@ -134,13 +134,14 @@ def size_param(ctx: ClassContext, plan: ClassRewrite, child: Child, nnx_arg: str
   name = f'{child.attr}_{nnx_arg}'
   while name in plan.field_names or name in {p for p, _ in plan.size_params} or name == 'rngs':
     name += '_'
-  plan.size_params.append((name, EACH_ELEMENT if each else source))
+  plan.size_params.append((name, EACH_ELEMENT if each or passed_on else source))
   input_name = plan.call_params[source.index] if isinstance(source, Input) and not each else None
   if each:
-    detail = (f'{nnx_arg} of each element of self.{child.attr}, in order, {where or "not determined by the code"}'
-              if child.sibling is None or not isinstance(dict(child.sibling.size_params).get(nnx_arg), EachElement)
-              else f'{nnx_arg} of self.{child.attr}, one size per element of its list')
+    detail = f'{nnx_arg} of each element of self.{child.attr}, in order, {where or "not determined by the code"}'
     argument = ConstructorArgument(name, UNDETERMINED, detail, child.attr, child_argument=nnx_arg, per_element=True)
+  elif passed_on:
+    detail = f'{nnx_arg} of self.{child.attr}, one size per element of its list'
+    argument = ConstructorArgument(name, UNDETERMINED, detail, child.attr, child_argument=nnx_arg)
   elif child.api or shape_ref:  # an `x.shape[-1]` in a variable's shape: measurable when x is a call argument
     origin = INPUT_DIMENSION if input_name else UNDETERMINED
     read = 'the shape' if child.api else 'the arguments'
