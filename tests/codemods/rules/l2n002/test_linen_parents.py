@@ -1308,22 +1308,8 @@ class FlaxTinyModule(nn.Module):
     return hidden_states + self.attn(hidden_states)
 
 
-class FlaxTinyPreTrainedModel:
-  module_class: nn.Module = None
-
-  def __init__(self, config: TinyConfig, dtype: jnp.dtype = jnp.float32):
-    self.module = self.module_class(config=config, dtype=dtype)
-
-  def init_weights(self, rng, input_ids):
-    return self.module.init(rng, input_ids)["params"]
-
-  def __call__(self, params, input_ids):
-    return self.module.apply({"params": params}, input_ids)
-
-
-class FlaxTinyModel(FlaxTinyPreTrainedModel):
-  module_class = FlaxTinyModule
-'''
+''' + HF_MODEL_WRAPPER[HF_MODEL_WRAPPER.index('class FlaxTinyPreTrainedModel:'):].replace(
+    'FlaxTinyForClassificationModule', 'FlaxTinyModule').replace('FlaxTinyForClassification', 'FlaxTinyModel')
 
 
 def test_a_size_shaping_a_converted_class_s_own_variable_down_the_tree_is_found_by_the_bridge():
