@@ -357,8 +357,9 @@ def test_an_array_the_converted_init_computes_is_recomputed_by_the_bridge():
   _same_model(original, bridged, HIDDEN)
 
 
-# As transformers' modeling_flax_wav2vec2.py: the collection stays Linen because its layers' input size changes from
-# one iteration to the next; with the layers bridged, a second run would find another blocker there.
+# As transformers' modeling_flax_wav2vec2.py: the collection stays Linen because it calls its layers with a
+# train/eval argument computed from the data, which no switch of a converted layer takes; with the layers bridged,
+# which take it as written, a second run would find another blocker there.
 WAV2VEC2_STYLE = '''import flax.linen as nn
 import jax.numpy as jnp
 
@@ -378,9 +379,10 @@ class FlaxLayerNormConvLayer(nn.Module):
     self.conv = nn.Conv(features=self.config.conv_dim[self.layer_id],
                         kernel_size=(self.config.conv_kernel[self.layer_id],), padding="VALID", dtype=self.dtype)
     self.layer_norm = nn.LayerNorm(dtype=self.dtype)
+    self.dropout = nn.Dropout(0.1)
 
-  def __call__(self, hidden_states):
-    return nn.gelu(self.layer_norm(self.conv(hidden_states)))
+  def __call__(self, hidden_states, deterministic: bool = True):
+    return self.dropout(nn.gelu(self.layer_norm(self.conv(hidden_states))), deterministic=deterministic)
 
 
 class FlaxConvLayersCollection(nn.Module):
@@ -395,8 +397,7 @@ class FlaxConvLayersCollection(nn.Module):
 
   def __call__(self, hidden_states):
     for conv_layer in self.layers:
-      hidden_states = conv_layer(hidden_states) * 2
-      hidden_states = hidden_states[..., :-1]
+      hidden_states = conv_layer(hidden_states, deterministic=hidden_states.ndim < 4) * 2
     return hidden_states
 '''
 
@@ -1003,7 +1004,7 @@ def test_a_decoder_a_linen_wrapper_forwards_args_to_is_bridged_unless_args_could
 
 
 # In the layout of transformers' modeling_flax_wav2vec2.py: the adapter's layer list stays Linen for its own reason
-# (each layer's input size differs), and bridging its layers would change that reason in a second run.
+# (a train/eval argument computed from the data), and bridging its layers would change that reason in a second run.
 HF_ADAPTER = '''import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -1035,10 +1036,11 @@ class FlaxTinyAdapterLayer(nn.Module):
   def setup(self):
     self.conv = nn.Conv(features=2 * self.config.output_hidden_size, kernel_size=(1,), strides=(1,),
                         padding=((0, 0),), dtype=self.dtype)
+    self.dropout = nn.Dropout(0.1)
 
-  def __call__(self, hidden_states):
+  def __call__(self, hidden_states, deterministic: bool = True):
     hidden_states = self.conv(hidden_states)
-    return nn.glu(hidden_states, axis=2)
+    return self.dropout(nn.glu(hidden_states, axis=2), deterministic=deterministic)
 
 
 class FlaxTinyAdapterLayersCollection(nn.Module):
@@ -1052,8 +1054,8 @@ class FlaxTinyAdapterLayersCollection(nn.Module):
     ]
 
   def __call__(self, hidden_states):
-    for conv_layer in self.layers:
-      hidden_states = conv_layer(hidden_states)
+    for conv_layer in self.layers:  # a train/eval argument computed from the data: no switch of a converted layer
+      hidden_states = conv_layer(hidden_states, deterministic=hidden_states.ndim < 4)
     return hidden_states
 
 
