@@ -96,13 +96,21 @@ class _Widths:
   def __init__(self, call: tuple):
     self.taken = {d for leaf in jax.tree.leaves(call) for d in jnp.shape(leaf)}
     self.candidate = _FIRST_PLACEHOLDER
-    self.elements: dict[int, tuple[str, int]] = {}
+    self.elements: dict[int, tuple[str, int]] = {}  # width -> (size argument, element)
+    self._of_element: dict[tuple[str, int], int] = {}
 
   def next(self) -> int:
     while self.candidate in self.taken:
       self.candidate += 2
     self.candidate += 2
     return self.candidate - 2
+
+  def element(self, name: str, index: int) -> int:
+    """The width of element `index` of the per-element size `name`, handed out when first asked for."""
+    if (name, index) not in self._of_element:
+      self._of_element[(name, index)] = width = self.next()
+      self.elements[width] = (name, index)
+    return self._of_element[(name, index)]
 
 
 class _Placeholder(int):
@@ -118,11 +126,7 @@ class _Placeholder(int):
   def __getitem__(self, index: int) -> int:
     if type(index) is not int or index < 0:
       raise TypeError(f'the per-element size {self.name} is indexed by {index!r}, not an element number')
-    known = {key: value for value, key in self.widths.elements.items()}
-    if (self.name, index) not in known:
-      known[(self.name, index)] = value = self.widths.next()
-      self.widths.elements[value] = (self.name, index)
-    return known[(self.name, index)]
+    return self.widths.element(self.name, index)
 
 
 def _per_element(found: dict[tp.Any, int], widths: _Widths) -> dict[str, tp.Any]:

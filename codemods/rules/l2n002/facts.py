@@ -67,6 +67,12 @@ class FileFacts:
   def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
     return self.metadata(ParentNodeProvider, node, None)
 
+  def inside(self, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+    """Whether `node` is `ancestor` or one of its descendants."""
+    while node is not None and node is not ancestor:
+      node = self.parent(node)
+    return node is ancestor
+
   def qualified_names(self, node: cst.CSTNode) -> tp.Collection[QualifiedName]:
     """What `node` names, a module-level alias of a flax name (`remat = nn_partitioning.remat`) followed."""
     names = self.metadata(QualifiedNameProvider, node, set())

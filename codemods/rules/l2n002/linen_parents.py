@@ -84,7 +84,7 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
     call = facts.parent(name)
     if not (isinstance(call, cst.Call) and call.func is name):
       return f'it uses {plan.name} other than by building it'
-    if blocker is not None and (_inside(facts, call, blocker) or _inside(facts, blocker, call)) \
+    if blocker is not None and (facts.inside(call, blocker) or facts.inside(blocker, call)) \
         and not _setup_code_blocker(facts, blocker, call, setup):
       return f'a construction of {plan.name} is what keeps {user} Linen'
     if blocker is None and _in_loop(facts, call, node):  # kept for a use elsewhere, `user` is planned by a second run
@@ -312,7 +312,7 @@ def _construction_blocker(facts: FileFacts, plan: ClassRewrite, call: cst.Call,
   modes = [i for i, name in enumerate(plan.linen_fields) if name in plan.mode_fields]
   if modes and positional > modes[0]:
     return f'a construction of {plan.name} gives its train/eval field {plan.linen_fields[modes[0]]} by position'
-  if 'name' not in keywords and auto is None and (setup is None or not _inside(facts, call, setup)):
+  if 'name' not in keywords and auto is None and (setup is None or not facts.inside(call, setup)):
     return f'{plan.name} is built outside setup() without name=, where Linen numbers it by code the run does not ' \
            'follow (a loop, a condition before it, a nested function): give it name='
   return None
@@ -476,7 +476,7 @@ def _listed_as(facts: FileFacts, setup: cst.FunctionDef, call: cst.Call) -> str 
   """The setup() attribute that holds the construction `call` through a list local of setup() (diffusers' blocks:
   `res_block = Block(...)`, `resnets.append(res_block)`, then `self.resnets = resnets`; or `resnets = [Block(...)]`),
   else None. The list is bound once and read only so: appended to, stored once."""
-  if not _inside(facts, call, setup):
+  if not facts.inside(call, setup):
     return None
   parent = facts.parent(call)
   statement = _statement_of(facts, call)
@@ -698,7 +698,7 @@ def _setup_code_blocker(facts: FileFacts, blocker: cst.CSTNode, call: cst.Call, 
   """Whether `user` is kept for this very construction in setup() code (`X(...)` inside a list, a conditional
   expression: `setup_code.setup_code_blocker`), which a second run finds again in `nnx_bridge.to_linen(X, ...)`
   and says the same of: the construction is bridged where it is."""
-  return blocker is call.func and setup is not None and _inside(facts, call, setup)
+  return blocker is call.func and setup is not None and facts.inside(call, setup)
 
 
 def _in_loop(facts: FileFacts, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
@@ -706,12 +706,6 @@ def _in_loop(facts: FileFacts, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool
   second run plans the class (loops.py converts no Linen module built in a loop)."""
   return any(isinstance(above, (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp))
              for above in _above(facts, node, ancestor))
-
-
-def _inside(facts: FileFacts, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
-  while node is not None and node is not ancestor:
-    node = facts.parent(node)
-  return node is ancestor
 
 
 def _statement_of(facts: FileFacts, node: cst.CSTNode) -> cst.SimpleStatementLine | None:

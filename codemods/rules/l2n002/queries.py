@@ -155,7 +155,7 @@ def _hoisted_function(ctx: ClassContext, name: cst.Name, function: cst.FunctionD
       continue
     scope = ctx.facts.scope(sub)
     found = list(scope[sub.value]) if scope is not None and sub.value in scope else []
-    if any(not isinstance(a.scope, outer) and not _inside(ctx, a.scope.node, function) for a in found):
+    if any(not isinstance(a.scope, outer) and not ctx.facts.inside(a.scope.node, function) for a in found):
       raise Unsupported(name, f'a constructor argument uses {name.value}, defined in the method, which reads '
                               f'{sub.value}, a local of the method that only the call knows: make it a field, or a '
                               'constructor argument')
@@ -163,12 +163,6 @@ def _hoisted_function(ctx: ClassContext, name: cst.Name, function: cst.FunctionD
   if text not in ctx.plan.init_lines:
     ctx.plan.init_lines.append(text)
   return name.value
-
-
-def _inside(ctx: ClassContext, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
-  while node is not None and node is not ancestor:
-    node = ctx.facts.parent(node)
-  return node is ancestor
 
 
 def _arm_values(ctx: ClassContext, name: cst.Name, assignments: list[cst.metadata.BaseAssignment]
