@@ -52,13 +52,14 @@ def build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr:
     raise Unsupported(ctor, 'parent= is not converted')
   name = kwargs.pop('name', None)
   listed = ctx.loops.list_name(ctx, ctor, name)  # built in a loop, name=f'layer_{i}': the nnx.List `layers`
-  if name is not None and listed is None and not _named_right(name, attr):
+  element = attr is not None and isinstance(ctx.facts.parent(ctor), cst.Element)  # its name: element_lists.place
+  if name is not None and listed is None and not element and not _named_right(name, attr):
     raise Unsupported(ctor, 'name= is not a literal identifier')
   cell = _cell(ctx, ctor, wrapper, kwargs.pop(wrapper.cell_kwarg, None), counts) if wrapper is not None else None
   refs = queries.size_refs(ctx, kwargs.values())
   for value in kwargs.values():
     queries.check_hoistable(ctx, value, skip=set(refs))
-  explicit = listed or (name.evaluated_value if name is not None else attr)
+  explicit = listed or (name.evaluated_value if isinstance(name, cst.SimpleString) else attr)
   if not explicit:
     counts[short] = counts.get(short, -1) + 1  # Linen numbers auto-named children per class
   child = Child(listed or attr or explicit or '', explicit or f'{short}_{counts[short]}', ctor, spec, sibling, kwargs,

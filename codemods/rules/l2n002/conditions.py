@@ -67,9 +67,9 @@ def arm_path(ctx: ClassContext, node: cst.CSTNode) -> ArmPath:
   child, parent = node, ctx.facts.parent(node)
   while parent is not None and not isinstance(parent, cst.FunctionDef):
     if isinstance(parent, cst.If) and child is parent.body:
-      found |= {(_test_key(ctx, parent.test), True), *_earlier_tests(ctx, parent)}
+      found |= {*_holding(ctx, parent.test), *_earlier_tests(ctx, parent)}
     elif isinstance(parent, cst.Else) and isinstance(owner := ctx.facts.parent(parent), cst.If):
-      found |= {(_test_key(ctx, owner.test), False), *_earlier_tests(ctx, owner)}
+      found |= {*_holding(ctx, owner.test, holds=False), *_earlier_tests(ctx, owner)}
     child, parent = parent, ctx.facts.parent(parent)
   return frozenset(found)
 
@@ -85,10 +85,47 @@ def _earlier_tests(ctx: ClassContext, statement: cst.If) -> set[tuple[str, bool]
   """The tests of the arms before the `elif` `statement` in its chain, none of which holds where it runs."""
   found, node = set(), statement
   while isinstance(parent := ctx.facts.parent(node), cst.If) and parent.orelse is node:
-    found.add((_test_key(ctx, parent.test), False))
+    found.add((test_key(ctx, parent.test), False))
     node = parent
   return found
 
 
-def _test_key(ctx: ClassContext, test: cst.BaseExpression) -> str:
+def _holding(ctx: ClassContext, test: cst.BaseExpression, holds: bool = True) -> set[tuple[str, bool]]:
+  """What an arm whose `test` holds (fails: `holds` False) knows: the test, and, where it holds, each term of an
+  `and`, the operand of a `not` failing, and the same of a local bound once to tests of fields (T5's
+  `do_cross_attention = self.causal and encoder_hidden_states is not None`, then `if do_cross_attention:`)."""
+  found = {(test_key(ctx, test), holds)}
+  if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+    found |= _holding(ctx, test.expression, not holds)
+  elif holds and isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+    found |= _holding(ctx, test.left) | _holding(ctx, test.right)
+  elif holds and isinstance(test, cst.Name) and (value := _bound_once(ctx, test)) is not None:
+    found |= _field_terms(ctx, value)
+  return found
+
+
+def _field_terms(ctx: ClassContext, test: cst.BaseExpression) -> set[tuple[str, bool]]:
+  """The terms of an `and` of `test` that read fields alone (`self.causal`), which hold wherever the test did."""
+  if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+    return _field_terms(ctx, test.left) | _field_terms(ctx, test.right)
+  names = [n for n in (test, *descendants(test)) if isinstance(n, cst.Name)
+           and not (isinstance(ctx.facts.parent(n), cst.Attribute) and ctx.facts.parent(n).attr is n)]
+  if names and all(n.value == 'self' for n in names):
+    return {(test_key(ctx, test), True)}
+  return set()
+
+
+def _bound_once(ctx: ClassContext, name: cst.Name) -> cst.BaseExpression | None:
+  """The value of the local `name` where its scope binds it once, by a plain `name = value`; else None."""
+  scope = ctx.facts.scope(name)
+  assignments = list(scope.assignments[name.value]) if scope is not None and name.value in scope else []
+  if len(assignments) != 1 or not isinstance(target := getattr(assignments[0], 'node', None), cst.Name):
+    return None
+  assign = ctx.facts.parent(ctx.facts.parent(target))
+  if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target:
+    return assign.value
+  return None
+
+
+def test_key(ctx: ClassContext, test: cst.BaseExpression) -> str:
   return ' '.join(ctx.facts.code(test).split())

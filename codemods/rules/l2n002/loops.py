@@ -255,6 +255,8 @@ class Loops:
     if site is None and child.element is None or child.hoisted:
       return False
     parent, element = ctx.facts.parent(sub), None
+    if isinstance(parent, cst.Subscript) and ctx.facts.parent(parent) in calls:
+      return True  # `self.layer[k](...)` of a list written out: its element's call (element_lists.indexed_calls)
     if isinstance(parent, cst.Arg) and isinstance(ctx.facts.parent(parent), cst.Call) \
         and is_builtin(ctx, ctx.facts.parent(parent).func, 'len') and len(ctx.facts.parent(parent).args) == 1:
       return True  # `len(self.layers)`: an nnx.List has the length of the Linen list

@@ -165,6 +165,7 @@ def _plan_members(ctx: ClassContext, node: cst.ClassDef, methods: dict[str, cst.
   scope.plan_scope_calls(ctx, node, plan, setup, taken | {c.attr for c in plan.children})
   calls = children.inline_calls(ctx, plan, inline)
   tied = tied_uses(ctx, plan, methods, setup)  # `.apply` with a shared kernel, `.variables[...]`
+  element_lists.indexed_calls(ctx, plan, methods, calls)  # `self.layer[-1](...)` of a setup() list of layers
   children.setup_child_calls(ctx, plan, methods, setup, calls, tied)
   element_lists.check_calls(ctx, plan, calls)
   lifted.check_calls(ctx)
@@ -325,6 +326,13 @@ def _plan_setup(ctx: ClassContext, plan: ClassRewrite, setup: cst.FunctionDef, c
       derived_statements.update(derived.statements)
     elif not ctx.loops.setup_append(ctx, statement, setup):  # `layers = []` + `for ...: layers.append(...)`: go
       _setup_statement(ctx, plan, statement, counts)
+  element_lists.place(ctx, plan, setup)
+  for value in plan.lists:
+    elements = [c for c in plan.children if c.element is not None and c.ctor in descendants(value)]
+    if elements:
+      first, second = (elements[0].linen_name.replace('{i}', str(k)) for k in (0, 1))
+      plan.pending.append((value, f'self.{elements[0].attr}: a {"tuple" if isinstance(value, cst.Tuple) else "list"} '
+                                  f'of layers -> nnx.List (Linen names them {first}, {second}, ...)'))
 
 
 def _value_placeholders(ctx: ClassContext, plan: ClassRewrite, setup: cst.FunctionDef) -> None:
@@ -335,8 +343,8 @@ def _value_placeholders(ctx: ClassContext, plan: ClassRewrite, setup: cst.Functi
   placeholders = value_placeholders(setup)
   for child in plan.children:
     statement = placeholders.get(child.attr)
-    if child.hoisted or child.api is not None or statement is None:
-      continue
+    if child.hoisted or child.api is not None or child.element is not None or statement is None:
+      continue  # (the head of a list of layers setup() extends is the list's own statement)
     top = next((s for s in body if s is child.ctor or any(n is child.ctor for n in descendants(s))), None)
     if top is None or body.index(top) <= body.index(statement) \
         or any(self_assignment(s) == child.attr for s in body[body.index(top) + 1:]):
@@ -369,8 +377,12 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
   elif isinstance(value, cst.IfExp) and (built := _conditional_construction(ctx, value)) is not None:
     child = _build_child(ctx, built[0], counts, target)  # `self.shortcut = ShortCut(...) if apply else None`
     child.condition = built[1]  # the conditional stays, around the converted construction
-  elif isinstance(value, cst.List) and (ctors := element_lists.element_constructions(ctx, value, target)) is not None:
+  elif isinstance(value, (cst.List, cst.Tuple)) \
+      and (ctors := element_lists.element_constructions(ctx, value, target)) is not None:
     _element_list(ctx, plan, value, target, ctors, counts)  # `self.layer = [A(...), A(...)]`: an nnx.List
+    return
+  elif (extended := element_lists.extension(ctx, statement, plan)) is not None:
+    _element_list(ctx, plan, extended[1], extended[0], extended[2], counts)  # `self.layer += (B(...),)`
     return
   elif isinstance(value, cst.ListComp):  # `self.layers = [nn.Dense(f) for f in ...]`: an nnx.List (loops.py)
     child = _build_child(ctx, ctx.loops.setup_list(ctx, value, target), counts, target)
@@ -412,19 +424,18 @@ def _element_list(ctx: ClassContext, plan: ClassRewrite, value: cst.List, attr: 
                   counts: dict[str, int]) -> None:
   """`self.<attr> = [A(...), A(...)]` in setup(): a child per element, each converted in place, in an nnx.List
   (`element_lists.py`)."""
-  if attr in {c.attr for c in plan.children}:
+  extended = any(c.attr == attr and c.element is not None for c in plan.children)  # `self.layer += (B(...),)`
+  if attr in {c.attr for c in plan.children} and not extended:
     raise Unsupported(value, f'self.{attr} assigned twice')
-  pattern = element_lists.linen_pattern(ctx, ctors, attr)
-  for k, ctor in enumerate(ctors):
+  for ctor in ctors:
     child = _build_child(ctx, ctor, counts, attr)
     if child.bridged or child.sibling is not None and child.sibling.example_params:
       raise Unsupported(ctor, f'self.{attr}: a list of layers wrapped with nnx_bridge.from_linen, or holding such '
                               'layers: each would need its own example inputs')
-    child.element, child.linen_name = k, pattern
+    child.element = len([c for c in plan.children if c.attr == attr])  # its place, fixed by element_lists.place
     plan.children.append(child)
-  plan.lists.add(value)
-  first, second = (pattern.replace('{i}', str(k)) for k in (0, 1))
-  plan.pending.append((value, f'self.{attr}: a list of layers -> nnx.List (Linen names them {first}, {second}, ...)'))
+  if not extended:
+    plan.lists.add(value)
 
 
 def _conditional_construction(ctx: ClassContext, value: cst.IfExp) -> tuple[cst.Call, str | None] | None:

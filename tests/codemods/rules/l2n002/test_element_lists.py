@@ -1,4 +1,5 @@
-"""L2N002 on setup() lists written out (`self.layer = [A(...), A(...)]`, transformers' ResNet collections): the
+"""L2N002 on setup() lists written out (`self.layer = [A(...), A(...)]`, transformers' ResNet collections, or a tuple
+built in steps, T5's `self.layer += (B(...),)`): the
 fixture's parity (tests/codemods/rules/test_fixture_parity.py) proves the ports; here, that each element is sized
 from the one before it, that a port with two elements swapped is caught, and that lists of other shapes keep a
 precise TODO."""
@@ -117,6 +118,10 @@ class M(nn.Module):
     return x
 '''
 LOOP = '    for layer in self.layers:\n      x = layer(x)'
+STEPS = '''    self.layers = (nn.Dense(4),)
+    if self.wide:
+      self.layers += (nn.Dense(4),)
+    self.layers += (nn.Dense(2),)'''  # a tuple built in steps: the last layer stands at 1 or 2
 
 
 @pytest.mark.parametrize('body, call, message', [
@@ -127,8 +132,15 @@ LOOP = '    for layer in self.layers:\n      x = layer(x)'
      "a list of layers named 'a', 'b' (converted: no name=, or names that end in their index)"),
     ('    if self.wide:\n      self.layers = [nn.Dense(4), nn.Dense(4)]', LOOP,
      'a list of layers built inside a block of setup()'),
-    ('    self.layers = [nn.Dense(4), nn.Dense(4)]', '    x = self.layers[0](x)',
+    ('    self.layers = [nn.Dense(4), nn.Dense(4)]', '    first = self.layers[0]\n    x = first(x)',
      'self.layers (a list of layers) used other than by `for layer in self.layers:`'),
+    (STEPS, '    x = self.layers[1](x)',
+     'self.layers[1]: the layer it calls depends on conditions the call does not fix (2 layers of the list may '
+     'stand there)'),
+    (STEPS, LOOP, 'a for loop over self.layers, a list of layers some of which setup() adds under a condition'),
+    (STEPS.replace('nn.Dense(4)', 'nn.Dense(4, name=str(1))').replace('nn.Dense(2)', 'nn.Dense(2, name=str(1))'),
+     '    x = self.layers[-1](x)', 'a list of layers named str(1), str(1), str(1) (converted: no name=, or names '
+                                  'that end in their index)'),
 ])
 def test_lists_that_stay_linen(body, call, message):
   assert message in _todo(SETUP.format(body=body, call=call))
