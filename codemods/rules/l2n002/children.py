@@ -21,16 +21,19 @@ from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 from codemods.rules.l2n002.sizes import setup_bindings
 from nnx_bridge.layer_table import (
   SHARED_LAYER_ATTRIBUTES,
+  LayerSpec,
   WrapperSpec,
   find_wrapper,
   linen_fields,
 )
 
 
-def build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> Child:
+def build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr: str | None,
+                built: tuple[str, LayerSpec | None, ClassRewrite | None] | None = None) -> Child:
   """The child the construction `ctor` builds (`attr`: its setup() attribute, None inline): what it is, its
-  arguments, the cell of a wrapper, its lifted options; `counts` numbers Linen's auto-named children."""
-  linen, spec, sibling = constructions.constructed(ctx, ctor)
+  arguments, the cell of a wrapper, its lifted options; `counts` numbers Linen's auto-named children. `built`: what
+  it builds, where not the first class `constructions.constructed` names (another class a local may name)."""
+  linen, spec, sibling = built or constructions.constructed(ctx, ctor)
   if spec is None and sibling is None and (linen in ctx.facts.linen_classes or linen == constructions.TO_LINEN):
     return _bridged_child(ctx, ctor, linen, counts, attr)
   wrapper = find_wrapper(linen) if spec is None and sibling is None else None

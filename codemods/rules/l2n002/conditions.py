@@ -12,7 +12,7 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
-from codemods.rules.l2n002.plan import Unsupported
+from codemods.rules.l2n002.plan import Child, Unsupported
 
 
 Tests = tuple[tuple[str, bool], ...]
@@ -72,6 +72,17 @@ def arm_path(ctx: ClassContext, node: cst.CSTNode) -> ArmPath:
       found |= {*_holding(ctx, owner.test, holds=False), *_earlier_tests(ctx, owner)}
     child, parent = parent, ctx.facts.parent(parent)
   return frozenset(found)
+
+
+def built_under(ctx: ClassContext, child: Child) -> ArmPath:
+  """The arms `child` exists under: its construction's, and those a local naming one class or another names its class
+  under (`constructions.chosen_classes`)."""
+  return arm_path(ctx, child.ctor) | child.chosen
+
+
+def same_place(child: Child, other: Child) -> bool:
+  """Whether `other` stands where `child` does: the same attribute, and for an element of a list the same one."""
+  return other.attr == child.attr and (child.element is None or other.ctor is child.ctor)
 
 
 def may_meet(left: ArmPath, right: ArmPath) -> bool:

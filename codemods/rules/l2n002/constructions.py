@@ -9,14 +9,16 @@ Plain functions over a `context.ClassContext`; this module imports no pass.
 
 from __future__ import annotations
 
+import dataclasses
 import typing as tp
 
 import libcst as cst
 
 from codemods.rules.l2n002 import queries
+from codemods.rules.l2n002.conditions import ArmPath, arm_path, test_key
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.factory_fields import Factory
-from codemods.rules.l2n002.nodes import int_tuple, is_self_attr, literal_dict, literal_ints, renumbered
+from codemods.rules.l2n002.nodes import assigned_name, int_tuple, is_self_attr, literal_dict, literal_ints, renumbered
 from codemods.rules.l2n002.plan import ClassRewrite, Stacked, Unsupported
 from codemods.vocabulary import (
   BROADCAST_NAMES,
@@ -63,6 +65,15 @@ def constructed(ctx: ClassContext, call: cst.Call) -> tuple[str, LayerSpec | Non
     return rematted, None, sibling
   if isinstance(func, cst.Name) and func.value in ctx.facts.linen_classes:
     return func.value, None, ctx.converted.get(func.value)  # no plan: a Linen class, bridged
+  choices = chosen_classes(ctx, func) if isinstance(func, cst.Name) else None
+  if choices is not None:  # `attention_layer(...)`, the local naming one class or another: each an alternative
+    kept = next((c.linen for c in choices if c.linen not in ctx.converted), None)
+    if kept is not None:
+      raise Unsupported(call, f'{func.value}(...) builds {kept} in some arm, a class that stays Linen: a class chosen '
+                              'by a local is converted when every class it may name is')
+    ctx.plan.choices[call] = choices
+    ctx.plan.factory_callee[call] = func.value
+    return choices[0].linen, None, ctx.converted[choices[0].linen]
   if isinstance(func, (cst.Name, cst.Attribute)) and ctx.facts.has_name(func, TO_LINEN_NAMES):
     return TO_LINEN, None, None  # an NNX class an earlier run's Linen parent built: a Linen module
   kept = queries.kept_target(ctx, func)
@@ -334,6 +345,58 @@ def wrapped_local(ctx: ClassContext, name: cst.Name) -> str | None:
     ctx.plan.pending.append((value, f'{name.value} = {ctx.facts.code(value.func)}({target}, ...) -> the subclass of '
                                     f'{target} whose __call__ runs through {transform}: {effect}, as in Linen'))
   return target
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """One class a local of setup() may name (`attention_layer = FlaxLongT5LayerSelfAttention` in one arm of an if
+  chain, `layer = A if <test> else B`): the class's name node in the binding, and the arms it is bound under."""
+
+  node: cst.Name
+  linen: str
+  arms: ArmPath
+
+
+def chosen_classes(ctx: ClassContext, name: cst.Name) -> list[Choice] | None:
+  """The classes of the file a local of a method names where every binding of it is `name = <Class>` or `name = A
+  if <test> else B` (transformers' LongT5 block picks its attention layer so, ResNet its layer kind), and every
+  use builds a submodule (`name(...)`); None for other names."""
+  scope = ctx.facts.scope(name)
+  if scope is None or isinstance(scope, (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)) \
+      or name.value in ctx.facts.linen_classes or name.value not in scope:
+    return None
+  found: list[Choice] = []
+  for assignment in scope[name.value]:
+    target = ctx.facts.parent(getattr(assignment, 'node', None)) if isinstance(assignment, cst.metadata.Assignment) \
+        else None
+    assign = ctx.facts.parent(target) if isinstance(target, cst.AssignTarget) else None
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1) or not _in_setup(ctx, assign):
+      return None
+    path, value = arm_path(ctx, assign), assign.value
+    arms = [(value.body, path | {(test_key(ctx, value.test), True)}), (value.orelse, path | {(test_key(ctx, value.test), False)})] \
+        if isinstance(value, cst.IfExp) else [(value, path)]
+    for node, arms_of in arms:
+      if not (isinstance(node, cst.Name) and node.value in ctx.facts.linen_classes):
+        return None
+      found.append(Choice(node, node.value, frozenset(arms_of)))
+    for reference in assignment.references:
+      parent = ctx.facts.parent(reference.node)
+      if not (isinstance(parent, cst.Call) and parent.func is reference.node):
+        return None
+  return found or None
+
+
+def _in_setup(ctx: ClassContext, node: cst.CSTNode) -> bool:
+  """Whether `node` sits in a setup() method, directly (not in a nested function)."""
+  while node is not None and not isinstance(node, cst.FunctionDef):
+    node = ctx.facts.parent(node)
+  return node is not None and node.name.value == 'setup'
+
+
+def choice_binding(ctx: ClassContext, statement: cst.BaseStatement) -> bool:
+  """Whether `statement` binds a local of `chosen_classes` (it stays, naming the NNX classes)."""
+  name = assigned_name(statement)
+  return name is not None and chosen_classes(ctx, statement.body[0].targets[0].target) is not None
 
 
 def wrapped_binding(ctx: ClassContext, statement: cst.BaseStatement) -> bool:

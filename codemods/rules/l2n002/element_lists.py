@@ -75,7 +75,7 @@ def place(ctx: ClassContext, plan: ClassRewrite, setup: cst.FunctionDef) -> None
   name pattern of the list's elements; raises Unsupported where neither is fixed."""
   lists: dict[str, list[Child]] = {}
   for child in plan.children:
-    if child.element is not None:
+    if child.element is not None and not child.alternative:  # (another class the same construction may build)
       lists.setdefault(child.attr, []).append(child)
   for attr, elements in lists.items():
     paths = [arm_path(ctx, c.ctor) for c in elements]
@@ -88,8 +88,10 @@ def place(ctx: ClassContext, plan: ClassRewrite, setup: cst.FunctionDef) -> None
         raise Unsupported(child.ctor, f'self.{attr}: a layer whose place in the list depends on conditions both '
                                       'before it and on itself or after it')
     pattern = linen_pattern(ctx, setup, elements, attr)
-    for child in elements:
-      child.linen_name = pattern
+    for child in plan.children:
+      if child.attr == attr and child.element is not None:
+        first = next(c for c in elements if c.ctor is child.ctor)
+        child.element, child.linen_name = first.element, pattern
 
 
 def linen_pattern(ctx: ClassContext, setup: cst.FunctionDef, elements: list[Child], attr: str) -> str:
@@ -206,7 +208,7 @@ def _indexed(ctx: ClassContext, plan: ClassRewrite, subscript: cst.Subscript) ->
     return None
   k = -int(literal.value) if negative else int(literal.value)
   attr = subscript.value.attr.value
-  elements = [c for c in plan.children if c.attr == attr and c.element is not None]
+  elements = [c for c in plan.children if c.attr == attr and c.element is not None and not c.alternative]
   paths = [arm_path(ctx, c.ctor) for c in elements]
   where = arm_path(ctx, call)
   found = [c for n, c in enumerate(elements) if may_meet(paths[n], where) and _may_stand(paths, n, k, where)]

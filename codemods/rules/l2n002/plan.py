@@ -79,6 +79,8 @@ class Child:
   condition: str | None = None  # built only when this holds (code for __init__), else the attribute is None
   alternative: bool = False  # another arm of a setup() `if` builds the attribute too (the first such child)
   element: int | None = None  # its index in a setup() list written out (`self.layer = [A(...), A(...)]`)
+  chosen: frozenset[tuple[str, bool]] = frozenset()  # the arms a local naming one class or another (`attention_layer
+  #                                                    = A` in an if chain) names this child's class under
 
   @property
   def repeated(self) -> bool:
@@ -139,6 +141,7 @@ class ClassRewrite:
   params: list[str] = dataclasses.field(default_factory=list)  # __init__'s field parameters, as code
   field_names: list[str] = dataclasses.field(default_factory=list)
   call_params: list[str] = dataclasses.field(default_factory=list)
+  call_kwargs: bool = False  # `__call__` takes **kwargs (LongT5's attention layers, "to accept init_cache kwargs")
   compact: bool = False
   linen_fields: list[str] = dataclasses.field(default_factory=list)  # all Linen fields, mode fields included
   mode_fields: dict[str, bool] = dataclasses.field(default_factory=dict)  # `training: bool` field -> inverted
@@ -208,6 +211,8 @@ class ClassRewrite:
   conditions: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # construction -> when it exists
   extra_calls: dict[cst.Call, cst.Call] = dataclasses.field(default_factory=dict)  # later call of a local -> ctor
   factory_callee: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # through a factory -> NNX callee
+  choices: dict[cst.Call, tp.Any] = dataclasses.field(default_factory=dict)  # `layer(...)` of a local naming one class
+  #                                   or another -> its constructions.Choice list
   hoistable: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # valid in __init__ as they are
   factory_locals: dict[cst.SimpleStatementLine, list[cst.Name]] = dataclasses.field(default_factory=dict)
   reported_factories: set[str] = dataclasses.field(default_factory=set)  # factory fields already reported

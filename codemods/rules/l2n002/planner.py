@@ -13,6 +13,7 @@ import libcst as cst
 
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import (
+  choices,
   children,
   constructions,
   decode_cache,
@@ -26,7 +27,7 @@ from codemods.rules.l2n002 import (
   scope,
   sizes,
 )
-from codemods.rules.l2n002.conditions import arm_path, construction_conditions, may_meet
+from codemods.rules.l2n002.conditions import arm_path, built_under, construction_conditions, may_meet, same_place
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.example_shapes import add_shape_formulas
 from codemods.rules.l2n002.facts import FileFacts
@@ -124,6 +125,7 @@ def _run(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
   call_params = [p.name.value for p in (*call.params.params[1:], *call.params.kwonly_params)]
   plan = ctx.plan
   plan.params, plan.field_names, plan.call_params, plan.compact = params, field_names, call_params, method is not None
+  plan.call_kwargs = call.params.star_kwarg is not None
   plan.linen_fields, plan.mode_fields = linen_field_names, mode_fields
   if base is not None:  # a subclass of a project base class keeps it (converted in its own file)
     plan.base = ctx.facts.code(ctx.facts.linen_base(node).value)
@@ -197,7 +199,7 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.C
   for child in plan.children:
     if not child.alternative:
       continue
-    first = next(c for c in plan.children if c.attr == child.attr and not c.alternative)
+    first = next(c for c in plan.children if same_place(child, c) and not c.alternative)
     listed = first.ctor in ctx.loops.sites or child.ctor in ctx.loops.sites
     signature = lambda c: (c.sibling.call_params, [m[:2] for m in c.sibling.mode_params]) if c.sibling is not None \
         else _layer_signature(c) if c.spec is not None else c
@@ -215,20 +217,19 @@ def _fits_its_arms(ctx: ClassContext, plan: ClassRewrite, child: Child, calls: d
   run with (`conditions.may_meet`: BigBird's `self.self`, full attention in one arm and block-sparse attention in
   the other, each called under the same test in `__call__` with its own arguments): its arguments bind to the
   class's call, and it drops the same train/eval switches whichever it runs."""
-  arms = [c for c in plan.children if c.attr == child.attr]
+  arms = [c for c in plan.children if same_place(child, c)]
   if any(c.sibling is None for c in arms):
     return False
   for call, called in calls.items():
-    if called.attr != child.attr:
+    if not same_place(child, called):
       continue
     path = arm_path(ctx, call)
-    reached = [c for c in arms if may_meet(arm_path(ctx, c.ctor), path)]
+    reached = [c for c in arms if may_meet(built_under(ctx, c), path)]
     keywords = {a.keyword.value for a in call.args if a.keyword is not None}
     positional = sum(1 for a in call.args if a.keyword is None)
     if any(a.star for a in call.args) or len({frozenset(modes.call_modes(ctx, call, c)) for c in reached}) > 1 \
-        or any(positional > len(c.sibling.call_params) or not keywords <= {*c.sibling.call_params,
-                                                                            *(m[1] for m in c.sibling.mode_params)}
-               for c in reached):
+        or any(positional > len(c.sibling.call_params) or not c.sibling.call_kwargs and not keywords <= {
+                   *c.sibling.call_params, *(m[1] for m in c.sibling.mode_params)} for c in reached):
       return False
   return True
 
@@ -283,6 +284,7 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
       child.text = f'nnx.data({child.text})'
     if not child.hoisted:
       ctx.plan.exprs[child.ctor] = child.text
+  choices.bind_sizes(ctx, plan)  # `attention_layer(...)`: the arguments all its classes take
   plan.mode_params = [(i, name, MODE_PARAMS[name]) for i, name in mode.items()]
   if mode or method is call:
     ctx.plan.methods[call] = set(mode.values())
@@ -356,10 +358,11 @@ def _value_placeholders(ctx: ClassContext, plan: ClassRewrite, setup: cst.Functi
                                          'nnx.data(...)'))
 
 
-def _build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr: str | None) -> Child:
+def _build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr: str | None,
+                 built: tuple | None = None) -> Child:
   """The child `ctor` builds, its constructor's train/eval kwargs (and its cell's) dropped: NNX's train() / eval()
   set them (`modes.ctor_modes`)."""
-  child = children.build_child(ctx, ctor, counts, attr)
+  child = children.build_child(ctx, ctor, counts, attr, built)
   if child.cell is not None:
     modes.ctor_modes(ctx, child.cell)
   modes.ctor_modes(ctx, child)
@@ -412,12 +415,15 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
     return
   elif constructions.wrapped_binding(ctx, statement):  # `CheckpointLayer = remat(Layer, ...)`: the NNX class, bound
     return                                              # where Linen bound it
+  elif constructions.choice_binding(ctx, statement):  # `attention_layer = A` in an arm: naming the NNX class
+    return
   else:  # plain code (`head_dim = ...`, `if ...: raise`): it stays, in its place in __init__
     _plain_setup_code(ctx, plan, statement)
     return
   if target in {c.attr for c in plan.children}:
     raise Unsupported(statement, f'self.{target} assigned twice')
   plan.children.append(child)
+  plan.children += choices.alternatives(ctx, child, lambda built: _build_child(ctx, child.ctor, counts, target, built))
 
 
 def _element_list(ctx: ClassContext, plan: ClassRewrite, value: cst.List, attr: str, ctors: list[cst.Call],
@@ -432,8 +438,9 @@ def _element_list(ctx: ClassContext, plan: ClassRewrite, value: cst.List, attr: 
     if child.bridged or child.sibling is not None and child.sibling.example_params:
       raise Unsupported(ctor, f'self.{attr}: a list of layers wrapped with nnx_bridge.from_linen, or holding such '
                               'layers: each would need its own example inputs')
-    child.element = len([c for c in plan.children if c.attr == attr])  # its place, fixed by element_lists.place
+    child.element = len({c.ctor for c in plan.children if c.attr == attr})  # its place: element_lists.place
     plan.children.append(child)
+    plan.children += choices.alternatives(ctx, child, lambda built, ctor=ctor: _build_child(ctx, ctor, counts, attr, built))
   if not extended:
     plan.lists.add(value)
 

@@ -18,7 +18,7 @@ from libcst.metadata import QualifiedNameSource
 from codemods.nodes import descendants
 from codemods.report import INPUT_DIMENSION, UNDETERMINED, ConstructorArgument
 from codemods.rules.l2n002 import queries
-from codemods.rules.l2n002.conditions import arm_path, may_meet
+from codemods.rules.l2n002.conditions import arm_path, built_under, may_meet, same_place
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.dims import Dim, Input, Known, LastAxisWalk, first_of_tuple, tuple_end
 from codemods.rules.l2n002.facts import FileFacts
@@ -534,10 +534,10 @@ class SizeWalk(LastAxisWalk):
       self.ctx.loops.seen(self.ctx, child, node, arg_dims)
       return output_dim(self.ctx, child, arg_dims)
     local = self.plan.arm_bound.get(child.ctor)  # a local each arm of an if binds to another layer: each
-    group = [child, *(c for c in self.plan.children if c.alternative and c.attr == child.attr
+    group = [child, *(c for c in self.plan.children if c.alternative and same_place(child, c)
                       or local is not None and c is not child and self.plan.arm_bound.get(c.ctor) == local)]
     path = arm_path(self.ctx, node)  # BigBird's `self.self`: each arm's class sized at the calls under its test
-    group = [c for c in group if may_meet(arm_path(self.ctx, c.ctor), path)] or group
+    group = [c for c in group if may_meet(built_under(self.ctx, c), path)] or group
     firsts = {first_output_dim(self.ctx, c, arg_dims) for c in group}  # the arms of a setup() if may build
     lasts = {last_output_dim(self.ctx, c, arg_dims) for c in group}  # other modules: sizes for each
     if self.derive:

@@ -1,0 +1,98 @@
+"""L2N002 on a local of setup() that names one class or another (`constructions.chosen_classes`, `choices.py`): the
+fixture `hf_chosen_classes` proves the ports in each arm (tests/codemods/rules/test_fixture_parity.py); here, that
+each arm builds its own class with its own input sizes, and that a choice the conversion cannot keep stays Linen
+with a TODO saying why."""
+
+import pytest
+
+from codemods import rules as registry
+from codemods.transform import transform_source
+from tests.codemods.rules import test_fixture_parity as fixture_parity
+
+CASE = 'L2N002/hf_chosen_classes'
+
+
+def test_each_arm_builds_its_class():
+  """The decoder's block holds the full attention layer, the encoder's the local one: the bindings decide, as in
+  Linen, and the stage's conditional expression likewise."""
+  built = {}
+  for name, entry_id in (('FlaxTinyBlock', 'decoder'), ('FlaxTinyBlock', 'local'), ('FlaxTinyStage', 'bottleneck'),
+                         ('FlaxTinyStage', 'basic')):
+    _, _, model, (x,) = fixture_parity.models(CASE, fixture_parity.spec(CASE, name, entry_id))
+    first = model.layer[0] if name == 'FlaxTinyBlock' else model.layers
+    built[entry_id] = type(first).__name__
+    assert model(x)[0].shape[-1] == x.shape[-1] if name == 'FlaxTinyBlock' else model(x).shape[-1] == 6
+  assert built == {'decoder': 'FlaxTinyLayerSelfAttention', 'local': 'FlaxTinyLayerLocalSelfAttention',
+                   'bottleneck': 'FlaxTinyBottleNeckLayer', 'basic': 'FlaxTinyBasicLayer'}
+
+
+SOURCE = '''import flax.linen as nn
+
+
+class A(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.features)(x)
+
+
+class B(nn.Module):
+{b_fields}
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.features)(x)
+
+
+class M(nn.Module):
+  wide: bool = True
+
+  def setup(self):
+{body}
+
+  def __call__(self, x):
+    return self.layer(x)
+'''
+
+
+def _todo(b_fields: str, body: str) -> str:
+  return _todo_of(SOURCE.format(b_fields=b_fields, body=body))
+
+
+@pytest.mark.parametrize('b_fields, body, message', [
+    ('  scale: float = 1.0\n  features: int = 4', '    layer = A if self.wide else B\n    self.layer = layer(features=4)',
+     'layer(...) builds classes whose NNX constructors take its arguments in other places: pass them by keyword'),
+    ('  features: int', '    layer = A if self.wide else B\n    self.kind = layer\n    self.layer = layer(4)',
+     'is named other than to build it'),
+    ('  features: int', '    layer = A if self.wide else B\n    print(B.__name__)\n    self.layer = layer(4)',
+     'B, a Linen module class, is named other than to build it'),
+])
+def test_choices_that_stay_linen(b_fields, body, message):
+  assert message in _todo(b_fields, body)
+
+
+def test_sizes_go_where_the_local_names_each_class():
+  result = transform_source(SOURCE.format(b_fields='  features: int', body='    layer = A if self.wide else B\n'
+                                                                            '    self.layer = layer(4)'),
+                            registry.select_rules(['L2N002']))
+  assert not [e for e in result.entries if e.kind == 'todo']
+  assert 'layer = functools.partial(A, linear_in_features=layer_linear_in_features) if self.wide else ' \
+         'functools.partial(B, linear_in_features=layer_linear_in_features)' in result.source
+  assert 'self.layer = layer(4, rngs=rngs)' in result.source
+
+
+def test_a_class_that_stays_linen_keeps_the_choice_linen():
+  """A class the local may name stays Linen (here: it asks `self.is_mutable_collection`): the construction cannot
+  build it as an NNX class, so the class choosing stays Linen too, saying which."""
+  source = SOURCE.format(b_fields='  features: int', body='    layer = A if self.wide else B\n    self.layer = layer(4)')
+  source = source.replace('    return nn.Dense(self.features)(x)\n\n\nclass M',
+                          '    if self.is_mutable_collection("stats"):\n      x = x + 1\n'
+                          '    return nn.Dense(self.features)(x)\n\n\nclass M')
+  assert 'layer(...) builds B in some arm, a class that stays Linen' in _todo_of(source)
+
+
+def _todo_of(source: str) -> str:
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  (todo,) = [e for e in result.entries if e.kind == 'todo' and e.message.startswith('class M left')]
+  return todo.message
