@@ -141,7 +141,8 @@ class ClassRewrite:
   params: list[str] = dataclasses.field(default_factory=list)  # __init__'s field parameters, as code
   field_names: list[str] = dataclasses.field(default_factory=list)
   call_params: list[str] = dataclasses.field(default_factory=list)
-  call_kwargs: bool = False  # `__call__` takes **kwargs (LongT5's attention layers, "to accept init_cache kwargs")
+  call_kwargs: str = ''  # `__call__` takes **kwargs: 'unread' (LongT5's attention layers, "to accept init_cache kwargs";
+  #                       RegNet's `Identity`), 'read'; '' when it takes none
   compact: bool = False
   linen_fields: list[str] = dataclasses.field(default_factory=list)  # all Linen fields, mode fields included
   mode_fields: dict[str, bool] = dataclasses.field(default_factory=dict)  # `training: bool` field -> inverted

@@ -27,7 +27,14 @@ from codemods.rules.l2n002 import (
   scope,
   sizes,
 )
-from codemods.rules.l2n002.conditions import arm_path, built_under, construction_conditions, may_meet, same_place
+from codemods.rules.l2n002.conditions import (
+  arm_path,
+  built_under,
+  construction_conditions,
+  may_meet,
+  same_place,
+  test_key,
+)
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.example_shapes import add_shape_formulas
 from codemods.rules.l2n002.facts import FileFacts
@@ -125,7 +132,9 @@ def _run(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
   call_params = [p.name.value for p in (*call.params.params[1:], *call.params.kwonly_params)]
   plan = ctx.plan
   plan.params, plan.field_names, plan.call_params, plan.compact = params, field_names, call_params, method is not None
-  plan.call_kwargs = call.params.star_kwarg is not None
+  star = call.params.star_kwarg
+  plan.call_kwargs = '' if star is None else 'read' if any(
+      isinstance(n, cst.Name) and n.value == star.name.value for n in descendants(call.body)) else 'unread'
   plan.linen_fields, plan.mode_fields = linen_field_names, mode_fields
   if base is not None:  # a subclass of a project base class keeps it (converted in its own file)
     plan.base = ctx.facts.code(ctx.facts.linen_base(node).value)
@@ -227,11 +236,21 @@ def _fits_its_arms(ctx: ClassContext, plan: ClassRewrite, child: Child, calls: d
     reached = [c for c in arms if may_meet(built_under(ctx, c), path)]
     keywords = {a.keyword.value for a in call.args if a.keyword is not None}
     positional = sum(1 for a in call.args if a.keyword is None)
-    if any(a.star for a in call.args) or len({frozenset(modes.call_modes(ctx, call, c)) for c in reached}) > 1 \
+    if any(a.star for a in call.args) or len(_dropped_switches(ctx, call, reached)) > 1 \
         or any(positional > len(c.sibling.call_params) or not c.sibling.call_kwargs and not keywords <= {
                    *c.sibling.call_params, *(m[1] for m in c.sibling.mode_params)} for c in reached):
       return False
   return True
+
+
+def _dropped_switches(ctx: ClassContext, call: cst.Call, reached: list[Child]) -> set[frozenset[int]]:
+  """The train/eval arguments `call` drops for each class it may run, by position; a class whose `__call__` takes
+  them only into **kwargs it never reads (RegNet's `Identity()` beside a shortcut in batch-norm mode) fits any."""
+  dropped = [(c, frozenset(modes.call_modes(ctx, call, c))) for c in reached]
+  ignoring = lambda c, own: c.sibling.call_kwargs == 'unread' and not own and all(
+      call.args[i].keyword is not None and call.args[i].keyword.value not in c.sibling.call_params
+      for _, d in dropped for i in d)
+  return {d for c, d in dropped if not ignoring(c, d)} or {d for _, d in dropped}
 
 
 def _layer_signature(child: Child) -> tp.Any:
@@ -377,6 +396,16 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
     child = scope.variable_child(ctx, value, target, hoisted=False)
   elif isinstance(value, cst.Call) and constructions.constructed(ctx, value) is not None:
     child = _build_child(ctx, value, counts, target)
+  elif isinstance(value, cst.IfExp) and (arms := _constructions_in_arms(ctx, value)) is not None:
+    if target in {c.attr for c in plan.children}:
+      raise Unsupported(statement, f'self.{target} assigned twice')
+    for ctor, holds in zip(arms, (True, False)):  # `ShortCut(...) if apply else Identity()`: each arm's, in place
+      child = _build_child(ctx, ctor, counts, target)
+      child.alternative, child.chosen = not holds, frozenset({(test_key(ctx, value.test), holds)})
+      plan.children.append(child)
+    ctx.plan.pending.append((value, f'self.{target}: one of two submodules by {ctx.facts.code(value.test)}, each '
+                                    'converted in place (the arm whose test holds is built)'))
+    return
   elif isinstance(value, cst.IfExp) and (built := _conditional_construction(ctx, value)) is not None:
     child = _build_child(ctx, built[0], counts, target)  # `self.shortcut = ShortCut(...) if apply else None`
     child.condition = built[1]  # the conditional stays, around the converted construction
@@ -443,6 +472,18 @@ def _element_list(ctx: ClassContext, plan: ClassRewrite, value: cst.List, attr: 
     plan.children += choices.alternatives(ctx, child, lambda built, ctor=ctor: _build_child(ctx, ctor, counts, attr, built))
   if not extended:
     plan.lists.add(value)
+
+
+def _constructions_in_arms(ctx: ClassContext, value: cst.IfExp) -> tuple[cst.Call, cst.Call] | None:
+  """`A(...) if <test> else B(...)` in setup(), both converted classes of the file (RegNet's `FlaxRegNetShortCut(...)
+  if should_apply_shortcut else Identity()`): the two constructions, each an arm's class of the attribute (as the
+  arms of a setup() `if` are); None for other conditionals."""
+  arms = (value.body, value.orelse)
+  if has_scope_call(value.test) or not all(isinstance(arm, cst.Call) and (built := constructions.constructed(ctx, arm))
+                                           and built[2] is not None for arm in arms):
+    return None
+  _plain_setup_code(ctx, ctx.plan, value.test)
+  return arms
 
 
 def _conditional_construction(ctx: ClassContext, value: cst.IfExp) -> tuple[cst.Call, str | None] | None:

@@ -24,6 +24,9 @@ def test_each_arm_builds_its_class():
     assert model(x)[0].shape[-1] == x.shape[-1] if name == 'FlaxTinyBlock' else model(x).shape[-1] == 6
   assert built == {'decoder': 'FlaxTinyLayerSelfAttention', 'local': 'FlaxTinyLayerLocalSelfAttention',
                    'bottleneck': 'FlaxTinyBottleNeckLayer', 'basic': 'FlaxTinyBasicLayer'}
+  shortcuts = {entry_id: type(fixture_parity.models(CASE, fixture_parity.spec(CASE, 'FlaxTinyXLayer', entry_id))[2]
+                              .shortcut).__name__ for entry_id in ('projected', 'identity')}
+  assert shortcuts == {'projected': 'FlaxTinyShortCut', 'identity': 'Identity'}
 
 
 SOURCE = '''import flax.linen as nn
@@ -96,3 +99,12 @@ def _todo_of(source: str) -> str:
   result = transform_source(source, registry.select_rules(['L2N002']))
   (todo,) = [e for e in result.entries if e.kind == 'todo' and e.message.startswith('class M left')]
   return todo.message
+
+
+def test_arms_whose_calls_differ_stay_linen():
+  """`A(4) if self.wide else B(4)` called with an argument only B takes: the call cannot run A."""
+  source = SOURCE.format(b_fields='  features: int', body='    self.layer = A(4) if self.wide else B(4)')
+  source = source.replace('class B(nn.Module):\n  features: int\n\n  @nn.compact\n  def __call__(self, x):',
+                          'class B(nn.Module):\n  features: int\n\n  @nn.compact\n  def __call__(self, x, scale=1.0):')
+  source = source.replace('return self.layer(x)', 'return self.layer(x, scale=2.0)')
+  assert 'self.layer is built by two arms of an if, as modules that take other call arguments' in _todo_of(source)
