@@ -35,6 +35,7 @@ def build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr:
   it builds, where not the first class `constructions.constructed` names (another class a local may name)."""
   linen, spec, sibling = built or constructions.constructed(ctx, ctor)
   if spec is None and sibling is None and (linen in ctx.facts.linen_classes or linen == constructions.TO_LINEN):
+    constructions.kept_choice(ctx, ctor)
     return _bridged_child(ctx, ctor, linen, counts, attr)
   wrapper = find_wrapper(linen) if spec is None and sibling is None else None
   stacked, wrapped = ctx.plan.stacks.get(ctor), ctx.plan.remats.get(ctor)

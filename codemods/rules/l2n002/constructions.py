@@ -66,11 +66,10 @@ def constructed(ctx: ClassContext, call: cst.Call) -> tuple[str, LayerSpec | Non
   if isinstance(func, cst.Name) and func.value in ctx.facts.linen_classes:
     return func.value, None, ctx.converted.get(func.value)  # no plan: a Linen class, bridged
   choices = chosen_classes(ctx, func) if isinstance(func, cst.Name) else None
+  kept = next((c.linen for c in choices or () if c.linen not in ctx.converted), None)
+  if kept is not None:  # a Linen construction (a child of it is refused: `kept_choice`)
+    return kept, None, None
   if choices is not None:  # `attention_layer(...)`, the local naming one class or another: each an alternative
-    kept = next((c.linen for c in choices if c.linen not in ctx.converted), None)
-    if kept is not None:
-      raise Unsupported(call, f'{func.value}(...) builds {kept} in some arm, a class that stays Linen: a class chosen '
-                              'by a local is converted when every class it may name is')
     ctx.plan.choices[call] = choices
     ctx.plan.factory_callee[call] = func.value
     return choices[0].linen, None, ctx.converted[choices[0].linen]
@@ -391,6 +390,16 @@ def _in_setup(ctx: ClassContext, node: cst.CSTNode) -> bool:
   while node is not None and not isinstance(node, cst.FunctionDef):
     node = ctx.facts.parent(node)
   return node is not None and node.name.value == 'setup'
+
+
+def kept_choice(ctx: ClassContext, call: cst.Call) -> None:
+  """Raises Unsupported for `layer(...)` of a local naming classes one of which stays Linen: an NNX class of
+  another arm cannot be wrapped as a Linen one. The message names none of them, so that a second run, which finds
+  them all Linen, says the same."""
+  if isinstance(call.func, cst.Name) and chosen_classes(ctx, call.func) is not None:
+    raise Unsupported(call, f'{call.func.value}(...) builds one class or another, as the local {call.func.value} '
+                            'names them, and one stays Linen (see its TODO): such a class converts when every class '
+                            'it may build does')
 
 
 def choice_binding(ctx: ClassContext, statement: cst.BaseStatement) -> bool:

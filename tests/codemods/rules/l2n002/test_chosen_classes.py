@@ -92,7 +92,8 @@ def test_a_class_that_stays_linen_keeps_the_choice_linen():
   source = source.replace('    return nn.Dense(self.features)(x)\n\n\nclass M',
                           '    if self.is_mutable_collection("stats"):\n      x = x + 1\n'
                           '    return nn.Dense(self.features)(x)\n\n\nclass M')
-  assert 'layer(...) builds B in some arm, a class that stays Linen' in _todo_of(source)
+  assert 'layer(...) builds one class or another, as the local layer names them, and one stays Linen' \
+      in _todo_of(source)
 
 
 def _todo_of(source: str) -> str:

@@ -804,6 +804,10 @@ class FlaxT5Block(nn.Module):
         if self.causal and encoder_hidden_states is not None:
             hidden_states = self.layer[1](hidden_states, key_value_states=encoder_hidden_states)[0]
         return self.layer[-1](hidden_states, deterministic=deterministic)
+
+
+class FlaxT5PreTrainedModel:
+    module_class = FlaxT5Block  # held for transformers' init / apply: FlaxT5Block stays Linen
 '''
 
 
