@@ -50,7 +50,7 @@ from codemods.rules.l2n002.dims import Dim, Known
 from codemods.rules.l2n002.loop_headers import (
     Loop, Site, enclosing, is_builtin, loop_header, pair, paren, unbalanced, wrapped, zipped_names,
 )
-from codemods.rules.l2n002.nodes import assigned_name, is_plain_if, read_names
+from codemods.rules.l2n002.nodes import assigned_name, is_plain_if, may_hold_modules, read_names
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
 if tp.TYPE_CHECKING:
@@ -184,7 +184,7 @@ class Loops:
     if statement in self._empty or any(statement is loop for loop, _ in self._appends.values()):
       return True
     name = _empty_list(statement)
-    if name is None:
+    if name is None or not may_hold_modules(setup, name):  # jax-md's `expand_index = []` of ints: plain code
       return False
     body = list(setup.body.body)
     after = body[body.index(statement) + 1:]

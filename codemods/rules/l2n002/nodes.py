@@ -344,3 +344,31 @@ def read_names(node: cst.CSTNode) -> list[cst.Name]:
   labels = {id(sub.keyword if isinstance(sub, cst.Arg) else sub.attr)
             for sub in (node, *descendants(node)) if isinstance(sub, (cst.Arg, cst.Attribute))}
   return [n for n in (node, *descendants(node)) if isinstance(n, cst.Name) and id(n) not in labels]
+
+
+def may_hold_modules(setup: cst.FunctionDef, name: str) -> bool:
+  """Whether setup() may put a module into the list `name`: it appends to it, or adds, a construction or a local
+  that is not plainly a number (a loop variable over `range(...)`, a value computed without calls: jax-md's
+  `expand_index.append(l - 1)`)."""
+  plain = lambda value: isinstance(value, cst.BaseExpression) and not isinstance(value, cst.Call) and all(
+      _plain_number(setup, n) for n in (value, *descendants(value)) if isinstance(n, cst.Name))
+  for call in descendants(setup.body):
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) \
+        and call.func.value.value == name and call.func.attr.value in ('append', 'extend', 'insert') \
+        and not all(plain(a.value) for a in call.args):
+      return True
+  return any(isinstance(n, cst.AugAssign) and isinstance(n.target, cst.Name) and n.target.value == name
+             for n in descendants(setup.body))
+
+
+def _plain_number(setup: cst.FunctionDef, name: cst.Name) -> bool:
+  """Whether every binding of `name` in setup() is a loop over `range(...)` or a value computed without calls."""
+  bindings = [n for n in descendants(setup.body)
+              if isinstance(n, cst.For) and isinstance(n.target, cst.Name) and n.target.value == name.value
+              or isinstance(n, (cst.Assign, cst.AugAssign)) and any(
+                  isinstance(t, cst.Name) and t.value == name.value
+                  for t in ([x.target for x in n.targets] if isinstance(n, cst.Assign) else [n.target]))]
+  return bool(bindings) and all(
+      isinstance(b.iter, cst.Call) and isinstance(b.iter.func, cst.Name) and b.iter.func.value == 'range'
+      if isinstance(b, cst.For) else not any(isinstance(c, cst.Call) for c in (b.value, *descendants(b.value)))
+      for b in bindings)

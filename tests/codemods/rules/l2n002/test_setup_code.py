@@ -8,12 +8,14 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
+import libcst as cst
 import pytest
 from flax import nnx
 
 import nnx_bridge
 
 from codemods import rules as registry
+from codemods.rules.l2n002.nodes import may_hold_modules
 from codemods.transform import transform_source
 
 RULES = registry.select_rules(['L2N002'])
@@ -504,3 +506,18 @@ def test_a_nested_initializer_reading_a_local_of_the_call_keeps_the_class_linen(
   (todo,) = [e.message for e in result.entries if e.kind == 'todo']
   assert todo.endswith('a constructor argument uses init_fn, defined in the method, which reads rs, a local of the '
                        'method that only the call knows: make it a field, or a constructor argument'), todo
+
+
+@pytest.mark.parametrize('body, holds', [
+    ('    index = []\n    for l in range(3):\n      index.append(l - 1)', False),  # numbers: plain code
+    ('    index = []\n    n = 2\n    index.append(n * 2)', False),
+    ('    index = []\n    for l in range(3):\n      index.append(nn.Dense(l))', True),
+    ('    index = []\n    for l in self.sizes:\n      index.append(l)', True),  # a field's items may be modules
+    ('    index = []\n    index += [nn.Dense(2)]', True),
+    ('    index = []\n    index.append(len(self.sizes))', True),  # a call L2N002 does not follow
+])
+def test_a_setup_list_holds_modules_unless_plainly_numbers(body, holds):
+  """jax-md's `expand_index = []` filled with `l - 1` in loops over range(...) is plain code; a list that may
+  receive a module is a setup() list of layers, converted in its own shapes or kept Linen with a TODO."""
+  setup = cst.parse_module(f'def setup(self):\n{body}\n').body[0]
+  assert may_hold_modules(setup, 'index') is holds
