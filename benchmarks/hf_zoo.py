@@ -137,8 +137,13 @@ def import_migrated(family: str, path: pathlib.Path) -> tp.Any:
 
 
 def tiny_config(config_class: type) -> tp.Any:
+  """The family's config at the harness's tiny sizes. T5's and LongT5's modules read `config.causal`, which their
+  model sets on its encoder's copy of the config (False) and its decoder's (True): the harness builds an encoder's."""
   defaults = config_class().to_dict()
-  return config_class(**{key: value for key, value in TINY_CONFIG.items() if key in defaults})
+  config = config_class(**{key: value for key, value in TINY_CONFIG.items() if key in defaults})
+  if 'is_encoder_decoder' in defaults and not hasattr(config, 'causal'):
+    config.causal = False
+  return config
 
 
 def _hidden(config: tp.Any) -> int:
@@ -262,7 +267,10 @@ def _build(family: str, name: str, original: tp.Any, linen_class: type) -> tuple
     if config_class is None:
       return ClassResult(family, name, 'not built', 'no config field')
     config = tiny_config(config_class)
-    linen = linen_class(config=config)
+    flags = {f.name: False for f in fields.values()  # T5's `has_relative_attention_bias: bool`, set by its parent
+             if f.init and f.name not in ('config', 'parent', 'name') and f.type in (bool, 'bool')
+             and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    linen = linen_class(config=config, **flags)
     args, kwargs = make_inputs(linen_class, config)
   except LookupError as error:
     return ClassResult(family, name, 'not built', str(error))
