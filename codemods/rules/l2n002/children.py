@@ -77,9 +77,10 @@ def _bridged_child(ctx: ClassContext, ctor: cst.Call, linen: str, counts: dict[s
   from example inputs the converted class takes as a constructor argument."""
   queries.check_hoistable(ctx, ctor, linen=True)
   name = next((a.value for a in ctor.args if a.keyword is not None and a.keyword.value == 'name'), None)
-  if name is not None and not _named_right(name, attr):
+  element = attr is not None and isinstance(ctx.facts.parent(ctor), cst.Element)  # refused as such by the planner
+  if name is not None and not element and not _named_right(name, attr):
     raise Unsupported(ctor, 'name= is not a literal identifier')
-  explicit = name.evaluated_value if name is not None else attr
+  explicit = name.evaluated_value if isinstance(name, cst.SimpleString) else attr
   if isinstance(ctor.func, cst.Call):  # Linen names nn.map_variables(Block) Map_variablesBlock_0
     short = ctx.facts.code(ctor.func.func).rpartition('.')[2].capitalize() + linen
   else:

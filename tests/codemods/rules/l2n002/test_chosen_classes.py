@@ -3,6 +3,8 @@ fixture `hf_chosen_classes` proves the ports in each arm (tests/codemods/rules/t
 each arm builds its own class with its own input sizes, and that a choice the conversion cannot keep stays Linen
 with a TODO saying why."""
 
+import jax
+import numpy as np
 import pytest
 
 from codemods import rules as registry
@@ -109,3 +111,48 @@ def test_arms_whose_calls_differ_stay_linen():
                           'class B(nn.Module):\n  features: int\n\n  @nn.compact\n  def __call__(self, x, scale=1.0):')
   source = source.replace('return self.layer(x)', 'return self.layer(x, scale=2.0)')
   assert 'self.layer is built by two arms of an if, as modules that take other call arguments' in _todo_of(source)
+
+
+HELD_COLLECTION = '''
+
+class FlaxTinyBlockCollection(nn.Module):
+  config: TinyLongT5Config
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.first = FlaxTinyBlock(self.config, has_relative_attention_bias=True, dtype=self.dtype, name="0")
+    self.second = FlaxTinyBlock(self.config, dtype=self.dtype, name="1")
+
+  def __call__(self, hidden_states, deterministic=True):
+    hidden_states = self.first(hidden_states, deterministic=deterministic)[0]
+    return self.second(hidden_states, deterministic=deterministic)[0]
+
+
+class FlaxTinyPreTrainedModel:
+  module_class = FlaxTinyBlockCollection  # held for transformers' init / apply: it stays Linen
+'''
+
+
+@pytest.mark.parametrize('causal', [True, False])
+def test_a_linen_parent_runs_the_converted_blocks_on_its_own_variables(causal):
+  """LongT5's block collection stays Linen (a wrapper holds it) and builds the converted blocks through to_linen:
+  in either arm of the block's choice it creates the original's variables and, on them, gives its outputs and
+  gradients."""
+  original = (fixture_parity.FIXTURES / f'{CASE}.in.py').read_text() + HELD_COLLECTION
+  result = transform_source(original, registry.ALL_RULES)
+  assert 'class FlaxTinyBlock(nnx.Module):' in result.source
+  assert 'nnx_bridge.to_linen(FlaxTinyBlock, ' in result.source
+  namespaces = [{}, {}]
+  for source, namespace in zip((original, result.source), namespaces):
+    exec(compile(source, 'models.py', 'exec'), namespace)
+  config = lambda ns: ns['TinyLongT5Config'](causal=causal)
+  linen, bridged = (ns['FlaxTinyBlockCollection'](config(ns)) for ns in namespaces)
+  hidden = jax.random.normal(jax.random.key(1), (2, 3, 8))
+  variables = linen.init(jax.random.key(0), hidden)
+  layout = lambda tree: jax.tree.map(lambda leaf: (leaf.shape, leaf.dtype), tree)
+  assert layout(bridged.init(jax.random.key(0), hidden)) == layout(variables)
+  np.testing.assert_allclose(bridged.apply(variables, hidden), linen.apply(variables, hidden), rtol=1e-6, atol=1e-6)
+  grads = [jax.grad(lambda p, m=m: m.apply({**variables, 'params': p}, hidden).sum())(variables['params'])
+           for m in (linen, bridged)]
+  for expected, actual in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
