@@ -12,12 +12,11 @@ one construction passes what every class takes: its arguments and `rngs`.
 
 from __future__ import annotations
 
-import dataclasses
 import typing as tp
 
 import libcst as cst
 
-from codemods.rules.l2n002 import init_code
+from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
 if tp.TYPE_CHECKING:
@@ -30,9 +29,6 @@ def alternatives(ctx: ClassContext, child: Child, build: tp.Callable[[tuple], Ch
   choices = ctx.plan.choices.get(child.ctor)
   if choices is None:
     return []
-  if child.ctor in ctx.loops.sites:
-    raise Unsupported(child.ctor, f'{ctx.facts.code(child.ctor.func)}(...) in a loop, a local naming one class or '
-                                  'another (converted: built outside loops)')
   arms: dict[str, frozenset[tuple[str, bool]]] = {}
   for choice in choices:  # a class named in several arms: under any of them (no arm known)
     arms[choice.linen] = choice.arms if choice.linen not in arms else frozenset()
@@ -41,29 +37,57 @@ def alternatives(ctx: ClassContext, child: Child, build: tp.Callable[[tuple], Ch
   found = []
   for linen in others:
     other = build((linen, None, ctx.converted[linen]))
-    other.alternative, other.chosen, other.element = True, arms[linen], child.element
+    other.alternative, other.chosen, other.element, other.head = True, arms[linen], child.element, child.head
     found.append(other)
   return found
 
 
-def bind_sizes(ctx: ClassContext, plan: ClassRewrite) -> None:
-  """The construction of each local naming one class or another, with the arguments every class takes; what one
-  class needs besides (input sizes, fields merged with a train/eval switch) given where the local names it."""
+def construction_texts(ctx: ClassContext, plan: ClassRewrite) -> dict[cst.Call, str]:
+  """The NNX code of each construction through a local naming one class or another. Where every class takes the
+  same input sizes by the same names (RegNet's X and Y layers), the construction passes them; else, the local
+  building one submodule only, outside loops, what each class needs besides is given where the local names it (a
+  functools.partial)."""
+  texts: dict[cst.Call, str] = {}
   for ctor, choices in ctx.plan.choices.items():
     group = [c for c in plan.children if c.ctor is ctor]
-    bare = {init_code.ctor_text(ctx, dataclasses.replace(c, sizes={}, mode_defaults={})) for c in group}
+    if not group:
+      continue
+    local = ctx.facts.code(ctor.func)
+    full = {_as_written(ctx, c, sizes=True) for c in group}
+    bare = {_as_written(ctx, c, sizes=False) for c in group}
+    if len(full) == 1:
+      texts[ctor] = full.pop()
+      continue
     if len(bare) != 1:
-      raise Unsupported(ctor, f'{ctx.facts.code(ctor.func)}(...) builds classes whose NNX constructors take its '
-                              'arguments in other places: pass them by keyword')
-    ctx.plan.exprs[ctor] = bare.pop()
-    local, named = ctx.facts.code(ctor.func), ' or '.join(dict.fromkeys(c.linen for c in choices))
+      raise Unsupported(ctor, f'{local}(...) builds classes whose NNX constructors take its arguments in other '
+                              'places: pass them by keyword')
     bound = [(choice, extra) for child in group
              if (extra := [f'{k}={v}' for k, v in (*child.sizes.items(), *child.mode_defaults.items())])
              for choice in choices if choice.linen == child.sibling.name]
+    if bound and (ctor in ctx.loops.sites or sum(1 for c in ctx.plan.choices if ctx.facts.code(c.func) == local) > 1):
+      raise Unsupported(ctor, f'{local}(...) builds classes that need other input sizes by other names, which '
+                              f'cannot be given where {local} names them: it builds several submodules, or one per '
+                              'iteration of a loop')
     for choice, extra in bound:
       ctx.plan.exprs[choice.node] = f'functools.partial({choice.linen}, {", ".join(extra)})'
     if bound:
       plan.imports.append(('functools', None, None))
+      named = ' or '.join(dict.fromkeys(c.linen for c in choices))
       ctx.plan.pending.append((ctor, f'{local}(...) builds {named}, each converted: what one of them needs beside the '
                                      f'arguments here (its input sizes) is given where {local} names it, with '
                                      'functools.partial'))
+    texts[ctor] = bare.pop()
+  return texts
+
+
+def _as_written(ctx: ClassContext, child: Child, sizes: bool) -> str:
+  """The construction as the code writes it, its arguments where they stand (what is positional stays so: every
+  class the local may name takes its fields in that order, in NNX as in Linen), without name= and the train/eval
+  arguments NNX dropped; with the child's input sizes (`sizes`) and `rngs`. None of its arguments may be starred."""
+  text = lambda node: queries.code(ctx, node, child.size_codes)
+  kept = {id(value) for value in child.kwargs.values()}
+  args = [text(a.value) if a.keyword is None else f'{a.keyword.value}={text(a.value)}' for a in child.ctor.args
+          if id(a.value) in kept]
+  extra = {**child.sizes, **child.mode_defaults} if sizes else {}
+  args += [f'{k}={v}' for k, v in extra.items()]
+  return f'{ctx.facts.code(child.ctor.func)}({", ".join([*args, "rngs=rngs"])})'

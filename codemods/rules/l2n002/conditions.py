@@ -81,8 +81,10 @@ def built_under(ctx: ClassContext, child: Child) -> ArmPath:
 
 
 def same_place(child: Child, other: Child) -> bool:
-  """Whether `other` stands where `child` does: the same attribute, and for an element of a list the same one."""
-  return other.attr == child.attr and (child.element is None or other.ctor is child.ctor)
+  """Whether `other` stands where `child` does: the same construction (the classes a local may name there), or the
+  same attribute where neither is one element of a list written out (before a loop's, or alone)."""
+  element = lambda c: c.element is not None or c.head
+  return other.ctor is child.ctor or other.attr == child.attr and not element(child) and not element(other)
 
 
 def may_meet(left: ArmPath, right: ArmPath) -> bool:

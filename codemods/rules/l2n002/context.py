@@ -33,12 +33,19 @@ class LoopPass(tp.Protocol):
   """
 
   @property
-  def loops(self) -> tp.Collection[cst.For]:
-    """The for loops of the class that build layers."""
+  def loops(self) -> tp.Mapping[cst.For, tp.Any]:
+    """The for loops of the class that build layers, or walk a setup() list's (`loops.Loop`: `.node`, the loop that
+    builds the list)."""
 
   @property
   def sites(self) -> tp.Collection[cst.Call]:
     """The constructions built in those loops (each an element of an nnx.List)."""
+
+  @property
+  def heads(self) -> tp.Mapping[cst.For, list[cst.Call]]:
+    """A setup() list's appending loop -> the layers written out before it (`layers = [Layer(...)]`)."""
+
+  def appended_loop(self, value: cst.BaseExpression | None) -> cst.For | None: ...
 
   @property
   def unrolled(self) -> tp.Mapping[cst.For, Child]:

@@ -66,6 +66,7 @@ class Loops:
     self.sites: dict[cst.Call, Site] = {}
     self.refs: set[cst.Name] = set()  # loop names read in constructor arguments: valid in the comprehension
     self._empty: set[cst.BaseStatement] = set()  # `layers = []` of a setup() list built by appending
+    self.heads: dict[cst.For, list[cst.Call]] = {}  # a setup() list's loop -> the layers written out before it
     self._appends: dict[cst.Name, tuple[cst.For, cst.Call]] = {}  # `layers` of `self.layers = layers` -> the loop
     # appending to it, and the layer it appends
     self._setup_loops: dict[cst.For | cst.CompFor, Loop] = {}  # a setup() list's loop: one for the lists it fills
@@ -183,15 +184,17 @@ class Loops:
     `attentions = []`, then one append to each per iteration)."""
     if statement in self._empty or any(statement is loop for loop, _ in self._appends.values()):
       return True
-    name = _empty_list(statement)
+    name, heads = _empty_list(statement), []
+    if name is None and (written := _written_out(ctx, statement)) is not None:  # `layers = [Layer(..., name="0")]`
+      name, heads = written
     if name is None or not may_hold_modules(setup, name):  # jax-md's `expand_index = []` of ints: plain code
       return False
     body = list(setup.body.body)
     after = body[body.index(statement) + 1:]
-    while after and _empty_list(after[0]) is not None:  # `attentions = []` between this list and its loop
+    while after and not heads and _empty_list(after[0]) is not None:  # `attentions = []` between it and its loop
       after = after[1:]
     loop = after[0] if after else None
-    ctor = _appended(loop, name, _empty_lists_before(body, loop))
+    ctor = _appended(loop, name, frozenset({name}) if heads else _empty_lists_before(body, loop))
     uses = [n for n in descendants(setup.body) if isinstance(n, cst.Name) and n.value == name
             and not (isinstance(ctx.facts.parent(n), cst.Attribute) and ctx.facts.parent(n).attr is n)]
     stores = [s for s in body if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
@@ -199,20 +202,28 @@ class Loops:
               and s.body[0].value.value == name]
     if ctor is None or len(uses) != 3 or len(stores) != 1 or constructions.constructed(ctx, ctor) is None \
         or _loop_locals_read_after(loop, setup) or _carried(loop, setup, ctor):
-      raise Unsupported(statement, f'a setup() list {name} other than `{name} = []`, then `for x in <iterator>: '
+      raise Unsupported(statement, f'a setup() list {name} other than `{name} = []` (or `[<layer>(...), ...]`), then '
+                                   f'`for x in <iterator>: '
                                         f'{name}.append(<layer>(...))` (the layer may be bound to a local first, '
                                         f'beside locals of fields and the loop), then `self.<attr> = {name}`')
     self._empty.add(statement)
     self._appends[stores[0].body[0].value] = (loop, ctor)
+    if heads:
+      self.heads[loop] = heads
     ctx.plan.removed.update((statement, loop))
     return True
+
+  def appended_loop(self, value: cst.BaseExpression | None) -> cst.For | None:
+    """The loop appending to the list of `self.<attr> = <list>`, of `setup_append`'s pattern; else None."""
+    return self._appends[value][0] if isinstance(value, cst.Name) and value in self._appends else None
 
   def appended(self, ctx: ClassContext, value: cst.BaseExpression, attr: str) -> cst.Call | None:
     """The layer a `self.<attr> = <list>` of `setup_append`'s pattern builds, registered as a setup() list."""
     if not isinstance(value, cst.Name) or value not in self._appends:
       return None
     loop_node, ctor = self._appends[value]
-    self._setup_site(ctx, ctor, loop_node, value, attr, 'a loop')
+    self._setup_site(ctx, ctor, loop_node, value, attr, 'a loop', len(self.heads.get(loop_node, ())))
+    _check_head_names(ctx, self.heads.get(loop_node, []), self.sites[ctor], attr)
     loop = self.sites[ctor].loop  # `in_channels = self.in_channels if i == 0 else ...` read by the layer: inlined
     self.refs |= {n for n in descendants(loop_node.body) if isinstance(n, cst.Name) and n.value in loop.names}
     self._body_locals(ctx, loop_node, [ctor], [])
@@ -230,13 +241,14 @@ class Loops:
     return self._setup_site(ctx, ctor, comp, value, attr, 'a list comprehension')
 
   def _setup_site(self, ctx: ClassContext, ctor: cst.Call, loop_node: cst.For | cst.CompFor, value: cst.BaseExpression, attr: str,
-                  what: str) -> cst.Call:
-    """Registers the construction of a setup() list built by `loop_node` (a for loop or a comprehension)."""
+                  what: str, heads: int = 0) -> cst.Call:
+    """Registers the construction of a setup() list built by `loop_node` (a for loop or a comprehension), after
+    `heads` layers written out."""
     name = next((a.value for a in ctor.args if a.keyword is not None and a.keyword.value == 'name'), None)
     if loop_node not in self._setup_loops:
       self._setup_loops[loop_node] = loop_header(ctx, loop_node, False)
     loop = self._setup_loops[loop_node]
-    loop.sites.append(Site(loop, ctor, _setup_name(ctx, ctor, name, loop, attr) if name is not None else None,
+    loop.sites.append(Site(loop, ctor, _setup_name(ctx, ctor, name, loop, attr, heads) if name is not None else None,
                            setup_attr=attr, comprehension=value))
     self.sites[ctor] = loop.sites[-1]
     self.refs |= {n for n in descendants(ctor) if isinstance(n, cst.Name) and n.value in loop.names}
@@ -358,9 +370,13 @@ class Loops:
     if listed:
       self._linen_names(plan)
     for child in listed:
-      if not child.hoisted:  # a setup() list: Linen names its layers after the attribute, or as their name= says
+      if not child.hoisted and not child.alternative:  # a setup() list: Linen names its layers after the attribute,
+        #                                               or as their name= says
         site = self.sites[child.ctor]
         child.linen_name = site.pattern or f'{child.attr}_{{{site.loop.index}}}'
+        for other in plan.children:  # other classes a local may name there, and the layers written out before
+          if other.ctor is child.ctor or other.ctor in self.heads.get(site.loop.node, ()):
+            other.linen_name = child.linen_name
         first, second = (child.linen_name.replace(f'{{{site.loop.index}}}', str(k)) for k in (0, 1))
         ctx.plan.pending.append((child.ctor, f'self.{child.attr}: a list of layers -> nnx.List (Linen names them '
                                           f'{first}, {second}, ...)'))
@@ -428,8 +444,11 @@ class Loops:
       header = f'{loop.index} in range({loop.length()})'
     else:
       header = f'{loop.element_target() if element else "_"} in {loop.sequence_code}'
-    if not child.hoisted:  # a setup() list: the comprehension becomes the nnx.List
-      ctx.plan.exprs[site.comprehension] = f'nnx.List([{text} for {header}])'
+    if not child.hoisted:  # a setup() list: the comprehension becomes the nnx.List, after the layers written out
+      heads = [c.text for ctor in self.heads.get(loop.node, ()) for c in ctx.plan.children
+               if c.ctor is ctor and not c.alternative]
+      built = f'*[{text} for {header}]' if heads else f'{text} for {header}'
+      ctx.plan.exprs[site.comprehension] = f'nnx.List([{", ".join([*heads, built])}])'
       return text
     return f'nnx.List([{text} for {header}])'
 
@@ -506,7 +525,11 @@ class Loops:
 
   def _size_site(self, ctx: ClassContext, plan: ClassRewrite, site: Site, changed: set[str], unstable: set[str], derive: bool,
                  shared: dict[tp.Any, str]) -> None:
-    child = next(c for c in plan.children if c.ctor is site.ctor)
+    for child in [c for c in plan.children if c.ctor is site.ctor]:  # each class a local may name (choices.py)
+      self._size_child(ctx, plan, site, child, changed, unstable, derive, shared)
+
+  def _size_child(self, ctx: ClassContext, plan: ClassRewrite, site: Site, child: Child, changed: set[str],
+                  unstable: set[str], derive: bool, shared: dict[tp.Any, str]) -> None:
     if child.done:
       return
     if len(site.seen) != 2:
@@ -662,6 +685,34 @@ def _empty_list(statement: cst.BaseStatement) -> str | None:
   return None
 
 
+def _check_head_names(ctx: ClassContext, heads: list[cst.Call], site: Site, attr: str) -> None:
+  """Raises Unsupported unless the layers written out before a setup() list's loop are named as Linen names the
+  element at their place: `name="0"` (or `str(0)`) before `name=str(i + 1)`, none before a loop's auto names."""
+  for k, head in enumerate(heads):
+    name = next((a.value for a in head.args if a.keyword is not None and a.keyword.value == 'name'), None)
+    value = name.evaluated_value if isinstance(name, cst.SimpleString) else \
+        name.args[0].value.value if isinstance(name, cst.Call) and len(name.args) == 1 \
+        and isinstance(name.args[0].value, cst.Integer) else None
+    expected = site.pattern.replace(f'{{{site.loop.index}}}', str(k)) if site.pattern is not None else None
+    if (name is None) != (expected is None) or name is not None and value != expected:
+      raise Unsupported(head, f'self.{attr}: a layer written out before the loop named {ctx.facts.code(name) if name else "by Linen"}, '
+                              f'where Linen names the element at its place {expected or f"{attr}_{k}"} (converted: '
+                              'names by place, or none)')
+
+
+def _written_out(ctx: ClassContext, statement: cst.BaseStatement) -> tuple[str, list[cst.Call]] | None:
+  """`name` and the constructions of `name = [Layer(...), ...]`, every element a construction (transformers' ResNet
+  stages: the first layer written out, the others appended in a loop); None for other statements."""
+  if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+    assign = statement.body[0]
+    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) \
+        and isinstance(assign.value, cst.List) and assign.value.elements \
+        and all(isinstance(e, cst.Element) and isinstance(e.value, cst.Call)
+                and constructions.constructed(ctx, e.value) is not None for e in assign.value.elements):
+      return assign.targets[0].target.value, [e.value for e in assign.value.elements]
+  return None
+
+
 def _appended(loop: cst.CSTNode | None, name: str, lists: frozenset[str]) -> cst.Call | None:
   """The construction of `for x in <iterator>: name.append(<construction>)`, else None. The body may also bind locals
   (diffusers' `in_channels = self.in_channels if i == 0 else self.out_channels`) and the construction itself
@@ -742,14 +793,20 @@ def _class_fields(ctx: ClassContext, node: cst.CSTNode) -> set[str]:
           and isinstance(s.body[0].target, cst.Name)}
 
 
-def _setup_name(ctx: ClassContext, ctor: cst.Call, name: cst.BaseExpression, loop: Loop, attr: str) -> str:
+def _setup_name(ctx: ClassContext, ctor: cst.Call, name: cst.BaseExpression, loop: Loop, attr: str,
+                heads: int = 0) -> str:
   """The Linen name pattern of a setup() list's `name=str(i)` (`{i}`, transformers' layer lists) or
-  `name=f'layer_{i}'` (`layer_{i}`), `i` the index of the comprehension; NNX names the elements by position."""
+  `name=f'layer_{i}'` (`layer_{i}`), `i` the index of the comprehension; NNX names the elements by position. After
+  `heads` layers written out, `name=str(i + <heads>)` (ResNet's stages: `name="0"`, then `str(i + 1)`), the
+  pattern of the element's place in the list."""
   code = ctx.facts.code
-  if isinstance(name, cst.Call) and is_builtin(ctx, name.func, 'str') and len(name.args) == 1 \
+  if heads and isinstance(name, cst.Call) and is_builtin(ctx, name.func, 'str') and len(name.args) == 1 \
+      and re.fullmatch(rf'{loop.index} \+ {heads}|{heads} \+ {loop.index}', code(name.args[0].value)):
+    return f'{{{loop.index}}}'
+  if not heads and isinstance(name, cst.Call) and is_builtin(ctx, name.func, 'str') and len(name.args) == 1 \
       and isinstance(name.args[0].value, cst.Name) and name.args[0].value.value == loop.index:
     return f'{{{loop.index}}}'
-  if isinstance(name, cst.FormattedString) and len(name.parts) in (1, 2) \
+  if not heads and isinstance(name, cst.FormattedString) and len(name.parts) in (1, 2) \
       and isinstance(name.parts[-1], cst.FormattedStringExpression) \
       and isinstance(name.parts[-1].expression, cst.Name) and name.parts[-1].expression.value == loop.index \
       and all(isinstance(p, cst.FormattedStringText) for p in name.parts[:-1]):

@@ -79,13 +79,15 @@ class Child:
   condition: str | None = None  # built only when this holds (code for __init__), else the attribute is None
   alternative: bool = False  # another arm of a setup() `if` builds the attribute too (the first such child)
   element: int | None = None  # its index in a setup() list written out (`self.layer = [A(...), A(...)]`)
+  head: bool = False  # written out before the loop that appends the rest of a setup() list (`layers = [Layer(...)]`)
   chosen: frozenset[tuple[str, bool]] = frozenset()  # the arms a local naming one class or another (`attention_layer
   #                                                    = A` in an if chain) names this child's class under
 
   @property
   def repeated(self) -> bool:
-    """Whether another child holds the attribute first: a later arm's, or a later element of a list."""
-    return self.alternative or bool(self.element)
+    """Whether another child holds the attribute first: a later arm's, a later element of a list, or the layers
+    written out before a setup() list's loop (its loop's child holds it)."""
+    return self.alternative or bool(self.element) or self.head
 
   @property
   def holds_cache(self) -> bool:

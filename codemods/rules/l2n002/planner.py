@@ -209,7 +209,8 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.C
     if not child.alternative:
       continue
     first = next(c for c in plan.children if same_place(child, c) and not c.alternative)
-    listed = first.ctor in ctx.loops.sites or child.ctor in ctx.loops.sites
+    listed = (first.ctor in ctx.loops.sites or child.ctor in ctx.loops.sites) and child.ctor is not first.ctor  # (one
+    #        construction of a local naming classes is sized per class: `loops._size_site`)
     signature = lambda c: (c.sibling.call_params, [m[:2] for m in c.sibling.mode_params]) if c.sibling is not None \
         else _layer_signature(c) if c.spec is not None else c
     if child.bridged or first.bridged or (child.sibling is None) != (first.sibling is None) \
@@ -291,8 +292,10 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
   plan.example_params += [f'{child.attr}_{name}' for child in plan.children if child.sibling is not None
                           for name in child.sibling.example_params]  # a converted child's bridged children
   plan.params = [queries.code(ctx, f.body[0]).strip() for f in fields]
+  chosen = choices.construction_texts(ctx, plan)  # `attention_layer(...)`: what all its classes take
   for child in plan.children:
-    child.text = 'nnx.data(None)' if child.cache else init_code.variable_text(ctx, child) if child.api else init_code.ctor_text(ctx, child)
+    child.text = 'nnx.data(None)' if child.cache else init_code.variable_text(ctx, child) if child.api \
+        else chosen.get(child.ctor) or init_code.ctor_text(ctx, child)
     if child.condition is not None and not _in_place_conditional(ctx, child.ctor):
       child.text = f'{child.text} if {child.condition} else None'
     first = next(c for c in plan.children if c.attr == child.attr) if child.hoisted and child.alternative else None
@@ -303,7 +306,6 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
       child.text = f'nnx.data({child.text})'
     if not child.hoisted:
       ctx.plan.exprs[child.ctor] = child.text
-  choices.bind_sizes(ctx, plan)  # `attention_layer(...)`: the arguments all its classes take
   plan.mode_params = [(i, name, MODE_PARAMS[name]) for i, name in mode.items()]
   if mode or method is call:
     ctx.plan.methods[call] = set(mode.values())
@@ -419,6 +421,13 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
   elif isinstance(value, cst.ListComp):  # `self.layers = [nn.Dense(f) for f in ...]`: an nnx.List (loops.py)
     child = _build_child(ctx, ctx.loops.setup_list(ctx, value, target), counts, target)
   elif (appended := ctx.loops.appended(ctx, value, target)) is not None:  # `self.layers = layers` (appended)
+    if target in {c.attr for c in plan.children}:
+      raise Unsupported(statement, f'self.{target} assigned twice')
+    for head in (h for loop, heads in ctx.loops.heads.items() if loop is ctx.loops.appended_loop(value) for h in heads):
+      plan.children.append(written := _build_child(ctx, head, counts, target))  # `layers = [Layer(...)]` first
+      written.head = True
+      plan.children += choices.alternatives(ctx, written, lambda built, head=head: _build_child(ctx, head, counts,
+                                                                                                target, built))
     child = _build_child(ctx, appended, counts, target)
   elif (pairs := self_tuple_assignment(statement)) is not None \
       and any(isinstance(v, cst.Call) and constructions.constructed(ctx, v) is not None for _, v in pairs):
@@ -449,7 +458,7 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
   else:  # plain code (`head_dim = ...`, `if ...: raise`): it stays, in its place in __init__
     _plain_setup_code(ctx, plan, statement)
     return
-  if target in {c.attr for c in plan.children}:
+  if target in {c.attr for c in plan.children if c.ctor not in ctx.loops.heads.get(ctx.loops.appended_loop(value), ())}:
     raise Unsupported(statement, f'self.{target} assigned twice')
   plan.children.append(child)
   plan.children += choices.alternatives(ctx, child, lambda built: _build_child(ctx, child.ctor, counts, target, built))

@@ -440,6 +440,14 @@ class SizeWalk(LastAxisWalk):
       return True
     if statement not in self.ctx.loops.loops:
       return False
+    heads = self.ctx.loops.heads.get(self.ctx.loops.loops[statement].node, ())
+    if heads:  # the layers written out before a setup() list's loop (`layers = [Layer(...)]`): once each, first
+      body = set(descendants(statement.body))
+      calls = {call: child for call, child in self.calls.items() if call in body}
+      for head in heads:
+        self.calls.update(dict.fromkeys(calls, next(c for c in self.plan.children if c.ctor is head)))
+        self.walk(statement.body, env)
+      self.calls.update(calls)
     self.ctx.loops.derive(self.ctx, self.plan, statement, env, self.derive, self.walk, self.shared)  # every iteration
     return True
 
@@ -532,7 +540,8 @@ class SizeWalk(LastAxisWalk):
         self.firsts[node] = first_output_dim(self.ctx, child, arg_dims)
         self.lasts[node] = last_output_dim(self.ctx, child, arg_dims)
       self.ctx.loops.seen(self.ctx, child, node, arg_dims)
-      return output_dim(self.ctx, child, arg_dims)
+      outputs = {output_dim(self.ctx, c, arg_dims) for c in self.plan.children if c.ctor is child.ctor}
+      return outputs.pop() if len(outputs) == 1 else None  # (the classes a local may name there: the same size)
     local = self.plan.arm_bound.get(child.ctor)  # a local each arm of an if binds to another layer: each
     group = [child, *(c for c in self.plan.children if c.alternative and same_place(child, c)
                       or local is not None and c is not child and self.plan.arm_bound.get(c.ctor) == local)]

@@ -118,6 +118,10 @@ class M(nn.Module):
     return x
 '''
 LOOP = '    for layer in self.layers:\n      x = layer(x)'
+HEADED = '''    layers = [nn.Dense(4, {head})]
+    for i in range(2):
+      layers.append(nn.Dense(4, {loop}))
+    self.layers = layers'''  # the first layer written out, the others appended (transformers' ResNet stages)
 STEPS = '''    self.layers = (nn.Dense(4),)
     if self.wide:
       self.layers += (nn.Dense(4),)
@@ -141,6 +145,11 @@ STEPS = '''    self.layers = (nn.Dense(4),)
     (STEPS.replace('nn.Dense(4)', 'nn.Dense(4, name=str(1))').replace('nn.Dense(2)', 'nn.Dense(2, name=str(1))'),
      '    x = self.layers[-1](x)', 'a list of layers named str(1), str(1), str(1) (converted: no name=, or names '
                                   'that end in their index)'),
+    (HEADED.format(head='name="first"', loop='name=str(i + 1)'), LOOP,
+     "self.layers: a layer written out before the loop named \"first\", where Linen names the element at its place 0"),
+    (HEADED.format(head='name="0"', loop='name=str(i)'), LOOP, 'self.layers: name=str(i) in a setup() list'),
+    (HEADED.format(head='name="0"', loop=''), LOOP,
+     'self.layers: a layer written out before the loop named "0", where Linen names the element at its place layers_0'),
 ])
 def test_lists_that_stay_linen(body, call, message):
   assert message in _todo(SETUP.format(body=body, call=call))
