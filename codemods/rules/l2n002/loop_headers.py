@@ -3,6 +3,8 @@ elements a zip gives) and its iterator, and a size of one iteration as code of a
 
 `loop_header` reads `for i in range(n)`, `for i, f in enumerate(S)`, `for f in S`, `for a, b in zip(A, B)` and
 `for i, (a, b) in enumerate(zip(A, B))`; a loop without an index gets one (through `enumerate`) when `rewrite`.
+The shapes of a setup() list built by a loop (`empty_list` or `written_out` first, the loop `appended` to it) and
+the Linen names of its elements (`setup_name`, `check_head_names`) are read here too.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import typing as tp
 import libcst as cst
 
 from codemods.nodes import descendants
+from codemods.rules.l2n002 import constructions
 from codemods.rules.l2n002.dims import Dim, Known
+from codemods.rules.l2n002.nodes import read_names
 from codemods.rules.l2n002.plan import Unsupported
 
 if tp.TYPE_CHECKING:
@@ -233,3 +237,131 @@ def enclosing(ctx: ClassContext, node: cst.CSTNode, kind: type[cst.CSTNode]) -> 
   while node is not None and not isinstance(node, kind):
     node = ctx.facts.parent(node)
   return node
+
+
+def empty_list(statement: cst.BaseStatement) -> str | None:
+  """`name` of a `name = []` statement."""
+  if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+    assign = statement.body[0]
+    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) \
+        and isinstance(assign.value, cst.List) and not assign.value.elements:
+      return assign.targets[0].target.value
+  return None
+
+
+def written_out(ctx: ClassContext, statement: cst.BaseStatement) -> tuple[str, list[cst.Call]] | None:
+  """`name` and the constructions of `name = [Layer(...), ...]`, every element a construction (transformers' ResNet
+  stages: the first layer written out, the others appended in a loop); None for other statements."""
+  if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+    assign = statement.body[0]
+    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) \
+        and isinstance(assign.value, cst.List) and assign.value.elements \
+        and all(isinstance(e, cst.Element) and isinstance(e.value, cst.Call)
+                and constructions.constructed(ctx, e.value) is not None for e in assign.value.elements):
+      return assign.targets[0].target.value, [e.value for e in assign.value.elements]
+  return None
+
+
+def appended(loop: cst.CSTNode | None, name: str, lists: frozenset[str]) -> cst.Call | None:
+  """The construction of `for x in <iterator>: name.append(<construction>)`, else None. The body may also bind locals
+  (diffusers' `in_channels = self.in_channels if i == 0 else self.out_channels`) and the construction itself
+  (`res_block = FlaxResnetBlock2D(...)`, then `resnets.append(res_block)`): simple assignments to names; its other
+  statements are one append to each of `lists` (the empty lists before the loop, which go with it)."""
+  if not isinstance(loop, cst.For) or loop.orelse is not None \
+      or not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in loop.body.body):
+    return None
+  statements = [s.body[0] for s in loop.body.body]
+  appends = {}
+  for position, statement in enumerate(statements):
+    call = statement.value if isinstance(statement, cst.Expr) else None
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) \
+        and call.func.value.value in lists and call.func.attr.value == 'append' and len(call.args) == 1 \
+        and call.args[0].keyword is None and not call.args[0].star and call.func.value.value not in appends:
+      appends[call.func.value.value] = (position, call.args[0].value)
+    elif not (isinstance(statement, cst.Assign) and len(statement.targets) == 1
+              and isinstance(statement.targets[0].target, cst.Name)):
+      return None
+  if set(appends) != lists:
+    return None
+  position, value = appends[name]
+  if isinstance(value, cst.Name):  # `resnets.append(res_block)`: the one construction bound to that local before
+    bound = [s.value for s in statements[:position]
+             if isinstance(s, cst.Assign) and s.targets[0].target.value == value.value]
+    local = value.value
+    value = bound[0] if len(bound) == 1 else None
+    if sum(isinstance(n, cst.Name) and n.value == local for n in descendants(loop.body)) != 2:
+      return None  # the local is bound and appended, nothing else
+  return value if isinstance(value, cst.Call) else None
+
+
+def empty_lists_before(body: list[cst.BaseStatement], loop: cst.BaseStatement | None) -> frozenset[str]:
+  """The names of the `name = []` statements just before `loop` in `body`."""
+  found = set()
+  for statement in reversed(body[:body.index(loop)] if loop is not None else ()):
+    if (name := empty_list(statement)) is None:
+      break
+    found.add(name)
+  return frozenset(found)
+
+
+def carried(loop: cst.For, setup: cst.FunctionDef, ctor: cst.Call) -> bool:
+  """Whether the layer appended in `loop` reads a local of the loop other than one bound once in setup() from
+  fields and the loop's names (FlaxDecoder's `prev_output_channel = output_channel`, carried from the last
+  iteration): the comprehension that replaces the loop could not give it that value."""
+  reads = lambda node: [n.value for n in read_names(node)]
+  def bound(target: cst.BaseExpression) -> list[str]:  # `a`, `a, (b, c)`; not the `self` of `self.x = ...`
+    if isinstance(target, cst.Name):
+      return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+      return [name for element in target.elements for name in bound(element.value)]
+    return []
+  targets = [name for sub in descendants(setup) if isinstance(sub, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))
+             for name in bound(sub.target)]
+  values = {s.body[0].targets[0].target.value: s.body[0].value for s in loop.body.body if isinstance(s.body[0], cst.Assign)}
+  loop_names = set(reads(loop.target))
+  return any(name in values and (targets.count(name) != 1 or any(
+      other in targets and other not in loop_names for other in reads(values[name]))) for name in reads(ctor))
+
+
+def loop_locals_read_after(loop: cst.For, setup: cst.FunctionDef) -> bool:
+  """Whether setup() reads, after the appending loop (which goes), a local the loop binds."""
+  bound = {s.body[0].targets[0].target.value for s in loop.body.body if isinstance(s.body[0], cst.Assign)}
+  after = list(setup.body.body)[list(setup.body.body).index(loop) + 1:]
+  return any(n.value in bound for s in after for n in read_names(s))  # `in_channels=`, `.dtype`: not reads
+
+
+def check_head_names(ctx: ClassContext, heads: list[cst.Call], site: Site, attr: str) -> None:
+  """Raises Unsupported unless the layers written out before a setup() list's loop are named as Linen names the
+  element at their place: `name="0"` (or `str(0)`) before `name=str(i + 1)`, none before a loop's auto names."""
+  for k, head in enumerate(heads):
+    name = next((a.value for a in head.args if a.keyword is not None and a.keyword.value == 'name'), None)
+    value = name.evaluated_value if isinstance(name, cst.SimpleString) else \
+        name.args[0].value.value if isinstance(name, cst.Call) and len(name.args) == 1 \
+        and isinstance(name.args[0].value, cst.Integer) else None
+    expected = site.pattern.replace(f'{{{site.loop.index}}}', str(k)) if site.pattern is not None else None
+    if (name is None) != (expected is None) or name is not None and value != expected:
+      raise Unsupported(head, f'self.{attr}: a layer written out before the loop named {ctx.facts.code(name) if name else "by Linen"}, '
+                              f'where Linen names the element at its place {expected or f"{attr}_{k}"} (converted: '
+                              'names by place, or none)')
+
+
+def setup_name(ctx: ClassContext, ctor: cst.Call, name: cst.BaseExpression, loop: Loop, attr: str,
+                heads: int = 0) -> str:
+  """The Linen name pattern of a setup() list's `name=str(i)` (`{i}`, transformers' layer lists) or
+  `name=f'layer_{i}'` (`layer_{i}`), `i` the index of the comprehension; NNX names the elements by position. After
+  `heads` layers written out, `name=str(i + <heads>)` (ResNet's stages: `name="0"`, then `str(i + 1)`), the
+  pattern of the element's place in the list."""
+  code = ctx.facts.code
+  if heads and isinstance(name, cst.Call) and is_builtin(ctx, name.func, 'str') and len(name.args) == 1 \
+      and re.fullmatch(rf'{loop.index} \+ {heads}|{heads} \+ {loop.index}', code(name.args[0].value)):
+    return f'{{{loop.index}}}'
+  if not heads and isinstance(name, cst.Call) and is_builtin(ctx, name.func, 'str') and len(name.args) == 1 \
+      and isinstance(name.args[0].value, cst.Name) and name.args[0].value.value == loop.index:
+    return f'{{{loop.index}}}'
+  if not heads and isinstance(name, cst.FormattedString) and len(name.parts) in (1, 2) \
+      and isinstance(name.parts[-1], cst.FormattedStringExpression) \
+      and isinstance(name.parts[-1].expression, cst.Name) and name.parts[-1].expression.value == loop.index \
+      and all(isinstance(p, cst.FormattedStringText) for p in name.parts[:-1]):
+    return code(name)[len(name.start):-len(name.end)]
+  raise Unsupported(ctor, f'self.{attr}: name={code(name)} in a setup() list (converted: str({loop.index}) or '
+                          f"f'<prefix>{{{loop.index}}}', {loop.index} the index of the list)")

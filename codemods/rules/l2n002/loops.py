@@ -48,9 +48,10 @@ from codemods.rules.l2n002 import constructions, queries, sizes
 from codemods.rules.l2n002.conditions import construction_conditions
 from codemods.rules.l2n002.dims import Dim, Known
 from codemods.rules.l2n002.loop_headers import (
-    Loop, Site, enclosing, is_builtin, loop_header, pair, paren, unbalanced, wrapped, zipped_names,
+    Loop, Site, appended, carried, check_head_names, empty_list, empty_lists_before, enclosing, is_builtin,
+    loop_header, loop_locals_read_after, pair, paren, setup_name, unbalanced, wrapped, written_out, zipped_names,
 )
-from codemods.rules.l2n002.nodes import assigned_name, is_plain_if, may_hold_modules, read_names
+from codemods.rules.l2n002.nodes import assigned_name, is_plain_if, may_hold_modules
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
 if tp.TYPE_CHECKING:
@@ -184,24 +185,24 @@ class Loops:
     `attentions = []`, then one append to each per iteration)."""
     if statement in self._empty or any(statement is loop for loop, _ in self._appends.values()):
       return True
-    name, heads = _empty_list(statement), []
-    if name is None and (written := _written_out(ctx, statement)) is not None:  # `layers = [Layer(..., name="0")]`
+    name, heads = empty_list(statement), []
+    if name is None and (written := written_out(ctx, statement)) is not None:  # `layers = [Layer(..., name="0")]`
       name, heads = written
     if name is None or not may_hold_modules(setup, name):  # jax-md's `expand_index = []` of ints: plain code
       return False
     body = list(setup.body.body)
     after = body[body.index(statement) + 1:]
-    while after and not heads and _empty_list(after[0]) is not None:  # `attentions = []` between it and its loop
+    while after and not heads and empty_list(after[0]) is not None:  # `attentions = []` between it and its loop
       after = after[1:]
     loop = after[0] if after else None
-    ctor = _appended(loop, name, frozenset({name}) if heads else _empty_lists_before(body, loop))
+    ctor = appended(loop, name, frozenset({name}) if heads else empty_lists_before(body, loop))
     uses = [n for n in descendants(setup.body) if isinstance(n, cst.Name) and n.value == name
             and not (isinstance(ctx.facts.parent(n), cst.Attribute) and ctx.facts.parent(n).attr is n)]
     stores = [s for s in body if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
               and isinstance(s.body[0], cst.Assign) and isinstance(s.body[0].value, cst.Name)
               and s.body[0].value.value == name]
     if ctor is None or len(uses) != 3 or len(stores) != 1 or constructions.constructed(ctx, ctor) is None \
-        or _loop_locals_read_after(loop, setup) or _carried(loop, setup, ctor):
+        or loop_locals_read_after(loop, setup) or carried(loop, setup, ctor):
       raise Unsupported(statement, f'a setup() list {name} other than `{name} = []` (or `[<layer>(...), ...]`), then '
                                    f'`for x in <iterator>: '
                                         f'{name}.append(<layer>(...))` (the layer may be bound to a local first, '
@@ -223,7 +224,7 @@ class Loops:
       return None
     loop_node, ctor = self._appends[value]
     self._setup_site(ctx, ctor, loop_node, value, attr, 'a loop', len(self.heads.get(loop_node, ())))
-    _check_head_names(ctx, self.heads.get(loop_node, []), self.sites[ctor], attr)
+    check_head_names(ctx, self.heads.get(loop_node, []), self.sites[ctor], attr)
     loop = self.sites[ctor].loop  # `in_channels = self.in_channels if i == 0 else ...` read by the layer: inlined
     self.refs |= {n for n in descendants(loop_node.body) if isinstance(n, cst.Name) and n.value in loop.names}
     self._body_locals(ctx, loop_node, [ctor], [])
@@ -248,7 +249,7 @@ class Loops:
     if loop_node not in self._setup_loops:
       self._setup_loops[loop_node] = loop_header(ctx, loop_node, False)
     loop = self._setup_loops[loop_node]
-    loop.sites.append(Site(loop, ctor, _setup_name(ctx, ctor, name, loop, attr, heads) if name is not None else None,
+    loop.sites.append(Site(loop, ctor, setup_name(ctx, ctor, name, loop, attr, heads) if name is not None else None,
                            setup_attr=attr, comprehension=value))
     self.sites[ctor] = loop.sites[-1]
     self.refs |= {n for n in descendants(ctor) if isinstance(n, cst.Name) and n.value in loop.names}
@@ -370,8 +371,9 @@ class Loops:
     if listed:
       self._linen_names(plan)
     for child in listed:
-      if not child.hoisted and not child.alternative:  # a setup() list: Linen names its layers after the attribute,
-        #                                               or as their name= says
+      chosen = any(c.ctor is child.ctor and not c.alternative for c in listed) and child.alternative  # (named with it)
+      if not child.hoisted and not chosen:  # a setup() list: Linen names its layers after the attribute, or as their
+        #                                    name= says
         site = self.sites[child.ctor]
         child.linen_name = site.pattern or f'{child.attr}_{{{site.loop.index}}}'
         for other in plan.children:  # other classes a local may name there, and the layers written out before
@@ -675,112 +677,6 @@ def _sum(terms: list[str]) -> str:
   return ' + '.join(terms)
 
 
-def _empty_list(statement: cst.BaseStatement) -> str | None:
-  """`name` of a `name = []` statement."""
-  if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
-    assign = statement.body[0]
-    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) \
-        and isinstance(assign.value, cst.List) and not assign.value.elements:
-      return assign.targets[0].target.value
-  return None
-
-
-def _check_head_names(ctx: ClassContext, heads: list[cst.Call], site: Site, attr: str) -> None:
-  """Raises Unsupported unless the layers written out before a setup() list's loop are named as Linen names the
-  element at their place: `name="0"` (or `str(0)`) before `name=str(i + 1)`, none before a loop's auto names."""
-  for k, head in enumerate(heads):
-    name = next((a.value for a in head.args if a.keyword is not None and a.keyword.value == 'name'), None)
-    value = name.evaluated_value if isinstance(name, cst.SimpleString) else \
-        name.args[0].value.value if isinstance(name, cst.Call) and len(name.args) == 1 \
-        and isinstance(name.args[0].value, cst.Integer) else None
-    expected = site.pattern.replace(f'{{{site.loop.index}}}', str(k)) if site.pattern is not None else None
-    if (name is None) != (expected is None) or name is not None and value != expected:
-      raise Unsupported(head, f'self.{attr}: a layer written out before the loop named {ctx.facts.code(name) if name else "by Linen"}, '
-                              f'where Linen names the element at its place {expected or f"{attr}_{k}"} (converted: '
-                              'names by place, or none)')
-
-
-def _written_out(ctx: ClassContext, statement: cst.BaseStatement) -> tuple[str, list[cst.Call]] | None:
-  """`name` and the constructions of `name = [Layer(...), ...]`, every element a construction (transformers' ResNet
-  stages: the first layer written out, the others appended in a loop); None for other statements."""
-  if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
-    assign = statement.body[0]
-    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) \
-        and isinstance(assign.value, cst.List) and assign.value.elements \
-        and all(isinstance(e, cst.Element) and isinstance(e.value, cst.Call)
-                and constructions.constructed(ctx, e.value) is not None for e in assign.value.elements):
-      return assign.targets[0].target.value, [e.value for e in assign.value.elements]
-  return None
-
-
-def _appended(loop: cst.CSTNode | None, name: str, lists: frozenset[str]) -> cst.Call | None:
-  """The construction of `for x in <iterator>: name.append(<construction>)`, else None. The body may also bind locals
-  (diffusers' `in_channels = self.in_channels if i == 0 else self.out_channels`) and the construction itself
-  (`res_block = FlaxResnetBlock2D(...)`, then `resnets.append(res_block)`): simple assignments to names; its other
-  statements are one append to each of `lists` (the empty lists before the loop, which go with it)."""
-  if not isinstance(loop, cst.For) or loop.orelse is not None \
-      or not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in loop.body.body):
-    return None
-  statements = [s.body[0] for s in loop.body.body]
-  appends = {}
-  for position, statement in enumerate(statements):
-    call = statement.value if isinstance(statement, cst.Expr) else None
-    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) \
-        and call.func.value.value in lists and call.func.attr.value == 'append' and len(call.args) == 1 \
-        and call.args[0].keyword is None and not call.args[0].star and call.func.value.value not in appends:
-      appends[call.func.value.value] = (position, call.args[0].value)
-    elif not (isinstance(statement, cst.Assign) and len(statement.targets) == 1
-              and isinstance(statement.targets[0].target, cst.Name)):
-      return None
-  if set(appends) != lists:
-    return None
-  position, value = appends[name]
-  if isinstance(value, cst.Name):  # `resnets.append(res_block)`: the one construction bound to that local before
-    bound = [s.value for s in statements[:position]
-             if isinstance(s, cst.Assign) and s.targets[0].target.value == value.value]
-    local = value.value
-    value = bound[0] if len(bound) == 1 else None
-    if sum(isinstance(n, cst.Name) and n.value == local for n in descendants(loop.body)) != 2:
-      return None  # the local is bound and appended, nothing else
-  return value if isinstance(value, cst.Call) else None
-
-
-def _empty_lists_before(body: list[cst.BaseStatement], loop: cst.BaseStatement | None) -> frozenset[str]:
-  """The names of the `name = []` statements just before `loop` in `body`."""
-  found = set()
-  for statement in reversed(body[:body.index(loop)] if loop is not None else ()):
-    if (name := _empty_list(statement)) is None:
-      break
-    found.add(name)
-  return frozenset(found)
-
-
-def _carried(loop: cst.For, setup: cst.FunctionDef, ctor: cst.Call) -> bool:
-  """Whether the layer appended in `loop` reads a local of the loop other than one bound once in setup() from
-  fields and the loop's names (FlaxDecoder's `prev_output_channel = output_channel`, carried from the last
-  iteration): the comprehension that replaces the loop could not give it that value."""
-  reads = lambda node: [n.value for n in read_names(node)]
-  def bound(target: cst.BaseExpression) -> list[str]:  # `a`, `a, (b, c)`; not the `self` of `self.x = ...`
-    if isinstance(target, cst.Name):
-      return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-      return [name for element in target.elements for name in bound(element.value)]
-    return []
-  targets = [name for sub in descendants(setup) if isinstance(sub, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))
-             for name in bound(sub.target)]
-  values = {s.body[0].targets[0].target.value: s.body[0].value for s in loop.body.body if isinstance(s.body[0], cst.Assign)}
-  loop_names = set(reads(loop.target))
-  return any(name in values and (targets.count(name) != 1 or any(
-      other in targets and other not in loop_names for other in reads(values[name]))) for name in reads(ctor))
-
-
-def _loop_locals_read_after(loop: cst.For, setup: cst.FunctionDef) -> bool:
-  """Whether setup() reads, after the appending loop (which goes), a local the loop binds."""
-  bound = {s.body[0].targets[0].target.value for s in loop.body.body if isinstance(s.body[0], cst.Assign)}
-  after = list(setup.body.body)[list(setup.body.body).index(loop) + 1:]
-  return any(n.value in bound for s in after for n in read_names(s))  # `in_channels=`, `.dtype`: not reads
-
-
 def _class_methods(ctx: ClassContext, node: cst.CSTNode) -> set[str]:
   cls = enclosing(ctx, node, cst.ClassDef)
   return {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)} if cls is not None else set()
@@ -791,28 +687,6 @@ def _class_fields(ctx: ClassContext, node: cst.CSTNode) -> set[str]:
   return {s.body[0].target.value for s in (cls.body.body if cls is not None else ())
           if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.AnnAssign)
           and isinstance(s.body[0].target, cst.Name)}
-
-
-def _setup_name(ctx: ClassContext, ctor: cst.Call, name: cst.BaseExpression, loop: Loop, attr: str,
-                heads: int = 0) -> str:
-  """The Linen name pattern of a setup() list's `name=str(i)` (`{i}`, transformers' layer lists) or
-  `name=f'layer_{i}'` (`layer_{i}`), `i` the index of the comprehension; NNX names the elements by position. After
-  `heads` layers written out, `name=str(i + <heads>)` (ResNet's stages: `name="0"`, then `str(i + 1)`), the
-  pattern of the element's place in the list."""
-  code = ctx.facts.code
-  if heads and isinstance(name, cst.Call) and is_builtin(ctx, name.func, 'str') and len(name.args) == 1 \
-      and re.fullmatch(rf'{loop.index} \+ {heads}|{heads} \+ {loop.index}', code(name.args[0].value)):
-    return f'{{{loop.index}}}'
-  if not heads and isinstance(name, cst.Call) and is_builtin(ctx, name.func, 'str') and len(name.args) == 1 \
-      and isinstance(name.args[0].value, cst.Name) and name.args[0].value.value == loop.index:
-    return f'{{{loop.index}}}'
-  if not heads and isinstance(name, cst.FormattedString) and len(name.parts) in (1, 2) \
-      and isinstance(name.parts[-1], cst.FormattedStringExpression) \
-      and isinstance(name.parts[-1].expression, cst.Name) and name.parts[-1].expression.value == loop.index \
-      and all(isinstance(p, cst.FormattedStringText) for p in name.parts[:-1]):
-    return code(name)[len(name.start):-len(name.end)]
-  raise Unsupported(ctor, f'self.{attr}: name={code(name)} in a setup() list (converted: str({loop.index}) or '
-                          f"f'<prefix>{{{loop.index}}}', {loop.index} the index of the list)")
 
 
 def loop_entry(children: tp.Sequence[ChildName], name: str) -> tuple[str, ...] | None:
