@@ -16,7 +16,9 @@ import typing as tp
 
 import libcst as cst
 
+from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
+from codemods.rules.l2n002.constructions import choice_refused
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
 if tp.TYPE_CHECKING:
@@ -25,7 +27,10 @@ if tp.TYPE_CHECKING:
 
 def alternatives(ctx: ClassContext, child: Child, build: tp.Callable[[tuple], Child]) -> list[Child]:
   """The children of the classes other than `child`'s that its construction may build (none for a construction
-  that is no local's); `build` plans the construction as one of them (Linen name, layer row, plan)."""
+  that is no local's); `build` plans the construction as one of them (Linen name, layer row, plan). A local naming
+  several classes converts where it builds one submodule outside loops: its classes may need other input sizes,
+  given where it names each; whether they do depends on how the other classes convert, which a second run, finding
+  some Linen, may not see the same way."""
   choices = ctx.plan.choices.get(child.ctor)
   if choices is None:
     return []
@@ -33,6 +38,9 @@ def alternatives(ctx: ClassContext, child: Child, build: tp.Callable[[tuple], Ch
   for choice in choices:  # a class named in several arms: under any of them (no arm known)
     arms[choice.linen] = choice.arms if choice.linen not in arms else frozenset()
   first, *others = arms
+  local = child.ctor.func.value
+  if others and (child.ctor in ctx.loops.sites or _constructions(ctx, local) > 1):  # (what the code says alone
+    raise Unsupported(child.ctor, choice_refused(local))  # decides: a second run, other classes Linen, says the same)
   child.chosen = arms[first]
   found = []
   for linen in others:
@@ -43,10 +51,9 @@ def alternatives(ctx: ClassContext, child: Child, build: tp.Callable[[tuple], Ch
 
 
 def construction_texts(ctx: ClassContext, plan: ClassRewrite) -> dict[cst.Call, str]:
-  """The NNX code of each construction through a local naming one class or another. Where every class takes the
-  same input sizes by the same names (RegNet's X and Y layers), the construction passes them; else, the local
-  building one submodule only, outside loops, what each class needs besides is given where the local names it (a
-  functools.partial)."""
+  """The NNX code of each construction through a local naming one class or another (the local builds one submodule,
+  outside loops: `alternatives`). Where every class takes the same input sizes by the same names, the construction
+  passes them; else what each class needs besides is given where the local names it (a functools.partial)."""
   texts: dict[cst.Call, str] = {}
   for ctor, choices in ctx.plan.choices.items():
     group = [c for c in plan.children if c.ctor is ctor]
@@ -64,10 +71,6 @@ def construction_texts(ctx: ClassContext, plan: ClassRewrite) -> dict[cst.Call, 
     bound = [(choice, extra) for child in group
              if (extra := [f'{k}={v}' for k, v in (*child.sizes.items(), *child.mode_defaults.items())])
              for choice in choices if choice.linen == child.sibling.name]
-    if bound and (ctor in ctx.loops.sites or sum(1 for c in ctx.plan.choices if ctx.facts.code(c.func) == local) > 1):
-      raise Unsupported(ctor, f'{local}(...) builds classes that need other input sizes by other names, which '
-                              f'cannot be given where {local} names them: it builds several submodules, or one per '
-                              'iteration of a loop')
     for choice, extra in bound:
       ctx.plan.exprs[choice.node] = f'functools.partial({choice.linen}, {", ".join(extra)})'
     if bound:
@@ -91,3 +94,9 @@ def _as_written(ctx: ClassContext, child: Child, sizes: bool) -> str:
   extra = {**child.sizes, **child.mode_defaults} if sizes else {}
   args += [f'{k}={v}' for k, v in extra.items()]
   return f'{ctx.facts.code(child.ctor.func)}({", ".join([*args, "rngs=rngs"])})'
+
+
+def _constructions(ctx: ClassContext, local: str) -> int:
+  """How many constructions of the class being planned call the local `local`."""
+  return sum(1 for node in descendants(ctx.facts.class_defs[ctx.plan.name])
+             if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == local)

@@ -527,11 +527,7 @@ class Loops:
 
   def _size_site(self, ctx: ClassContext, plan: ClassRewrite, site: Site, changed: set[str], unstable: set[str], derive: bool,
                  shared: dict[tp.Any, str]) -> None:
-    for child in [c for c in plan.children if c.ctor is site.ctor]:  # each class a local may name (choices.py)
-      self._size_child(ctx, plan, site, child, changed, unstable, derive, shared)
-
-  def _size_child(self, ctx: ClassContext, plan: ClassRewrite, site: Site, child: Child, changed: set[str],
-                  unstable: set[str], derive: bool, shared: dict[tp.Any, str]) -> None:
+    child = next(c for c in plan.children if c.ctor is site.ctor)
     if child.done:
       return
     if len(site.seen) != 2:

@@ -209,8 +209,7 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.C
     if not child.alternative:
       continue
     first = next(c for c in plan.children if same_place(child, c) and not c.alternative)
-    listed = (first.ctor in ctx.loops.sites or child.ctor in ctx.loops.sites) and child.ctor is not first.ctor  # (one
-    #        construction of a local naming classes is sized per class: `loops._size_site`)
+    listed = first.ctor in ctx.loops.sites or child.ctor in ctx.loops.sites
     signature = lambda c: (c.sibling.call_params, [m[:2] for m in c.sibling.mode_params]) if c.sibling is not None \
         else _layer_signature(c) if c.spec is not None else c
     if child.bridged or first.bridged or (child.sibling is None) != (first.sibling is None) \

@@ -540,8 +540,7 @@ class SizeWalk(LastAxisWalk):
         self.firsts[node] = first_output_dim(self.ctx, child, arg_dims)
         self.lasts[node] = last_output_dim(self.ctx, child, arg_dims)
       self.ctx.loops.seen(self.ctx, child, node, arg_dims)
-      outputs = {output_dim(self.ctx, c, arg_dims) for c in self.plan.children if c.ctor is child.ctor}
-      return outputs.pop() if len(outputs) == 1 else None  # (the classes a local may name there: the same size)
+      return output_dim(self.ctx, child, arg_dims)
     local = self.plan.arm_bound.get(child.ctor)  # a local each arm of an if binds to another layer: each
     group = [child, *(c for c in self.plan.children if c.alternative and same_place(child, c)
                       or local is not None and c is not child and self.plan.arm_bound.get(c.ctor) == local)]

@@ -94,8 +94,8 @@ def test_a_class_that_stays_linen_keeps_the_choice_linen():
   source = source.replace('    return nn.Dense(self.features)(x)\n\n\nclass M',
                           '    if self.is_mutable_collection("stats"):\n      x = x + 1\n'
                           '    return nn.Dense(self.features)(x)\n\n\nclass M')
-  assert 'layer(...) builds one class or another, as the local layer names them, and one stays Linen' \
-      in _todo_of(source)
+  assert 'layer(...) builds one class or another, as the local layer names them: it converts when every class it ' \
+         'may build converts' in _todo_of(source)
 
 
 def _todo_of(source: str) -> str:
@@ -195,8 +195,8 @@ class M(nn.Module):
       x = layer(x)
     return x
 '''
-  assert 'layer(...) builds classes that need other input sizes by other names, which cannot be given where layer ' \
-         'names them' in _todo_of(source)
+  assert 'layer(...) builds one class or another, as the local layer names them: it converts when every class it ' \
+         'may build converts and the local builds one submodule, outside loops' in _todo_of(source)
 
 
 def test_the_construction_keeps_its_arguments_where_they_stand():
