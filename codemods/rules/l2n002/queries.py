@@ -271,8 +271,9 @@ def kept_target(ctx: ClassContext, func: cst.CSTNode) -> str | None:
 def size_refs(ctx: ClassContext, values: tp.Iterable[cst.CSTNode]) -> dict[cst.CSTNode, str]:
   """Input sizes a constructor argument reads: `x.shape[-1]` (-> x), or a local bound once to one, as
   `d = x.shape[-1]` or `n, _, d = x.shape` (-> d), also inside the value of a local bound once that the argument
-  reads (flax's wmt `actual_out_dim = inputs.shape[-1] if self.out_dim is None else self.out_dim`, which moves to
-  `__init__` with the size); `_derive` finds what the code says of each."""
+  reads (flax's wmt `actual_out_dim = inputs.shape[-1] if self.out_dim is None else self.out_dim`, jax-md's `bound =
+  1.0 / math.sqrt(in_features)` after `in_features = x.shape[-1]`, which move to `__init__` with the size);
+  `_derive` finds what the code says of each."""
   refs = {}
   for value in values:
     for sub in (value, *descendants(value)):
@@ -282,6 +283,8 @@ def size_refs(ctx: ClassContext, values: tp.Iterable[cst.CSTNode]) -> dict[cst.C
         refs[sub] = sub.value
       elif isinstance(sub, cst.Name) and (bound := _bound_once(ctx, sub)) is not None:
         refs.update((inner, inner.value.value.value) for inner in descendants(bound) if last_axis_of_name(inner))
+        refs.update((inner, inner.value) for inner in descendants(bound)  # jax-md's `bound = 1 / sqrt(in_features)`
+                    if isinstance(inner, cst.Name) and size_local(ctx, inner) is not None)
   return refs
 
 

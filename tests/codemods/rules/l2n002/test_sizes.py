@@ -8,6 +8,7 @@ import pathlib
 import runpy
 
 import jax
+import jax.numpy as jnp
 import pytest
 from flax import nnx
 
@@ -439,3 +440,18 @@ def test_a_local_of_the_input_s_last_axis_sizes_a_layer_but_one_of_another_axis_
   todos = [e.message for e in transform_source(other_axis, rules).entries if e.kind == 'todo']
   assert any('class MlpBlock left as Linen: a constructor argument uses the local actual_out_dim, whose value reads '
              'inputs, which only the call knows' in m for m in todos), todos
+
+
+def test_a_local_computed_from_the_input_width_moves_to_init_with_the_size():
+  """jax-md's `bound = 1.0 / math.sqrt(in_features)`: in NNX the width is a constructor argument and the initializer
+  draws within the bound of that width (here 1 / sqrt(100)); a local reading the input's values stays in the call,
+  and its class Linen."""
+  namespace = runpy.run_path(str(FIXTURES / 'size_local_values.out.py'))
+  layer = namespace['SO3Linear'](out_features=50, lmax=1, weight_features=100, rngs=nnx.Rngs(0))
+  spread = float(jnp.abs(layer.weight[...]).max())
+  assert 0.05 < spread <= 0.1
+  source = (FIXTURES / 'size_local_values.in.py').read_text().replace(
+      'bound = 1.0 / math.sqrt(in_features)', 'bound = 1.0 / math.sqrt(input_embedding.sum())')
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  assert any('a constructor argument uses the local bound, whose value reads input_embedding' in e.message
+             for e in result.entries if e.kind == 'todo')
