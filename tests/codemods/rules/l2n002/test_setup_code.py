@@ -61,11 +61,11 @@ class Positions(nn.Embed):  # transformers' FlaxOPTLearnedPositionalEmbedding: a
 
 
 @pytest.mark.parametrize('statement, line, blocker', [
-    ('self.activation = Identity() if self.act else Identity(name="other")', 26,
+    ('self.activation = Identity() if self.act else (Identity() if self.width else None)', 26,
      'Identity, a Linen module class, is built inside a conditional expression (a if c else b)'),
     ('self.activation = Identity() if self.is_initializing() else None', 26,
      'Identity, a Linen module class, is built inside a conditional expression (a if c else b)'),
-    ('block = Identity', 26, 'Identity, a Linen module class, is named other than to build it'),
+    ('block = Identity\nself.kind = block', 26, 'Identity, a Linen module class, is named other than to build it'),
     ('self.norm = make_norm(self.width)', 26,
      'make_norm(...) calls .layers.make_norm, code of this project L2N002 does not follow'),
     ('self.head = helper_dense(self.width)', 26, 'helper_dense(...) calls helper_dense of this file, which may build'),
