@@ -5,9 +5,11 @@ if chain on fields (transformers' LongT5 block picks its attention layer so), or
 The bindings and the construction stay where they are, naming the NNX classes. The construction is planned once
 per class it may build (`Child.alternative`, each under the arms its class is named in, `Child.chosen`), and sized
 at the calls as the arms of a setup() `if` are. What one class's `__init__` needs beside the construction's own
-arguments (its input sizes) is given where the local names that class:
+arguments (its input sizes) is passed by the construction where every class takes it by the same name, else given
+where the local names that class:
 `attention_layer = functools.partial(A, SelfAttention_q_in_features=layer_SelfAttention_q_in_features)`, so that the
-one construction passes what every class takes: its arguments and `rngs`.
+one construction passes what every class takes: its arguments and `rngs`. A local naming several classes converts
+where it builds one submodule, outside loops (`alternatives`).
 """
 
 from __future__ import annotations
@@ -66,10 +68,9 @@ def construction_texts(ctx: ClassContext, plan: ClassRewrite) -> dict[cst.Call, 
       texts[ctor] = full.pop()
       continue
     if len(bare) != 1:
-      raise Unsupported(ctor, f'{local}(...) builds classes whose NNX constructors take its arguments in other '
-                              'places: pass them by keyword')
-    bound = [(choice, extra) for child in group
-             if (extra := [f'{k}={v}' for k, v in (*child.sizes.items(), *child.mode_defaults.items())])
+      raise Unsupported(ctor, f'{local}(...) builds classes that take other arguments from it (a train/eval '
+                              'argument one of them drops, NNX setting it by train() / eval())')
+    bound = [(choice, [f'{k}={v}' for k, v in _needs(child).items()]) for child in group if _needs(child)
              for choice in choices if choice.linen == child.sibling.name]
     for choice, extra in bound:
       ctx.plan.exprs[choice.node] = f'functools.partial({choice.linen}, {", ".join(extra)})'
@@ -91,9 +92,15 @@ def _as_written(ctx: ClassContext, child: Child, sizes: bool) -> str:
   kept = {id(value) for value in child.kwargs.values()}
   args = [text(a.value) if a.keyword is None else f'{a.keyword.value}={text(a.value)}' for a in child.ctor.args
           if id(a.value) in kept]
-  extra = {**child.sizes, **child.mode_defaults} if sizes else {}
-  args += [f'{k}={v}' for k, v in extra.items()]
+  args += [f'{k}={v}' for k, v in (_needs(child) if sizes else {}).items()]
   return f'{ctx.facts.code(child.ctor.func)}({", ".join([*args, "rngs=rngs"])})'
+
+
+def _needs(child: Child) -> dict[str, str]:
+  """What the class of `child` takes beside the construction's arguments, as `init_code.ctor_text` passes it: its
+  input sizes, fields merged with a train/eval switch, the example inputs of its Linen children."""
+  return {**child.sizes, **child.mode_defaults,
+          **{name: f'{child.attr}_{name}' for name in child.sibling.example_params}}
 
 
 def _constructions(ctx: ClassContext, local: str) -> int:

@@ -112,7 +112,7 @@ def _holding(ctx: ClassContext, test: cst.BaseExpression, holds: bool = True) ->
     found |= _holding(ctx, test.expression, not holds)
   elif holds and isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
     found |= _holding(ctx, test.left) | _holding(ctx, test.right)
-  elif holds and isinstance(test, cst.Name) and (value := _bound_once(ctx, test)) is not None:
+  elif holds and isinstance(test, cst.Name) and (value := queries.bound_once(ctx, test)) is not None:
     found |= _field_terms(ctx, value)
   return found
 
@@ -126,18 +126,6 @@ def _field_terms(ctx: ClassContext, test: cst.BaseExpression) -> set[tuple[str, 
   if names and all(n.value == 'self' for n in names):
     return {(test_key(ctx, test), True)}
   return set()
-
-
-def _bound_once(ctx: ClassContext, name: cst.Name) -> cst.BaseExpression | None:
-  """The value of the local `name` where its scope binds it once, by a plain `name = value`; else None."""
-  scope = ctx.facts.scope(name)
-  assignments = list(scope.assignments[name.value]) if scope is not None and name.value in scope else []
-  if len(assignments) != 1 or not isinstance(target := getattr(assignments[0], 'node', None), cst.Name):
-    return None
-  assign = ctx.facts.parent(ctx.facts.parent(target))
-  if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target:
-    return assign.value
-  return None
 
 
 def test_key(ctx: ClassContext, test: cst.BaseExpression) -> str:

@@ -203,10 +203,11 @@ class Loops:
               and s.body[0].value.value == name]
     if ctor is None or len(uses) != 3 or len(stores) != 1 or constructions.constructed(ctx, ctor) is None \
         or loop_locals_read_after(loop, setup) or carried(loop, setup, ctor):
-      raise Unsupported(statement, f'a setup() list {name} other than `{name} = []` (or `[<layer>(...), ...]`), then '
-                                   f'`for x in <iterator>: '
-                                        f'{name}.append(<layer>(...))` (the layer may be bound to a local first, '
-                                        f'beside locals of fields and the loop), then `self.<attr> = {name}`')
+      if heads:  # another shape (diffusers' mid blocks: the loop fills a second list): the statement's own blocker
+        return False
+      raise Unsupported(statement, f'a setup() list {name} other than `{name} = []`, then `for x in <iterator>: '
+                                   f'{name}.append(<layer>(...))` (the layer may be bound to a local first, beside '
+                                   f'locals of fields and the loop), then `self.<attr> = {name}`')
     self._empty.add(statement)
     self._appends[stores[0].body[0].value] = (loop, ctor)
     if heads:

@@ -281,14 +281,14 @@ def size_refs(ctx: ClassContext, values: tp.Iterable[cst.CSTNode]) -> dict[cst.C
         refs[sub] = sub.value.value.value
       elif isinstance(sub, cst.Name) and size_local(ctx, sub) is not None:
         refs[sub] = sub.value
-      elif isinstance(sub, cst.Name) and (bound := _bound_once(ctx, sub)) is not None:
+      elif isinstance(sub, cst.Name) and (bound := bound_once(ctx, sub)) is not None:
         refs.update((inner, inner.value.value.value) for inner in descendants(bound) if last_axis_of_name(inner))
         refs.update((inner, inner.value) for inner in descendants(bound)  # jax-md's `bound = 1 / sqrt(in_features)`
                     if isinstance(inner, cst.Name) and size_local(ctx, inner) is not None)
   return refs
 
 
-def _bound_once(ctx: ClassContext, name: cst.Name) -> cst.BaseExpression | None:
+def bound_once(ctx: ClassContext, name: cst.Name) -> cst.BaseExpression | None:
   """The value of the function local `name`, bound once by a statement of its method's own body; else None."""
   scope = ctx.facts.scope(name)
   if scope is None or isinstance(scope, (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)) \
