@@ -15,7 +15,7 @@ common start and their index (`'block_0'`, `'block_1'`), in every configuration 
 A layer added under a condition makes the places of the later ones depend on it: an element's index
 (`Child.element`) counts from the start when every element before it is unconditional, else from the end (T5's
 feed-forward layer, `self.layer[-1]`); a call `self.layer[k](...)` is bound to the one element that can stand at k
-where the call runs (`indexed_call`: T5's `self.layer[1]` under a test that implies the decoder's condition is the
+where the call runs (`indexed_calls`: T5's `self.layer[1]` under a test that implies the decoder's condition is the
 cross attention, never the feed-forward layer, which stands there only in an encoder).
 """
 
@@ -139,7 +139,10 @@ def _run(ctx: ClassContext, statements: tp.Sequence[cst.BaseStatement], truth: d
         return False
       continue
     if not isinstance(statement, cst.SimpleStatementLine):
-      if any(n in names or isinstance(n, (cst.Assign, cst.AugAssign)) for n in descendants(statement)):
+      inner = list(descendants(statement))
+      if any(n in names for n in inner) or any(isinstance(n, (cst.AugAssign, cst.AssignTarget))
+                                               and isinstance(n.target, cst.Name) and n.target.value in env
+                                               for n in inner):
         return False  # a loop or a with block that adds layers or moves a counter on
       continue
     for small in statement.body:

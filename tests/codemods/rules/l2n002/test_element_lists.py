@@ -154,3 +154,31 @@ STEPS = '''    self.layers = (nn.Dense(4),)
 def test_lists_that_stay_linen(body, call, message):
   assert message in _todo(SETUP.format(body=body, call=call))
 
+
+
+COUNTED = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  causal: bool = False
+
+  def setup(self):
+    index = 1
+    for k in range(2):
+{loop}
+    self.layers = (nn.Dense(4, name=str(0)),)
+    if self.causal:
+      self.layers += (nn.Dense(4, name=str(index)),)
+      index += 1
+    self.layers += (nn.Dense(4, name=str(index)),)
+
+  def __call__(self, x):
+    return self.layers[-1](self.layers[0](x))
+'''
+
+
+def test_names_by_a_counter_are_checked_in_every_configuration():
+  """T5's `name=str(feed_forward_index)`: a loop of setup() that leaves the counter alone does not matter; one that
+  moves it leaves the names unknown, and the class Linen."""
+  assert 'class M(nnx.Module)' in _converted(COUNTED.format(loop='      scale = k * 2'))
+  assert 'a list of layers named str(0), str(index), str(index)' in _todo(COUNTED.format(loop='      index += k'))
