@@ -372,8 +372,9 @@ def chosen_classes(ctx: ClassContext, name: cst.Name) -> list[Choice] | None:
     if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1) or not _in_setup(ctx, assign):
       return None
     path, value = arm_path(ctx, assign), assign.value
-    arms = [(value.body, path | {(test_key(ctx, value.test), True)}), (value.orelse, path | {(test_key(ctx, value.test), False)})] \
-        if isinstance(value, cst.IfExp) else [(value, path)]
+    test = test_key(ctx, value.test) if isinstance(value, cst.IfExp) else None
+    arms = [(value.body, path | {(test, True)}), (value.orelse, path | {(test, False)})] if test is not None \
+        else [(value, path)]
     for node, arms_of in arms:
       if not (isinstance(node, cst.Name) and node.value in ctx.facts.linen_classes):
         return None
@@ -416,7 +417,8 @@ def choice_binding(ctx: ClassContext, statement: cst.BaseStatement) -> bool:
 def wrapped_binding(ctx: ClassContext, statement: cst.BaseStatement) -> bool:
   """Whether `statement` is the binding of a `wrapped_local` (planned here, whether or not it is used)."""
   assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
-  return isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) \
+  return isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
+      and isinstance(assign.targets[0].target, cst.Name) \
       and wrapped_local(ctx, assign.targets[0].target) is not None
 
 

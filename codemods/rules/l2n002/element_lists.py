@@ -63,7 +63,8 @@ def extension(ctx: ClassContext, statement: cst.BaseStatement, plan: ClassRewrit
   attr = aug.target.attr.value
   if not any(c.attr == attr and c.element is not None for c in plan.children):
     return None
-  built = [e.value for e in aug.value.elements if isinstance(e.value, cst.Call) and constructions.constructed(ctx, e.value)]
+  built = [e.value for e in aug.value.elements
+           if isinstance(e.value, cst.Call) and constructions.constructed(ctx, e.value)]
   if len(built) != len(aug.value.elements) or any(isinstance(e, cst.StarredElement) for e in aug.value.elements):
     raise Unsupported(aug.value, f'self.{attr}: layers added beside other values (converted: `self.{attr} += '
                                  '(<layer>(...), ...)`, every element building a layer)')

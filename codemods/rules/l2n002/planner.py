@@ -422,7 +422,7 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
   elif (appended := ctx.loops.appended(ctx, value, target)) is not None:  # `self.layers = layers` (appended)
     if target in {c.attr for c in plan.children}:
       raise Unsupported(statement, f'self.{target} assigned twice')
-    for head in (h for loop, heads in ctx.loops.heads.items() if loop is ctx.loops.appended_loop(value) for h in heads):
+    for head in ctx.loops.heads.get(ctx.loops.appended_loop(value), ()):
       plan.children.append(written := _build_child(ctx, head, counts, target))  # `layers = [Layer(...)]` first
       written.head = True
       plan.children += choices.alternatives(ctx, written, lambda built, head=head: _build_child(ctx, head, counts,
@@ -477,7 +477,8 @@ def _element_list(ctx: ClassContext, plan: ClassRewrite, value: cst.List, attr: 
                               'layers: each would need its own example inputs')
     child.element = len({c.ctor for c in plan.children if c.attr == attr})  # its place: element_lists.place
     plan.children.append(child)
-    plan.children += choices.alternatives(ctx, child, lambda built, ctor=ctor: _build_child(ctx, ctor, counts, attr, built))
+    plan.children += choices.alternatives(ctx, child,
+                                          lambda built, ctor=ctor: _build_child(ctx, ctor, counts, attr, built))
   if not extended:
     plan.lists.add(value)
 
