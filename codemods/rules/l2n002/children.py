@@ -56,8 +56,7 @@ def build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr:
     raise Unsupported(ctor, 'parent= is not converted')
   name = kwargs.pop('name', None)
   listed = ctx.loops.list_name(ctx, ctor, name)  # built in a loop, name=f'layer_{i}': the nnx.List `layers`
-  element = attr is not None and isinstance(ctx.facts.parent(ctor), cst.Element)  # its name: element_lists.place
-  if name is not None and listed is None and not element and not _named_right(name, attr):
+  if name is not None and listed is None and not _element(ctx, ctor, attr) and not _named_right(name, attr):
     raise Unsupported(ctor, 'name= is not a literal identifier')
   cell = _cell(ctx, ctor, wrapper, kwargs.pop(wrapper.cell_kwarg, None), counts) if wrapper is not None else None
   refs = queries.size_refs(ctx, kwargs.values())
@@ -77,8 +76,7 @@ def _bridged_child(ctx: ClassContext, ctor: cst.Call, linen: str, counts: dict[s
   from example inputs the converted class takes as a constructor argument."""
   queries.check_hoistable(ctx, ctor, linen=True)
   name = next((a.value for a in ctor.args if a.keyword is not None and a.keyword.value == 'name'), None)
-  element = attr is not None and isinstance(ctx.facts.parent(ctor), cst.Element)  # refused as such by the planner
-  if name is not None and not element and not _named_right(name, attr):
+  if name is not None and not _element(ctx, ctor, attr) and not _named_right(name, attr):
     raise Unsupported(ctor, 'name= is not a literal identifier')
   explicit = name.evaluated_value if isinstance(name, cst.SimpleString) else attr
   if isinstance(ctor.func, cst.Call):  # Linen names nn.map_variables(Block) Map_variablesBlock_0
@@ -89,6 +87,12 @@ def _bridged_child(ctx: ClassContext, ctor: cst.Call, linen: str, counts: dict[s
     counts[short] = counts.get(short, -1) + 1
   why = ctx.facts.kept_linen.get(linen, 'it was not converted (see its TODO)')
   return Child(attr or explicit or '', explicit or f'{short}_{counts[short]}', ctor, None, None, {}, bridged=why)
+
+
+def _element(ctx: ClassContext, ctor: cst.Call, attr: str | None) -> bool:
+  """Whether `ctor` is an element of a setup() list or tuple, whose name= `element_lists.place` checks (one that
+  stays Linen is refused as such by the planner)."""
+  return attr is not None and isinstance(ctx.facts.parent(ctor), cst.Element)
 
 
 def _named_right(name: cst.BaseExpression, attr: str | None) -> bool:

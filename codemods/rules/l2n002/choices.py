@@ -19,7 +19,7 @@ import typing as tp
 import libcst as cst
 
 from codemods.nodes import descendants
-from codemods.rules.l2n002 import queries
+from codemods.rules.l2n002 import init_code, queries
 from codemods.rules.l2n002.constructions import choice_refused
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
@@ -70,8 +70,8 @@ def construction_texts(ctx: ClassContext, plan: ClassRewrite) -> dict[cst.Call, 
     if len(bare) != 1:
       raise Unsupported(ctor, f'{local}(...) builds classes that take other arguments from it (a train/eval '
                               'argument one of them drops, NNX setting it by train() / eval())')
-    bound = [(choice, [f'{k}={v}' for k, v in _needs(child).items()]) for child in group if _needs(child)
-             for choice in choices if choice.linen == child.sibling.name]
+    bound = [(choice, [f'{k}={v}' for k, v in needs.items()]) for child in group
+             if (needs := init_code.sibling_needs(child)) for choice in choices if choice.linen == child.sibling.name]
     for choice, extra in bound:
       ctx.plan.exprs[choice.node] = f'functools.partial({choice.linen}, {", ".join(extra)})'
     if bound:
@@ -92,15 +92,8 @@ def _as_written(ctx: ClassContext, child: Child, sizes: bool) -> str:
   kept = {id(value) for value in child.kwargs.values()}
   args = [text(a.value) if a.keyword is None else f'{a.keyword.value}={text(a.value)}' for a in child.ctor.args
           if id(a.value) in kept]
-  args += [f'{k}={v}' for k, v in (_needs(child) if sizes else {}).items()]
+  args += [f'{k}={v}' for k, v in (init_code.sibling_needs(child) if sizes else {}).items()]
   return f'{ctx.facts.code(child.ctor.func)}({", ".join([*args, "rngs=rngs"])})'
-
-
-def _needs(child: Child) -> dict[str, str]:
-  """What the class of `child` takes beside the construction's arguments, as `init_code.ctor_text` passes it: its
-  input sizes, fields merged with a train/eval switch, the example inputs of its Linen children."""
-  return {**child.sizes, **child.mode_defaults,
-          **{name: f'{child.attr}_{name}' for name in child.sibling.example_params}}
 
 
 def _constructions(ctx: ClassContext, local: str) -> int:

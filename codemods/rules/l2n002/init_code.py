@@ -41,9 +41,7 @@ def ctor_text(ctx: ClassContext, child: Child) -> str:
     for i, (f, v) in enumerate(child.kwargs.items()):  # positional while in field order, keywords after
       positional = positional and i < len(fields) and f == fields[i]
       args.append(text(v) if positional else f'{f}={text(v)}')
-    args += [f'{k}={v}' for k, v in child.sizes.items()]
-    args += [f'{k}={v}' for k, v in child.mode_defaults.items()]  # fields merged with a switch (`_merged_field`)
-    args += [f'{name}={child.attr}_{name}' for name in child.sibling.example_params]
+    args += [f'{k}={v}' for k, v in sibling_needs(child).items()]
     built = f'{ctx.plan.factory_callee.get(child.ctor, child.sibling.name)}({", ".join([*args, "rngs=rngs"])})'
     if child.stacked is not None:  # one layer per split key, variables stacked on axis 0
       metadata = f', transform_metadata={child.stacked.metadata}' if child.stacked.metadata else ''
@@ -62,6 +60,13 @@ def ctor_text(ctx: ClassContext, child: Child) -> str:
   args += [f'{k}={v!r}' for k, v in spec.linen_defaults if k not in child.kwargs and callee is None]
   args += [f'{k}={v if isinstance(v, str) else repr(v)}' for k, v in child.mode_defaults.items() if k in accepted]
   return f'{callee or "nnx." + spec.nnx.rpartition(".")[2]}({", ".join([*args, "rngs=rngs"])})'
+
+
+def sibling_needs(child: Child) -> dict[str, str]:
+  """What a converted class of the file takes beside its fields, as code by keyword: its input sizes, fields merged
+  with a train/eval switch (`modes._merged_field`), the example inputs of its Linen children."""
+  return {**child.sizes, **child.mode_defaults,
+          **{name: f'{child.attr}_{name}' for name in child.sibling.example_params}}
 
 
 def variable_text(ctx: ClassContext, child: Child) -> str:

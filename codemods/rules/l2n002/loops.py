@@ -372,14 +372,12 @@ class Loops:
     if listed:
       self._linen_names(plan)
     for child in listed:
-      chosen = any(c.ctor is child.ctor and not c.alternative for c in listed) and child.alternative  # (named with it)
-      if not child.hoisted and not chosen:  # a setup() list: Linen names its layers after the attribute, or as their
-        #                                    name= says
+      if not child.hoisted:  # a setup() list: Linen names its layers after the attribute, or as their name= says
         site = self.sites[child.ctor]
         child.linen_name = site.pattern or f'{child.attr}_{{{site.loop.index}}}'
-        for other in plan.children:  # other classes a local may name there, and the layers written out before
-          if other.ctor is child.ctor or other.ctor in self.heads.get(site.loop.node, ()):
-            other.linen_name = child.linen_name
+        for head in plan.children:  # the layers written out before the loop: elements of the same list
+          if head.ctor in self.heads.get(site.loop.node, ()):
+            head.linen_name = child.linen_name
         first, second = (child.linen_name.replace(f'{{{site.loop.index}}}', str(k)) for k in (0, 1))
         ctx.plan.pending.append((child.ctor, f'self.{child.attr}: a list of layers -> nnx.List (Linen names them '
                                           f'{first}, {second}, ...)'))

@@ -4,12 +4,12 @@ each arm builds its own class with its own input sizes, and that a choice the co
 with a TODO saying why."""
 
 import jax
-import numpy as np
 import pytest
 
 from codemods import rules as registry
 from codemods.transform import transform_source
 from tests.codemods.rules import test_fixture_parity as fixture_parity
+from tests.codemods.rules.l2n002 import test_linen_parents as linen_parents
 
 CASE = 'L2N002/hf_chosen_classes'
 
@@ -147,15 +147,7 @@ def test_a_linen_parent_runs_the_converted_blocks_on_its_own_variables(causal):
     exec(compile(source, 'models.py', 'exec'), namespace)
   config = lambda ns: ns['TinyLongT5Config'](causal=causal)
   linen, bridged = (ns['FlaxTinyBlockCollection'](config(ns)) for ns in namespaces)
-  hidden = jax.random.normal(jax.random.key(1), (2, 3, 8))
-  variables = linen.init(jax.random.key(0), hidden)
-  layout = lambda tree: jax.tree.map(lambda leaf: (leaf.shape, leaf.dtype), tree)
-  assert layout(bridged.init(jax.random.key(0), hidden)) == layout(variables)
-  np.testing.assert_allclose(bridged.apply(variables, hidden), linen.apply(variables, hidden), rtol=1e-6, atol=1e-6)
-  grads = [jax.grad(lambda p, m=m: m.apply({**variables, 'params': p}, hidden).sum())(variables['params'])
-           for m in (linen, bridged)]
-  for expected, actual in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
-    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+  linen_parents._same_model(linen, bridged, jax.random.normal(jax.random.key(1), (2, 3, 8)))
 
 
 def test_classes_sized_by_other_names_in_a_loop_stay_linen():
