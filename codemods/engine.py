@@ -391,7 +391,19 @@ def _encoding(data: bytes) -> str:
   return 'utf-8' if encoding == 'utf-8-sig' else encoding
 
 
+class _NoBar:
+  """The progress bar of a run that shows none, without importing tqdm (a pre-commit run of one file)."""
+
+  def update(self) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
 def _progress_bar(total: int, enabled: bool) -> tp.Any:
+  if not enabled or total == 0:
+    return _NoBar()
   import tqdm
 
-  return tqdm.tqdm(total=total, unit='file', desc='linen2nnx migrate', leave=False, disable=not enabled or total == 0)
+  return tqdm.tqdm(total=total, unit='file', desc='linen2nnx migrate', leave=False)

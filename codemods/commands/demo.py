@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
       return EXIT_USAGE
     return _demo(project, work, args)
   with tempfile.TemporaryDirectory(prefix='linen2nnx-demo-') as folder:
+    print(f'linen2nnx demo: working in {folder}, deleted at the end (--keep DIR keeps the migrated code)',
+          file=sys.stderr)
     return _demo(project, pathlib.Path(folder), args)
 
 
@@ -107,13 +109,16 @@ def _demo(project: pathlib.Path, work: pathlib.Path, args: argparse.Namespace) -
   linen_dir, nnx_dir = work / 'linen', work / 'nnx'
   for target in (linen_dir, nnx_dir):
     shutil.copytree(project, target, ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+  print(f'linen2nnx demo: migrating {project.name}'
+        f'{"" if args.no_examples else f" with the traces of {EXAMPLES_FILE}"} ...', file=sys.stderr)
   result = migrate_project(nnx_dir, examples=not args.no_examples)
   report_path = work / 'migrate-report.json'
   report_path.write_text(result.to_json(), encoding='utf-8')
   sizes = result.input_sizes()
   print(f'linen2nnx demo: migrated {len(result.changed)} files of {project.name} in {work / "nnx"}'
         f'{"" if args.no_examples else f" with {EXAMPLES_FILE}"}: {_sizes_line(sizes)}', file=sys.stderr)
-  rows = check_models(linen_dir, nnx_dir, report_path, result, atol=args.atol, precision=args.precision)
+  rows = check_models(linen_dir, nnx_dir, report_path, result, atol=args.atol, precision=args.precision,
+                      progress=True)
   if args.json:
     print(json.dumps({'backend': precision_lib.backend(), 'precision': args.precision, 'input_sizes': sizes,
                       'models': [dataclasses.asdict(r) | {'verdict': r.verdict} for r in rows]}, indent=2))
@@ -141,14 +146,18 @@ def migrate_project(folder: pathlib.Path, *, examples: bool) -> tp.Any:
 
 
 def check_models(linen_dir: pathlib.Path, nnx_dir: pathlib.Path, report_path: pathlib.Path, result: tp.Any,
-                 *, atol: float, precision: str = PRECISIONS[0]) -> list[ModelRow]:
-  """One row per example of the Linen copy, its NNX port taken from the migrated copy, compared at `precision`."""
+                 *, atol: float, precision: str = PRECISIONS[0], progress: bool = False) -> list[ModelRow]:
+  """One row per example of the Linen copy, its NNX port taken from the migrated copy, compared at `precision`;
+  with `progress`, a line on stderr as each model is checked (each compiles both models: seconds apiece)."""
   from codemods import examples as example_traces
 
   todos = {os.path.realpath(f.path): sum(e.kind == TODO for e in f.entries) for f in result.files}
   rows = []
   with _importable(linen_dir), _migrated_imports():
-    for name, linen, inputs, kwargs in example_traces.load_examples(str(linen_dir / EXAMPLES_FILE)):
+    examples = example_traces.load_examples(str(linen_dir / EXAMPLES_FILE))
+    for index, (name, linen, inputs, kwargs) in enumerate(examples, 1):
+      if progress:
+        print(f'linen2nnx demo: checking {name} ({index} of {len(examples)}) ...', file=sys.stderr)
       try:
         rows.append(_check_model(name, linen, inputs, kwargs, linen_dir, nnx_dir, report_path, todos, atol,
                                  precision))
@@ -204,6 +213,8 @@ def format_table(rows: tp.Sequence[ModelRow]) -> str:
   widths = [max(len(line[i]) for line in (header, *body)) for i in range(len(header))]
   lines = ['  '.join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in (header, *body)]
   lines.insert(1, '  '.join('-' * w for w in widths))
+  lines.append("size args: the input sizes a model's own constructor takes (verify fills them from its example "
+               'inputs); classes inside get theirs from the class that builds them')
   errors = [f'{r.model}: {r.error}' for r in rows if r.error]
   passed = sum(r.verdict == 'PASS' for r in rows)
   return '\n'.join([*lines, *errors, f'{passed} of {len(rows)} models PASS'])
@@ -215,7 +226,7 @@ def _sizes_line(sizes: dict[str, int]) -> str:
     return 'no layer input sizes to derive'
   derived = sizes['code'] + sizes['examples']
   return (f'layer input sizes: {sizes["code"]} from the code, {sizes["examples"]} from example traces, '
-          f'{sizes["arguments"]} constructor arguments ({derived / total:.0%} derived)')
+          f'{sizes["arguments"]} from an argument of their class ({derived / total:.0%} derived)')
 
 
 def _migrated_file(linen_class: type, linen_dir: pathlib.Path, nnx_dir: pathlib.Path) -> str:

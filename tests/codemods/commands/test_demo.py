@@ -161,11 +161,20 @@ def test_a_broken_port_is_a_fail_row(tmp_path):
 
 
 def test_the_command_prints_one_row_per_model_and_the_backend_and_precision(tmp_path, capsys):
+  """Besides the table: on stderr, the temporary work folder with the --keep that keeps it, then a line as the
+  migration starts and as each model is checked; the table says what its size args count."""
   import jax
 
   project = str(_vae_only_project(tmp_path))
   assert cli.main(['demo', '--project', project, '--json']) == 0
-  printed = json.loads(capsys.readouterr().out)
+  out, err = capsys.readouterr()
+  printed = json.loads(out)
+  lines = err.splitlines()
+  assert lines[0].startswith('linen2nnx demo: working in ') and lines[0].endswith(
+      ', deleted at the end (--keep DIR keeps the migrated code)'), err
+  assert lines[1] == 'linen2nnx demo: migrating project with the traces of examples.py ...', err
+  assert 'from an argument of their class' in lines[2] and 'constructor' not in lines[2], err
+  assert lines[3:] == ['linen2nnx demo: checking vae (1 of 1) ...'], err
   (row,) = printed['models']
   assert row['model'] == 'vae' and row['verdict'] == 'PASS' and row['classes_converted'] == 3
   assert (printed['backend'], printed['precision']) == (jax.default_backend(), 'highest')
@@ -173,6 +182,7 @@ def test_the_command_prints_one_row_per_model_and_the_backend_and_precision(tmp_
   table = capsys.readouterr().out
   assert table.startswith(f"backend {jax.default_backend()}, matmul precision default (the backend's)")
   assert '1 of 1 models PASS' in table
+  assert "size args: the input sizes a model's own constructor takes" in table
 
 
 def test_a_project_without_examples_is_a_usage_error(tmp_path, capsys):
@@ -180,6 +190,9 @@ def test_a_project_without_examples_is_a_usage_error(tmp_path, capsys):
   assert 'has no examples.py' in capsys.readouterr().err
   assert cli.main(['demo', '--keep', str(tmp_path)]) == 2  # an existing folder is never written into
   assert 'already exists' in capsys.readouterr().err
+  keep = tmp_path / 'kept'
+  assert cli.main(['demo', '--project', str(_vae_only_project(tmp_path)), '--keep', str(keep), '--json']) == 0
+  assert 'deleted at the end' not in capsys.readouterr().err and (keep / 'nnx' / 'model_zoo' / 'vae.py').is_file()
 
 
 def test_a_keep_folder_that_cannot_be_created_is_one_line_and_exit_2(tmp_path, capsys):

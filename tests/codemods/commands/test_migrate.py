@@ -503,19 +503,20 @@ def test_a_closed_pipe_in_diff_mode_ends_quietly(tmp_path):
 
 def test_files_without_flax_are_skipped_without_importing_the_rules(tmp_path):
   """A pre-commit run over files that are no Flax code decides from their bytes: libcst is never imported, the
-  report still lists them, and a bad --select is still a usage error."""
+  report still lists them, and a bad --select is still a usage error. A run whose stderr is no terminal shows no
+  progress bar and does not import tqdm."""
   (tmp_path / 'plain.py').write_text('def add(a, b):\n  return a + b\n')
   (tmp_path / 'tool.py').write_text('import os\n')
   probe = ('import json, sys\nfrom codemods.cli import main\ncode = main(sys.argv[1:])\n'
-           'print(json.dumps([code, "libcst" in sys.modules, "pathspec" in sys.modules]))\n')
+           'print(json.dumps([code, "libcst" in sys.modules, "pathspec" in sys.modules, "tqdm" in sys.modules]))\n')
   run = lambda *argv: subprocess.run([sys.executable, '-c', probe, 'migrate', *argv], cwd=tmp_path,
                                      capture_output=True, text=True)
   done = run('--check', '--report-json', 'r.json', 'plain.py', 'tool.py')
-  assert json.loads(done.stdout) == [0, False, False], done.stderr
+  assert json.loads(done.stdout) == [0, False, False, False], done.stderr
   assert '0 would change, 0 unchanged, 2 skipped (no flax), 0 failed' in done.stderr
   report = json.loads((tmp_path / 'r.json').read_text())
   assert [(f['path'], f['status']) for f in report['files']] == [('plain.py', 'skipped'), ('tool.py', 'skipped')]
   assert json.loads(run('--check', '--select', 'L2N999', 'plain.py').stdout)[0] == 2
   (tmp_path / 'model.py').write_text(LINEN)
   done = run('--check', 'plain.py', 'model.py')  # one file mentions flax: the whole run as before
-  assert json.loads(done.stdout) == [1, True, False], done.stderr
+  assert json.loads(done.stdout) == [1, True, False, False], done.stderr
