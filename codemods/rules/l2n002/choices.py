@@ -8,8 +8,10 @@ at the calls as the arms of a setup() `if` are. What one class's `__init__` need
 arguments (its input sizes) is passed by the construction where every class takes it by the same name, else given
 where the local names that class:
 `attention_layer = functools.partial(A, SelfAttention_q_in_features=layer_SelfAttention_q_in_features)`, so that the
-one construction passes what every class takes: its arguments and `rngs`. A local naming several classes converts
-where it builds one submodule, outside loops (`alternatives`).
+one construction passes what every class takes: its arguments and `rngs`. A local that builds several submodules
+(ResNet's `layers = [layer(..., name="0")]`, then `layers.append(layer(...))` in a loop) has other sizes at each
+construction: there each class is built by name where its sizes differ, `A(..., a_in_features=v, rngs=rngs) if
+layer is A else B(..., b_in_features=v, rngs=rngs)`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import libcst as cst
 
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import init_code, queries
-from codemods.rules.l2n002.constructions import choice_refused
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
 if tp.TYPE_CHECKING:
@@ -29,10 +30,7 @@ if tp.TYPE_CHECKING:
 
 def alternatives(ctx: ClassContext, child: Child, build: tp.Callable[[tuple], Child]) -> list[Child]:
   """The children of the classes other than `child`'s that its construction may build (none for a construction
-  that is no local's); `build` plans the construction as one of them (Linen name, layer row, plan). A local naming
-  several classes converts where it builds one submodule outside loops: its classes may need other input sizes,
-  given where it names each; whether they do depends on how the other classes convert, which a second run, finding
-  some Linen, may not see the same way."""
+  that is no local's); `build` plans the construction as one of them (Linen name, layer row, plan)."""
   choices = ctx.plan.choices.get(child.ctor)
   if choices is None:
     return []
@@ -40,9 +38,6 @@ def alternatives(ctx: ClassContext, child: Child, build: tp.Callable[[tuple], Ch
   for choice in choices:  # a class named in several arms: under any of them (no arm known)
     arms[choice.linen] = choice.arms if choice.linen not in arms else frozenset()
   first, *others = arms
-  local = child.ctor.func.value
-  if others and (child.ctor in ctx.loops.sites or _constructions(ctx, local) > 1):  # (what the code says alone
-    raise Unsupported(child.ctor, choice_refused(local))  # decides: a second run, other classes Linen, says the same)
   child.chosen = arms[first]
   found = []
   for linen in others:
@@ -53,9 +48,10 @@ def alternatives(ctx: ClassContext, child: Child, build: tp.Callable[[tuple], Ch
 
 
 def construction_texts(ctx: ClassContext, plan: ClassRewrite) -> dict[cst.Call, str]:
-  """The NNX code of each construction through a local naming one class or another (the local builds one submodule,
-  outside loops: `alternatives`). Where every class takes the same input sizes by the same names, the construction
-  passes them; else what each class needs besides is given where the local names it (a functools.partial)."""
+  """The NNX code of each construction through a local naming one class or another. Where every class takes the
+  same input sizes by the same names, the construction passes them; else, where the local builds one submodule
+  outside loops, what each class needs besides is given where the local names it (a functools.partial); else each
+  class is built by name with its own sizes, under `<local> is <class>`."""
   texts: dict[cst.Call, str] = {}
   for ctor, choices in ctx.plan.choices.items():
     group = [c for c in plan.children if c.ctor is ctor]
@@ -70,6 +66,11 @@ def construction_texts(ctx: ClassContext, plan: ClassRewrite) -> dict[cst.Call, 
     if len(bare) != 1:
       raise Unsupported(ctor, f'{local}(...) builds classes that take other arguments from it (a train/eval '
                               'argument one of them drops, NNX setting it by train() / eval())')
+    if ctor in ctx.loops.sites or _constructions(ctx, local) > 1:  # other sizes at each: each class by name
+      *firsts, last = [_as_written(ctx, c, sizes=True, name=c.sibling.name) for c in group]
+      texts[ctor] = ' else '.join([*(f'{text} if {local} is {c.sibling.name}' for c, text in zip(group, firsts)),
+                                   last])
+      continue
     bound = [(choice, [f'{k}={v}' for k, v in needs.items()]) for child in group
              if (needs := init_code.sibling_needs(child)) for choice in choices if choice.linen == child.sibling.name]
     for choice, extra in bound:
@@ -84,16 +85,17 @@ def construction_texts(ctx: ClassContext, plan: ClassRewrite) -> dict[cst.Call, 
   return texts
 
 
-def _as_written(ctx: ClassContext, child: Child, sizes: bool) -> str:
+def _as_written(ctx: ClassContext, child: Child, sizes: bool, name: str | None = None) -> str:
   """The construction as the code writes it, its arguments where they stand (what is positional stays so: every
   class the local may name takes its fields in that order, in NNX as in Linen), without name= and the train/eval
-  arguments NNX dropped; with the child's input sizes (`sizes`) and `rngs`. None of its arguments may be starred."""
+  arguments NNX dropped; with the child's input sizes (`sizes`) and `rngs`; calling the class `name` where given,
+  else the local. None of its arguments may be starred."""
   text = lambda node: queries.code(ctx, node, child.size_codes)
   kept = {id(value) for value in child.kwargs.values()}
   args = [text(a.value) if a.keyword is None else f'{a.keyword.value}={text(a.value)}' for a in child.ctor.args
           if id(a.value) in kept]
   args += [f'{k}={v}' for k, v in (init_code.sibling_needs(child) if sizes else {}).items()]
-  return f'{ctx.facts.code(child.ctor.func)}({", ".join([*args, "rngs=rngs"])})'
+  return f'{name or ctx.facts.code(child.ctor.func)}({", ".join([*args, "rngs=rngs"])})'
 
 
 def _constructions(ctx: ClassContext, local: str) -> int:

@@ -395,8 +395,7 @@ def _in_setup(ctx: ClassContext, node: cst.CSTNode) -> bool:
 
 def kept_choice(ctx: ClassContext, call: cst.Call) -> None:
   """Raises Unsupported for `layer(...)` of a local naming classes one of which stays Linen: an NNX class of
-  another arm cannot be wrapped as a Linen one. The message (`choice_refused`) names none of them and is the one
-  the conversion gives where the classes' sizes cannot be given either (`choices.construction_texts`): a second
+  another arm cannot be wrapped as a Linen one. The message (`choice_refused`) names none of them, so that a second
   run, which finds the classes that construction kept Linen, says the same."""
   if isinstance(call.func, cst.Name) and chosen_classes(ctx, call.func) is not None:
     raise Unsupported(call, choice_refused(call.func.value))
@@ -405,7 +404,7 @@ def kept_choice(ctx: ClassContext, call: cst.Call) -> None:
 def choice_refused(local: str) -> str:
   """Why a construction through a local naming one class or another stays Linen."""
   return (f'{local}(...) builds one class or another, as the local {local} names them: it converts when every class '
-          'it may build converts and the local builds one submodule, outside loops (see the TODOs of its classes)')
+          'it may build converts (see the TODOs of its classes)')
 
 
 def choice_binding(ctx: ClassContext, statement: cst.BaseStatement) -> bool:

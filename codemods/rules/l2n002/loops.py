@@ -378,6 +378,8 @@ class Loops:
         for head in plan.children:  # the layers written out before the loop: elements of the same list
           if head.ctor in self.heads.get(site.loop.node, ()):
             head.linen_name = child.linen_name
+        if any(c.ctor is child.ctor for c in listed[:listed.index(child)]):  # another class it may build there
+          continue
         first, second = (child.linen_name.replace(f'{{{site.loop.index}}}', str(k)) for k in (0, 1))
         ctx.plan.pending.append((child.ctor, f'self.{child.attr}: a list of layers -> nnx.List (Linen names them '
                                           f'{first}, {second}, ...)'))
@@ -487,16 +489,18 @@ class Loops:
 
   # --- sizes -----------------------------------------------------------------------------------
 
-  def seen(self, ctx: ClassContext, child: Child, node: cst.Call, arg_dims: list[Dim]) -> None:
-    """A call of a loop child reached by _derive's walk: recorded for `derive`, which sizes it."""
-    site = self.sites[child.ctor]
+  def seen(self, ctx: ClassContext, group: list[Child], node: cst.Call, arg_dims: list[Dim]) -> None:
+    """A call of a loop child reached by _derive's walk (`group`: the child of each class its construction may
+    build): recorded for `derive`, which sizes it."""
+    site = self.sites[group[0].ctor]
     if site.loop.active:
       site.seen.append((node, arg_dims))
-    elif not child.done:
-      child.done = True
-      if any(not optional for _, _, optional in sizes.size_sources(ctx, child)):
-        raise Unsupported(node, f'the sizes of the {_class_name(ctx, child)} built in a loop __call__ does not reach '
-                                     'cannot be derived')
+    else:
+      for built in [c for c in group if not c.done]:
+        built.done = True
+        if any(not optional for _, _, optional in sizes.size_sources(ctx, built)):
+          raise Unsupported(node, f'the sizes of the {_class_name(ctx, built)} built in a loop __call__ does not '
+                                       'reach cannot be derived')
 
   def derive(self, ctx: ClassContext, plan: ClassRewrite, statement: cst.For, env: dict[str, Dim], derive: bool,
              walk: tp.Callable[[cst.BaseSuite, dict[str, Dim]], Dim], shared: dict[tp.Any, str]) -> None:
@@ -526,7 +530,11 @@ class Loops:
 
   def _size_site(self, ctx: ClassContext, plan: ClassRewrite, site: Site, changed: set[str], unstable: set[str], derive: bool,
                  shared: dict[tp.Any, str]) -> None:
-    child = next(c for c in plan.children if c.ctor is site.ctor)
+    for child in [c for c in plan.children if c.ctor is site.ctor]:  # each class a local may name there
+      self._size_child(ctx, plan, site, child, changed, unstable, derive, shared)
+
+  def _size_child(self, ctx: ClassContext, plan: ClassRewrite, site: Site, child: Child, changed: set[str],
+                  unstable: set[str], derive: bool, shared: dict[tp.Any, str]) -> None:
     if child.done:
       return
     if len(site.seen) != 2:

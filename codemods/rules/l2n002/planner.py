@@ -204,7 +204,8 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.C
   """Children that several arms of a setup() `if` build into one attribute are called where the first is: each
   call must fit every arm it may run with (the same train/eval switches; `_fits_its_arms`); the size walk sizes each
   from the call. Layer lists (`if self.gradient_checkpointing:` a rematted one, else the plain one) build one
-  class: the later ones take the first's sizes."""
+  class: the later ones take the first's sizes; the classes one construction in a loop may build (through a local
+  naming one or another) are each sized by the loop (`loops.py`)."""
   for child in plan.children:
     if not child.alternative:
       continue
@@ -214,10 +215,10 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.C
         else _layer_signature(c) if c.spec is not None else c
     if child.bridged or first.bridged or (child.sibling is None) != (first.sibling is None) \
         or signature(child) != signature(first) and not _fits_its_arms(ctx, plan, child, calls) \
-        or listed and child.sibling is not first.sibling:
+        or listed and child.sibling is not first.sibling and child.ctor is not first.ctor:
       raise Unsupported(child.ctor, f'self.{child.attr} is built by two arms of an if, as modules that take other '
                                     'call arguments')
-    if listed:
+    if listed and child.ctor is not first.ctor:
       child.sizes, child.size_codes, child.done = dict(first.sizes), dict(first.size_codes), first.done
 
 

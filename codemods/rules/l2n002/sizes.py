@@ -536,23 +536,21 @@ class SizeWalk(LastAxisWalk):
     child = self.calls[node]
     arg_dims = [self.value(a.value, env) for a in node.args]
     if child.ctor in self.ctx.loops.sites:  # built in a for loop: sized by loops.py from every iteration
+      group = [c for c in self.plan.children if c.ctor is child.ctor]  # each class a local may name there
       if self.derive:
-        self.firsts[node] = first_output_dim(self.ctx, child, arg_dims)
-        self.lasts[node] = last_output_dim(self.ctx, child, arg_dims)
-      self.ctx.loops.seen(self.ctx, child, node, arg_dims)
-      return output_dim(self.ctx, child, arg_dims)
+        self.firsts[node] = _one({first_output_dim(self.ctx, c, arg_dims) for c in group})
+        self.lasts[node] = _one({last_output_dim(self.ctx, c, arg_dims) for c in group})
+      self.ctx.loops.seen(self.ctx, group, node, arg_dims)
+      return _one({output_dim(self.ctx, c, arg_dims) for c in group})
     local = self.plan.arm_bound.get(child.ctor)  # a local each arm of an if binds to another layer: each
     group = [child, *(c for c in self.plan.children if c.alternative and same_place(child, c)
                       or local is not None and c is not child and self.plan.arm_bound.get(c.ctor) == local)]
     path = arm_path(self.ctx, node)  # BigBird's `self.self`: each arm's class sized at the calls under its test
     group = [c for c in group if may_meet(built_under(self.ctx, c), path)] or group
-    firsts = {first_output_dim(self.ctx, c, arg_dims) for c in group}  # the arms of a setup() if may build
-    lasts = {last_output_dim(self.ctx, c, arg_dims) for c in group}  # other modules: sizes for each
-    if self.derive:
-      self.firsts[node] = firsts.pop() if len(firsts) == 1 else None
-      self.lasts[node] = lasts.pop() if len(lasts) == 1 else None
-    outputs = {self.sized(c, node, arg_dims, env) for c in group}
-    return outputs.pop() if len(outputs) == 1 else None
+    if self.derive:  # the arms of a setup() if may build other modules: sizes for each
+      self.firsts[node] = _one({first_output_dim(self.ctx, c, arg_dims) for c in group})
+      self.lasts[node] = _one({last_output_dim(self.ctx, c, arg_dims) for c in group})
+    return _one({self.sized(c, node, arg_dims, env) for c in group})
 
   def sized(self, child: Child, node: cst.Call, arg_dims: list[Dim], env: dict[str, Dim]) -> Dim:
     """The sizes of the child `node` calls, from its arguments'; its output's size."""
@@ -615,3 +613,8 @@ class SizeWalk(LastAxisWalk):
     finally:
       self.active.pop()
       self.derive = derive
+
+
+def _one(dims: set[Dim]) -> Dim:
+  """The size every class one construction may build gives, or None where they differ."""
+  return dims.pop() if len(dims) == 1 else None

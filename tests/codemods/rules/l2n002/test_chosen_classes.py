@@ -150,9 +150,11 @@ def test_a_linen_parent_runs_the_converted_blocks_on_its_own_variables(causal):
   linen_parents._same_model(linen, bridged, jax.random.normal(jax.random.key(1), (2, 3, 8)))
 
 
-def test_classes_sized_by_other_names_in_a_loop_stay_linen():
-  """A local naming classes whose input sizes have other names, used in a loop: no one construction can give each
-  its own, and the binding cannot either (the sizes differ per iteration)."""
+def test_classes_sized_by_other_names_in_a_loop_are_each_built_by_name():
+  """A local naming classes whose input sizes have other names, building a list before and in a loop: no one
+  construction can give each its own, nor the binding (the sizes differ per construction), so each construction
+  builds each class by name with its own sizes, under `layer is <class>`; the fixture `hf_chosen_classes_in_lists`
+  proves such ports in each arm."""
   source = '''import flax.linen as nn
 
 
@@ -187,8 +189,21 @@ class M(nn.Module):
       x = layer(x)
     return x
 '''
-  assert 'layer(...) builds one class or another, as the local layer names them: it converts when every class it ' \
-         'may build converts and the local builds one submodule, outside loops' in _todo_of(source)
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  assert not [e for e in result.entries if e.kind == 'todo']
+  assert ('self.layers = nnx.List([A(dense_in_features=layers_dense_in_features, rngs=rngs) if layer is A else '
+          'B(proj_in_features=layers_dense_in_features, rngs=rngs), *[A(dense_in_features=4, rngs=rngs) if layer is A '
+          'else B(proj_in_features=4, rngs=rngs) for _ in range(2)]])') in result.source
+
+
+def test_each_arm_builds_its_class_in_every_element_of_a_list():
+  """The stage's first layer and those of its loop are of the class the config names, in either arm."""
+  case = 'L2N002/hf_chosen_classes_in_lists'
+  for entry_id, kind in (('bottleneck', 'FlaxTinyBottleNeckLayer'), ('basic', 'FlaxTinyBasicLayer')):
+    _, _, model, (x,) = fixture_parity.models(case, fixture_parity.spec(case, 'FlaxTinyStageLayersCollection',
+                                                                        entry_id))
+    assert [type(layer).__name__ for layer in model.layers] == [kind] * 3
+    assert model(x).shape == (2, 2, 2, 6)
 
 
 def test_the_construction_keeps_its_arguments_where_they_stand():
