@@ -16,7 +16,7 @@ import typing as tp
 import libcst as cst
 
 from codemods.nodes import descendants
-from codemods.rules.l2n002 import constructions
+from codemods.rules.l2n002 import constructions, queries
 from codemods.rules.l2n002.dims import Dim, Known
 from codemods.rules.l2n002.nodes import read_names
 from codemods.rules.l2n002.plan import Unsupported
@@ -41,6 +41,7 @@ class Loop:
   stop: str | None = None  # b of a sequence range(a, b), as code valid in __init__: its element shifts by 1
   zipped: tuple[tuple[str, cst.BaseExpression], ...] = ()  # `for a, b in zip(A, B)`: (a, A), (b, B); element None
   zipped_code: dict[str, str] = dataclasses.field(default_factory=dict)  # a -> A as code valid in __init__
+  zipped_target: str = ''  # `(a, b)` of a zip, `((a, b), c)` with a zip of a zip local
 
   def uses(self, code: str, name: str | None) -> bool:
     return name is not None and re.search(word(name), code) is not None
@@ -91,7 +92,7 @@ class Loop:
 
   def element_target(self) -> str:
     """The loop's element as a target: `f`, or `(a, b)` of a zip."""
-    return f'({", ".join(name for name, _ in self.zipped)})' if self.zipped else self.element
+    return self.zipped_target if self.zipped else self.element
 
 
 @dataclasses.dataclass(eq=False)
@@ -121,12 +122,13 @@ def loop_header(ctx: ClassContext, statement: cst.For | cst.CompFor, rewrite: bo
     if rewrite and target.value == '_':
       ctx.plan.exprs[target] = index
   elif (zipped := zipped_names(ctx, target, it)) is not None:  # `for a, b in zip(A, B)`, `for i, (a, b) in enumerate(...)`
-    index_name, elements, sequence = zipped
+    index_name, elements, sequence, sequences = zipped
     index = index_name if index_name not in (None, '_') else fresh()
+    elements_target = target if index_name is None else target.elements[1].value
     loop = Loop(statement, index, None, sequence, None, frozenset({*elements, *filter(None, [index_name])}),
-                zipped=tuple(zip(elements, (a.value for a in sequence.args))))
+                zipped=tuple(zip(elements, sequences)), zipped_target=_tuple_code(ctx, elements_target))
     if rewrite and index_name is None:
-      ctx.plan.exprs[target] = f'{index}, ({", ".join(elements)})'
+      ctx.plan.exprs[target] = f'{index}, {loop.zipped_target}'
       ctx.plan.exprs[it] = f'enumerate({code(it)})'
     elif rewrite and index_name == '_':
       ctx.plan.exprs[target.elements[0].value] = index
@@ -184,6 +186,14 @@ def paren(code: str) -> str:
   return code if re.fullmatch(r'[\w.]+(\([^()]*\)|\[[^\[\]]*\])*', code) else f'({code})'
 
 
+def _tuple_code(ctx: ClassContext, target: cst.BaseExpression) -> str:
+  """A tuple target as code, parenthesized at every level: `a, b` -> `(a, b)`, `(a, b), c` -> `((a, b), c)`."""
+  if isinstance(target, (cst.Tuple, cst.List)):
+    parts = [_tuple_code(ctx, e.value) for e in target.elements]
+    return f'({parts[0]},)' if len(parts) == 1 else f'({", ".join(parts)})'
+  return ctx.facts.code(target)
+
+
 def _names_of(target: cst.BaseExpression) -> list[str] | None:
   """`a, b, c` (or `(a, b, c)`) as its names; None for any other target."""
   if isinstance(target, (cst.Tuple, cst.List)) and all(isinstance(e, cst.Element) and isinstance(e.value, cst.Name)
@@ -193,20 +203,39 @@ def _names_of(target: cst.BaseExpression) -> list[str] | None:
 
 
 def zipped_names(ctx: ClassContext, target: cst.BaseExpression, it: cst.BaseExpression
-            ) -> tuple[str | None, list[str], cst.Call] | None:
-  """`for a, b in zip(A, B)` -> (None, [a, b], the zip call); `for i, (a, b) in enumerate(zip(A, B))` -> (i, [a, b],
-  the zip call); None for other loops. The zip's arguments are positional sequences, one per name."""
+                 ) -> tuple[str | None, list[str], cst.Call, list[cst.BaseExpression]] | None:
+  """`for a, b in zip(A, B)` -> (None, [a, b], the zip call, [A, B]); `for i, (a, b) in enumerate(zip(A, B))` -> (i,
+  [a, b], the zip call, [A, B]); None for other loops. The zip's arguments are positional sequences, one per name,
+  or a local bound once to a zip of such, one per name of a tuple (ResNet's stages: `in_out_channels =
+  zip(sizes, sizes[1:])`, then `for i, ((in_channels, out_channels), depth) in enumerate(zip(in_out_channels,
+  depths[1:]))`: in_channels is read from `sizes`, out_channels from `sizes[1:]`)."""
   index = None
   if isinstance(it, cst.Call) and is_builtin(ctx, it.func, 'enumerate') and len(it.args) == 1 \
       and it.args[0].keyword is None and not it.args[0].star \
       and isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2 \
       and isinstance(target.elements[0].value, cst.Name):
     index, target, it = target.elements[0].value.value, target.elements[1].value, it.args[0].value
-  names = _names_of(target)
-  if names is None or not (isinstance(it, cst.Call) and is_builtin(ctx, it.func, 'zip')) \
-      or len(it.args) != len(names) or any(a.keyword is not None or a.star for a in it.args):
+  if not (isinstance(target, (cst.Tuple, cst.List)) and _zip(ctx, it, len(target.elements))):
     return None
-  return index, names, it
+  names, sequences = [], []
+  for element, arg in zip(target.elements, it.args):
+    if isinstance(element, cst.Element) and isinstance(element.value, cst.Name):
+      names.append(element.value.value)
+      sequences.append(arg.value)
+      continue
+    inner = _names_of(element.value) if isinstance(element, cst.Element) else None
+    local = queries.bound_once(ctx, arg.value) if isinstance(arg.value, cst.Name) else None
+    if inner is None or not _zip(ctx, local, len(inner)):
+      return None
+    names += inner
+    sequences += [a.value for a in local.args]
+  return index, names, it, sequences
+
+
+def _zip(ctx: ClassContext, node: cst.CSTNode | None, count: int) -> bool:
+  """Whether `node` is `zip(...)` of `count` positional arguments."""
+  return isinstance(node, cst.Call) and is_builtin(ctx, node.func, 'zip') and len(node.args) == count \
+      and all(a.keyword is None and not a.star for a in node.args)
 
 
 def pair(target: cst.BaseExpression) -> tuple[str, str] | None:

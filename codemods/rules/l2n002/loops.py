@@ -590,9 +590,9 @@ def _zipped_list(ctx: ClassContext, sub: cst.Attribute, arg: cst.Arg) -> tuple[c
   if not isinstance(outer, cst.For):
     return None
   zipped = zipped_names(ctx, outer.target, outer.iter)
-  if zipped is None or zipped[2] is not call:
+  if zipped is None or zipped[2] is not call or not any(s is sub for s in zipped[3]):
     return None
-  return outer, zipped[1][[a.value for a in call.args].index(sub)]
+  return outer, zipped[1][next(k for k, s in enumerate(zipped[3]) if s is sub)]
 
 
 def _indexed_call(ctx: ClassContext, sub: cst.Attribute) -> tuple[cst.For, cst.Call] | None:

@@ -337,3 +337,43 @@ def test_lists_filled_by_one_loop_convert_only_when_the_loop_fills_nothing_else(
     result = transform_source(changed, registry.select_rules(['L2N002']))
     todos = [e.message for e in result.entries if e.kind == 'todo']
     assert any('FlaxTinyCrossAttnDownBlock2D left as Linen' in m and why in m for m in todos), todos
+
+
+ZIP_OF_A_ZIP = '''import flax.linen as nn
+
+
+class M(nn.Module):
+  sizes: tuple = (3, 4, 6)
+
+  @nn.compact
+  def __call__(self, x):
+    pairs = {pairs}
+    for i, ((a, b), d) in enumerate(zip(pairs, self.sizes[1:])):
+      x = nn.Dense(b + d)(x)
+    return x
+'''
+
+
+def test_a_zip_of_a_zip_local_converts_and_runs_as_linen():
+  """`for i, ((a, b), d) in enumerate(zip(pairs, ...))` with `pairs = zip(...)` (ResNet's stages): each name is read
+  from its own sequence; the port computes what Linen does on its parameters."""
+  source = ZIP_OF_A_ZIP.format(pairs='zip(self.sizes, self.sizes[1:])')
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  assert not [e for e in result.entries if e.kind == 'todo'], result.entries
+  assert 'for i, ((a, b), d) in enumerate(zip(pairs, self.sizes[1:]))' in result.source
+  namespaces = [{}, {}]
+  for code, namespace in zip((source, result.source), namespaces):
+    exec(compile(code, 'm.py', 'exec'), namespace)
+  x = jax.random.normal(jax.random.key(1), (2, 3))
+  linen = namespaces[0]['M']()
+  variables = linen.init(jax.random.key(0), x)
+  model = namespaces[1]['M'](linears_in_features=3, rngs=nnx.Rngs(0))
+  for k, layer in enumerate(model.linears):
+    layer.kernel[...] = variables['params'][f'Dense_{k}']['kernel']
+    layer.bias[...] = variables['params'][f'Dense_{k}']['bias']
+  np.testing.assert_allclose(model(x), linen.apply(variables, x), rtol=1e-6)
+
+
+@pytest.mark.parametrize('pairs', ['list(zip(self.sizes, self.sizes[1:]))', 'zip(self.sizes)'])
+def test_a_zip_of_other_than_a_zip_local_of_as_many_names_stays_linen(pairs):
+  assert 'over enumerate(...) with other than' in _todo(ZIP_OF_A_ZIP.format(pairs=pairs))
