@@ -211,6 +211,8 @@ class ClassRewrite:
   partials: dict[cst.Call, cst.Call] = dataclasses.field(default_factory=dict)  # `conv(...)` -> its partial
   arm_bound: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # construction bound to a local in one arm
   #                                    of an if, another arm binding the local to another -> the local
+  open_locals: set[str] = dataclasses.field(default_factory=set)  # of those, the ones an arm binds to a module the
+  #                                    code does not build (wmt's `input_embed = self.shared_embedding`): size unsaid
   conditions: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # construction -> when it exists
   extra_calls: dict[cst.Call, cst.Call] = dataclasses.field(default_factory=dict)  # later call of a local -> ctor
   factory_callee: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # through a factory -> NNX callee

@@ -567,6 +567,9 @@ def _plan_compact(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
     elif ctor not in outer and queries.bound_local(ctx, method, ctor) is not None \
         and not any(constructions.constructed(ctx, ctor)[0] in w.cells for w in WRAPPERS):  # `embed = nn.Embed(...)`, shared
       calls, scan_names[ctor] = queries.shared_local(ctx, method, ctor)
+      local = ctx.plan.arm_bound.get(ctor)
+      if local is not None and any(value not in ctors for value in queries.arm_values(ctx, method, ctor)):
+        ctx.plan.open_locals.add(local)  # `input_embed = self.shared_embedding`: what it returns is not said
       outer[ctor] = calls[0]
       ctx.plan.extra_calls.update((call, ctor) for call in calls[1:])
   holders = set()  # locals bound to a self.variable(...), whose `.value` becomes `[...]`
@@ -592,7 +595,8 @@ def _plan_compact(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
       child.alternative = local is not None and child.attr != '' and any(  # `atomwise = ...(name='atom_wise')`)
           c.attr == child.attr and ctx.plan.arm_bound.get(c.ctor) == local for c in plan.children)
       plan.children.append(child)
-      ctx.plan.scan_names.update((name, child) for name in scan_names.get(node, ()))
+      if local is None:  # a local the arms bind stays: each arm binds it to its attribute (or its module)
+        ctx.plan.scan_names.update((name, child) for name in scan_names.get(node, ()))
   for sub in descendants(method.body):
     if isinstance(sub, cst.Attribute) and isinstance(sub.value, cst.Name) and sub.value.value in holders \
         and sub.attr.value == 'value':

@@ -358,16 +358,27 @@ def local_uses(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call, kind:
   return calls, names
 
 
+def arm_values(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call) -> list[cst.BaseExpression]:
+  """What the local a `name = <ctor>` statement binds is bound to in each arm of its `if` chain (`local_uses`
+  accepted the bindings)."""
+  target = bound_local(ctx, method, ctor)
+  return [assign.value for assign, _, _ in _arm_bindings_of(ctx, list(ctx.facts.scope(target).assignments[target.value]))]
+
+
 def _bound_once_per_arm(ctx: ClassContext, method: cst.FunctionDef, assignments: list[tp.Any]) -> bool:
   """Whether every binding of a local is `name = <construction>` in its own arm of one `if` chain (brax's
-  `if self.noise_std_type == 'scalar': std_module = Param(...)`, `else: std_module = LogParam(...)`), and the local
-  is read only after the chain: one of them runs, its layer built in __init__ under the arm's condition."""
+  `if self.noise_std_type == 'scalar': std_module = Param(...)`, `else: std_module = LogParam(...)`), or `name =
+  self.<attribute>` (flax's wmt example: `if self.shared_embedding is None: input_embed = nn.Embed(...)`, `else:
+  input_embed = self.shared_embedding`), and the local is read only after the chain: one of them runs, its layer
+  built in __init__ under the arm's condition, or the module the attribute holds."""
   bindings = _arm_bindings_of(ctx, assignments)
   if bindings is None:
     return False
   chain = set(descendants(bindings[0][2]))
-  return all(isinstance(assign.value, cst.Call) and bound_local(ctx, method, assign.value) is not None
-             for assign, _, _ in bindings) and not any(r.node in chain for a in assignments for r in a.references)
+  built = lambda value: isinstance(value, cst.Call) and bound_local(ctx, method, value) is not None
+  held = lambda value: isinstance(value, cst.Attribute) and is_self_attr(value)
+  return all(built(assign.value) or held(assign.value) for assign, _, _ in bindings) \
+      and not any(r.node in chain for a in assignments for r in a.references)
 
 
 def shared_local(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call) -> tuple[list[cst.Call], list[cst.Name]]:

@@ -547,10 +547,11 @@ class SizeWalk(LastAxisWalk):
                       or local is not None and c is not child and self.plan.arm_bound.get(c.ctor) == local)]
     path = arm_path(self.ctx, node)  # BigBird's `self.self`: each arm's class sized at the calls under its test
     group = [c for c in group if may_meet(built_under(self.ctx, c), path)] or group
+    unsaid = {None} if local in self.plan.open_locals else set()  # an arm's module the code does not build
     if self.derive:  # the arms of a setup() if may build other modules: sizes for each
-      self.firsts[node] = _one({first_output_dim(self.ctx, c, arg_dims) for c in group})
-      self.lasts[node] = _one({last_output_dim(self.ctx, c, arg_dims) for c in group})
-    return _one({self.sized(c, node, arg_dims, env) for c in group})
+      self.firsts[node] = _one({first_output_dim(self.ctx, c, arg_dims) for c in group} | unsaid)
+      self.lasts[node] = _one({last_output_dim(self.ctx, c, arg_dims) for c in group} | unsaid)
+    return _one({self.sized(c, node, arg_dims, env) for c in group} | unsaid)
 
   def sized(self, child: Child, node: cst.Call, arg_dims: list[Dim], env: dict[str, Dim]) -> Dim:
     """The sizes of the child `node` calls, from its arguments'; its output's size."""

@@ -41,6 +41,8 @@ def _todo(body: str) -> str:
     '    if self.wide:\n      layer = nn.Dense(3)\n      x = layer(x)\n    else:\n      layer = nn.Dense(4)\n    return layer(x)',
     # bound in two different ifs: both may run
     '    if self.wide:\n      layer = nn.Dense(3)\n    if not self.wide:\n      layer = nn.Dense(4)\n    return layer(x)',
+    # bound in the other arm to something other than a construction or an attribute of self
+    '    if self.wide:\n      layer = nn.Dense(3)\n    else:\n      layer = nn.relu\n    return layer(x)',
 ])
 def test_a_local_rebound_other_than_once_per_arm_stays_linen(body):
   assert 'the submodule layer is rebound in the method' in _todo(body)
@@ -91,3 +93,16 @@ def test_a_size_bound_in_the_arms_of_an_if_other_than_once_per_arm_of_fields_sta
   """`fixtures/L2N002/jaxmd_arm_values.*` converts `num_embeddings = 201` / `101` in the arms of an if on a field
   (parity in each arm); other bindings keep the class Linen."""
   assert message in _todo(f'{arms}    return nn.Dense(n)(x)')
+
+
+def test_an_arm_binding_the_local_to_an_attribute_keeps_it_and_says_nothing_of_its_size():
+  """flax's wmt encoder: `input_embed = nn.Embed(...)` in one arm, `= self.shared_embedding` in the other. The
+  arms and the uses of the local stay, `attend` included; what the attribute's module returns is not said, so the
+  layer after it takes its input size as a constructor argument (`fixtures/L2N002/wmt_shared_embedding.*` runs
+  both arms)."""
+  body = ('    if self.wide:\n      layer = nn.Dense(3)\n    else:\n      layer = self.given\n'
+          '    return nn.Dense(2)(layer(x)) + layer.bias')
+  out = transform_source(SOURCE.format(body=body), registry.select_rules(['L2N002'])).source
+  assert 'linear2_in_features: int' in out and 'in_features=linear2_in_features, out_features=2' in out
+  assert 'layer = self.linear1\n' in out and 'layer = self.given\n' in out
+  assert 'return self.linear2(layer(x)) + layer.bias' in out
