@@ -362,7 +362,8 @@ class CacheShapes(WholeShapeWalk[tuple[str, ...]]):
       self.inputs.setdefault(child.attr, []).append(args[position] if position is not None else None)
     first = sizes.call_arg(self.ctx, node, child, 0) if not child.bridged else None
     source = args[first] if first is not None else None
-    if source is None or child.wrapper is not None:
+    unsaid = self.ctx.plan.arm_bound.get(child.ctor) in self.ctx.plan.open_locals  # an arm's module the code
+    if source is None or child.wrapper is not None or unsaid:                      # does not build: shape unsaid
       return None
     return layer_shape(self.ctx, child, source) if child.spec is not None else sibling_shape(self.ctx, child, source)
 
