@@ -7,6 +7,11 @@ A template holds one placeholder for the element's index i: `{}` (i itself) or `
 A compact body building a loop's layers and then one more lets Linen number the last after the loop's: dopamine's
 actor network names its output layer `Dense_{self.num_layers}`. Such a name holds a placeholder for an int attribute
 of the NNX module the submodule belongs to, `{num_layers}` or `{num_layers + 1}` (`resolve_attributes`).
+
+A submodule's Linen name is its owner class's to give: where the classes a module may hold at one path (ResNet's
+stage builds a bottleneck or a basic layer, as its config says) name their submodules apart, a key says whose name it
+is, `'layers.{}.layer@BottleNeckLayerCollection': '{}'` (the module holding `layer` must be of that class), and
+`resolve_owners` keeps the keys the built module's classes meet, at each path they meet (indices written out).
 """
 
 from __future__ import annotations
@@ -49,6 +54,38 @@ def resolve_attributes(names: tp.Mapping[str, str], root: tp.Any) -> dict[str, s
                        f'it, which is {value!r}')
     resolved[path] = _ATTRIBUTE.sub(str(value + found[1]), name, count=1)
   return resolved
+
+
+def resolve_owners(names: tp.Mapping[str, str], root: tp.Any) -> dict[str, str]:
+  """`names` with each key `path@Owner` replaced by the path at every place under `root` where the module holding
+  the path's last attribute is of the class named Owner, its list indices written out (`'layers.0.layer'`); such a
+  key nowhere met is dropped."""
+  resolved = {}
+  for key, name in names.items():
+    path, _, owner = key.partition('@')
+    if not owner:
+      resolved[key] = name
+      continue
+    *above, last = path.split('.')
+    for concrete, module in _places(root, above, []):
+      if type(module).__name__ == owner:
+        resolved['.'.join([*concrete, last])] = name
+  return resolved
+
+
+def _places(module: tp.Any, keys: list[str], done: list[str]) -> tp.Iterator[tuple[list[str], tp.Any]]:
+  """Each (concrete path, module) under `module` that `keys` reach, `{}` standing for every index of a list."""
+  if not keys:
+    yield done, module
+    return
+  key, rest = keys[0], keys[1:]
+  if key == '{}':
+    for index, element in enumerate(module if hasattr(module, '__len__') else ()):
+      yield from _places(element, rest, [*done, str(index)])
+    return
+  below = getattr(module, key, None)
+  if below is not None:
+    yield from _places(below, rest, [*done, key])
 
 
 def element_name(template: str, index: int) -> str:

@@ -28,7 +28,9 @@
   submodule at each dotted attribute path under its Linen name (a list's elements under the name
   with `{}` replaced by their index i, or `{a + b * i}` by that number: `element_names`; a layer
   Linen numbers after a loop's, `'linear': 'Dense_{num_layers}'`, under the int attribute of the
-  module holding it, plus a number), so a migrated class built by a Linen parent keeps the
+  module holding it, plus a number; a key `'layers.{}.layer@BottleNeck'` applies only where the module
+  holding `layer` is a `BottleNeck`, for classes a module may hold at one path that name their
+  submodules apart), so a migrated class built by a Linen parent keeps the
   variable paths (and checkpoints) of the Linen class it replaces.
 * `input_sizes={'dense_in_features': 'hidden_states'}` gives the NNX constructor sizes only the
   call knows, as Linen layers learn them: each keyword gets the last-axis size of the named
@@ -197,7 +199,8 @@ def _linen_keys(path: Path, linen_names: tp.Mapping[str, str]) -> tuple[str, ...
   keys = [str(key) for key in path]
   named, dotted, j = [], [], 0
   while j < len(keys):
-    name = linen_names.get('.'.join([*dotted, keys[j]]))
+    name = linen_names.get('.'.join(keys[:j + 1]))  # an owner's name resolved at this very path first
+    name = linen_names.get('.'.join([*dotted, keys[j]])) if name is None else name
     if name is not None and element_names.is_template(name) and j + 1 < len(keys):
       named.append(element_names.element_name(name, int(keys[j + 1])))
       dotted += [keys[j], '{}']
@@ -366,13 +369,16 @@ class ToLinen(linen.Module):
 
   def _linen_names(self, constructor_kwargs: tuple[tuple[str, tp.Any], ...]) -> dict[str, str]:
     """`linen_names`, each attribute placeholder (`'linear': 'Dense_{num_layers}'`) replaced by that int
-    attribute of the NNX module built with these arguments (`element_names.resolve_attributes`)."""
+    attribute of the NNX module built with these arguments (`element_names.resolve_attributes`), each key of an
+    owner class (`'layer@BottleNeckLayerCollection'`) by the paths where that class holds it (`resolve_owners`)."""
     names = dict(self.linen_names)
-    if not any(element_names.attribute_placeholder(name) for name in names.values()):
+    owned = any('@' in key for key in names)
+    if not owned and not any(element_names.attribute_placeholder(name) for name in names.values()):
       return names
     structure = _structure(self.nnx_class, self.args, constructor_kwargs)
+    root = nnx.merge(structure.graphdef, structure.abstract_state)
     try:
-      return element_names.resolve_attributes(names, nnx.merge(structure.graphdef, structure.abstract_state))
+      return element_names.resolve_attributes(element_names.resolve_owners(names, root) if owned else names, root)
     except ValueError as error:
       raise BridgeError(f'{self._label()}: {error}') from None
 

@@ -740,6 +740,42 @@ def test_a_list_name_placeholder_other_than_an_integer_combination_of_the_index_
     to_linen(Stack, linen_names={'layers': 'Dense_{self.num_layers}'}).init(KEY, X)
 
 
+class Wide(nnx.Module):
+  """One kind of layer a stage may hold (Linen names its dense `Dense_0`)."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.dense = nnx.Linear(3, 3, rngs=rngs)
+
+  def __call__(self, x):
+    return self.dense(x)
+
+
+class Narrow(Wide):
+  """The other kind, holding its dense at the same NNX path, which Linen names `proj`."""
+
+
+class Stage(nnx.Module):
+  """ResNet's stage migrated: its layers are of the kind its flag says (`layer = A if <test> else B`)."""
+
+  def __init__(self, wide: bool, *, rngs: nnx.Rngs):
+    layer = Wide if wide else Narrow
+    self.layers = nnx.List([layer(rngs=rngs) for _ in range(2)])
+
+  def __call__(self, x):
+    for layer in self.layers:
+      x = layer(x)
+    return x
+
+
+def test_a_name_of_an_owner_class_applies_where_a_module_of_that_class_holds_the_path():
+  names = {'layers': '{}', 'layers.{}.dense@Wide': 'Dense_0', 'layers.{}.dense@Narrow': 'proj'}
+  for wide, inner in ((True, 'Dense_0'), (False, 'proj')):
+    variables = to_linen(Stage, wide, linen_names=names).init(KEY, X)
+    assert {k: set(v) for k, v in variables['params'].items()} == {'0': {inner}, '1': {inner}}
+  assert element_names.resolve_owners(names, Stage(False, rngs=nnx.Rngs(0))) == {
+      'layers': '{}', 'layers.0.dense': 'proj', 'layers.1.dense': 'proj'}
+
+
 class CountedAfterLoop(nnx.Module):
   """dopamine's actor migrated: its output layer is Linen's `Dense_{self.num_layers}`, after the loop's."""
 

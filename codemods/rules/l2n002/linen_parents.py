@@ -220,16 +220,41 @@ def _paths(plan: ClassRewrite, prefix: str) -> list[str]:
 
 def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str, str] | str:
   """The dotted NNX path -> Linen name of each child of `plan` named otherwise in Linen, down the tree; or why
-  its NNX state does not map onto Linen's variable paths."""
+  its NNX state does not map onto Linen's variable paths. Where the classes a local may name at one place name
+  their submodules apart (ResNet's bottleneck and basic layers), a key says which class's name it is
+  (`'layers.{}.layer@FlaxResNetBottleNeckLayerCollection'`, `element_names.resolve_owners`)."""
+  entries = _owned_names(facts, plan, prefix)
+  if isinstance(entries, str):
+    return entries
+  by_key: dict[str, set[tuple[str | None, str]]] = {}
+  for key, owner, name in entries:
+    by_key.setdefault(key, set()).add((owner, name))
+  names = {}
+  for key, found in by_key.items():
+    if len({name for _, name in found}) == 1:
+      name = next(iter(found))[1]
+      if name != key.rpartition('.')[2]:
+        names[key] = name
+    elif None in {owner for owner, _ in found} or len({owner for owner, _ in found}) != len(found):
+      return f'{plan.name}.{key} is named apart by one class, or by a class of another file, in Linen'
+    else:
+      names.update((f'{key}@{owner}', name) for owner, name in sorted(found, key=lambda pair: pair[0]))
+  return names
+
+
+def _owned_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> list[tuple[str, str | None, str]] | str:
+  """(dotted NNX path, the class holding it, its Linen name) for each child of `plan` down the tree (a class of
+  another file: the names its record carries, held by no known class); or why its NNX state does not map onto
+  Linen's variable paths."""
   if plan.origin:  # a class of another file: the names its record carries
     record = plan.bridge_facts
     if record is None or record.blocker is not None:
       return record.blocker if record is not None else f'{plan.name} is a class of {plan.origin}'
-    return {prefix + path: name for path, name in record.linen_names}
+    return [(prefix + path, None, name) for path, name in record.linen_names]
   reason = _plan_blocker(facts, plan)
   if reason is not None:
     return reason
-  names = {}
+  entries = []
   for child in plan.children:
     where = f'{plan.name}.{child.attr}'
     linen_name, below_prefix = child.linen_name, f'{prefix}{child.attr}.'
@@ -242,6 +267,8 @@ def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str,
       linen_name, below_prefix = element, f'{below_prefix}{{}}.'
     if child.element == 0 and _named_apart(facts, [c for c in plan.children if c.attr == child.attr]):
       return f'{where} is a list of layers of several classes that Linen names apart'
+    if child.alternative and child.sibling is not None and child.sibling.origin:
+      return f'{where} is built by a local naming one class or another, one of another file'
     if child.bridged or child.cache and child.ctor not in plan.lazy_caches.values():
       return f'{where} is a bridged child or a decode cache init_cache creates'
     if child.stacked or child.scan or child.remat or child.wrapper:
@@ -249,14 +276,13 @@ def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str,
     params = child.spec.params if child.spec is not None else None
     if params is not None and (params.key_renames or params.fuse or params.drop):
       return f'{where} ({child.spec.linen}) keeps its variables under other names in NNX'
-    if linen_name != child.attr:
-      names[prefix + child.attr] = linen_name
+    entries.append((prefix + child.attr, plan.name, linen_name))
     if child.sibling is not None:
-      below = _linen_names(facts, child.sibling, below_prefix)
+      below = _owned_names(facts, child.sibling, below_prefix)
       if isinstance(below, str):
         return below
-      names.update(below)
-  return names
+      entries += below
+  return entries
 
 
 def _input_sizes(facts: FileFacts, plan: ClassRewrite) -> tuple[dict[str, str], dict[str, str | None], str | None]:
@@ -282,7 +308,10 @@ def _traced_input(plan: ClassRewrite, attr: str | None, keyword: str | None) -> 
   argument when it shapes a variable of a converted class down the tree, the last-axis size of that argument of
   its call (GPT-2's `FlaxConv1D`: `to_linen(traced_inputs=)`); None when neither (or, for the elements of a list
   that reach it, both)."""
-  found = {_child_input(c, keyword) for c in plan.children if c.attr == attr} - {None}
+  children = [c for c in plan.children if c.attr == attr]
+  if any(_child_input(c, keyword) is None for c in children if any(o.ctor is c.ctor for o in children if o is not c)):
+    return None  # a size one of the classes a local may name takes, and another not: no run shows it for both
+  found = {_child_input(c, keyword) for c in children} - {None}
   return found.pop() if len(found) == 1 else None
 
 

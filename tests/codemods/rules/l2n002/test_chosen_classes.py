@@ -150,6 +150,42 @@ def test_a_linen_parent_runs_the_converted_blocks_on_its_own_variables(causal):
   linen_parents._same_model(linen, bridged, jax.random.normal(jax.random.key(1), (2, 3, 8)))
 
 
+HELD_STAGES = '''
+
+class FlaxTinyModule(nn.Module):
+  config: TinyResNetConfig
+
+  def setup(self):
+    self.encoder = FlaxTinyStageCollection(self.config)
+
+  def __call__(self, pixel_values, deterministic=True):
+    return self.encoder(pixel_values, deterministic=deterministic)[0]
+
+
+class FlaxTinyPreTrainedModel:
+  module_class = FlaxTinyModule  # held for transformers' init / apply: it stays Linen
+'''
+
+
+@pytest.mark.parametrize('layer_type', ['bottleneck', 'basic'])
+def test_a_linen_parent_keeps_the_names_each_layer_class_gives(layer_type):
+  """ResNet's model stays Linen (a wrapper holds it) and builds the converted stages through to_linen. The stage's
+  layers are bottleneck or basic layers as the config says, and each names its convolutions its own way (`0`, `1`
+  or `layer_0`, `layer_1`): the wrapper's names say whose each is, so that in either arm the parent creates the
+  original's variables and, on them, gives its outputs and gradients."""
+  case = 'L2N002/hf_chosen_classes_in_lists'
+  original = (fixture_parity.FIXTURES / f'{case}.in.py').read_text() + HELD_STAGES
+  result = transform_source(original, registry.ALL_RULES)
+  assert 'nnx_bridge.to_linen(FlaxTinyStageCollection, ' in result.source
+  assert "'stages.{}.layers.layers.{}.layer@FlaxTinyBasicLayer': 'layer_{}'" in result.source
+  assert "'stages.{}.layers.layers.{}.layer@FlaxTinyBottleNeckLayer': '{}'" in result.source
+  namespaces = [{}, {}]
+  for source, namespace in zip((original, result.source), namespaces):
+    exec(compile(source, 'models.py', 'exec'), namespace)
+  linen, bridged = (ns['FlaxTinyModule'](ns['TinyResNetConfig'](layer_type=layer_type)) for ns in namespaces)
+  linen_parents._same_model(linen, bridged, jax.random.normal(jax.random.key(1), (2, 8, 8, 3)))
+
+
 def test_classes_sized_by_other_names_in_a_loop_are_each_built_by_name():
   """A local naming classes whose input sizes have other names, building a list before and in a loop: no one
   construction can give each its own, nor the binding (the sizes differ per construction), so each construction
