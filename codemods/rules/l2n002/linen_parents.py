@@ -308,10 +308,7 @@ def _traced_input(plan: ClassRewrite, attr: str | None, keyword: str | None) -> 
   argument when it shapes a variable of a converted class down the tree, the last-axis size of that argument of
   its call (GPT-2's `FlaxConv1D`: `to_linen(traced_inputs=)`); None when neither (or, for the elements of a list
   that reach it, both)."""
-  children = [c for c in plan.children if c.attr == attr]
-  if any(_child_input(c, keyword) is None for c in children if any(o.ctor is c.ctor for o in children if o is not c)):
-    return None  # a size one of the classes a local may name takes, and another not: no run shows it for both
-  found = {_child_input(c, keyword) for c in children} - {None}
+  found = {_child_input(c, keyword) for c in plan.children if c.attr == attr} - {None}
   return found.pop() if len(found) == 1 else None
 
 

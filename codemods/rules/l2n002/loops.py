@@ -542,6 +542,8 @@ class Loops:
                                         'derived')
     child.done = True
     (node, first_dims), (_, later_dims) = site.seen
+    varies = any(isinstance(n, cst.Name) and n.value in site.loop.names for a in site.ctor.args  # (name= aside)
+                 if a.keyword is None or a.keyword.value != 'name' for n in (a.value, *descendants(a.value)))
     for nnx_arg, index, optional in sizes.size_sources(ctx, child):
       position = sizes.call_arg(ctx, node, child, index)
       if position is None and optional:
@@ -552,7 +554,8 @@ class Loops:
                                            for n in (node.args[position].value, *descendants(node.args[position].value)))
       why = (f'the input size {nnx_arg} of the {_class_name(ctx, child)} built in this for loop changes from one '
              'iteration to the next in a way the code does not express (write the NNX sizes by hand)')
-      if _same(first, later) and (first is not None or not reads):
+      if _same(first, later) and (first is not None or not reads and not varies):  # (an unsaid size of layers
+        #                                            built from the loop's names may differ from one to the next)
         child.sizes[nnx_arg] = self._first(ctx, plan, child, nnx_arg, first, node, position, shared, '')
       elif not derive:
         raise Unsupported(node, why)

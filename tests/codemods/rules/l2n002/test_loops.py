@@ -377,3 +377,50 @@ def test_a_zip_of_a_zip_local_converts_and_runs_as_linen():
 @pytest.mark.parametrize('pairs', ['list(zip(self.sizes, self.sizes[1:]))', 'zip(self.sizes)'])
 def test_a_zip_of_other_than_a_zip_local_of_as_many_names_stays_linen(pairs):
   assert 'over enumerate(...) with other than' in _todo(ZIP_OF_A_ZIP.format(pairs=pairs))
+
+
+VARYING_INNER = '''import flax.linen as nn
+
+
+def squash(v):
+  return v
+
+
+class Inner(nn.Module):
+  width: int
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(self.width)(x)
+    return nn.Dense(3)(squash(h))
+
+
+class M(nn.Module):
+  widths: tuple = (4, 6)
+
+  @nn.compact
+  def __call__(self, x):
+    for w in self.widths:
+      x = Inner(w)(x)
+    return x
+'''
+
+
+def test_an_unsaid_size_inside_layers_built_from_the_loop_s_names_is_one_per_element():
+  """The inner Dense takes what a helper returns, a size the code does not say, and each iteration builds its
+  block from another width: one constructor argument per element (a shared one would fit one block only); the port
+  built with each element's size runs as Linen does."""
+  result = transform_source(VARYING_INNER, registry.select_rules(['L2N002']))
+  assert 'inners_linear2_in_features: tuple[int, ...]' in result.source, result.source
+  namespaces = [{}, {}]
+  for code, namespace in zip((VARYING_INNER, result.source), namespaces):
+    exec(compile(code, 'm.py', 'exec'), namespace)
+  x = jax.random.normal(jax.random.key(1), (2, 3))
+  linen = namespaces[0]['M']()
+  variables = linen.init(jax.random.key(0), x)
+  model = namespaces[1]['M'](inners_linear1_in_features=3, inners_linear2_in_features=(4, 6), rngs=nnx.Rngs(0))
+  for k, inner in enumerate(model.inners):
+    for attr, name in (('linear1', 'Dense_0'), ('linear2', 'Dense_1')):
+      getattr(inner, attr).kernel[...] = variables['params'][f'Inner_{k}'][name]['kernel']
+      getattr(inner, attr).bias[...] = variables['params'][f'Inner_{k}'][name]['bias']
+  np.testing.assert_allclose(model(x), linen.apply(variables, x), rtol=1e-6)
