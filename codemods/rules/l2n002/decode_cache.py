@@ -8,6 +8,7 @@ fill the class's plan.
 
 from __future__ import annotations
 
+import re
 import typing as tp
 
 import libcst as cst
@@ -15,6 +16,7 @@ import libcst as cst
 from codemods.nodes import children
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import init_code, queries, sizes
+from codemods.rules.l2n002.conditions import arm_path
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.dims import (
   INPUT_SHAPE,
@@ -32,6 +34,7 @@ from codemods.rules.l2n002.nodes import (
   cache_read,
   is_minus_one,
   is_number,
+  is_self_attr,
   is_written,
   paren,
   scope_api,
@@ -229,6 +232,25 @@ def plan_init_cache(ctx: ClassContext, node: cst.ClassDef, plan: ClassRewrite, c
       lines.append(f'self.{child.attr}.{method}({shape_code(shapes[0])}, dtype)')
       lines[-1] = ctx.loops.cache_line(child, lines[-1])  # an nnx.List: `for block in self.blocks: ...`
   plan.cache_lines, plan.cache_input = lines, plan.call_params[0]
+  plan.cache_switch = _cache_switch(ctx, plan, walker.own, holders)
+
+
+def _cache_switch(ctx: ClassContext, plan: ClassRewrite, own: tp.Collection[cst.Call], holders: list[Child]) -> str | None:
+  """The field without which the class creates no decode cache, if one: the test `if self.decode:` around every
+  cache it creates, or the field it gives every child holding one as that child's switch (`decode=self.decode`);
+  a construction giving the field a literal False then holds none (`Child.holds_cache`)."""
+  if own and not holders:
+    paths = {arm_path(ctx, ctor) for ctor in own}
+    tests = [test for test, holds in paths.pop() if holds] if len(paths) == 1 else []
+    found = {found[1] for test in tests[:1] if len(tests) == 1 and (found := re.fullmatch(r'self\.(\w+)', test))}
+  elif holders and not own:
+    switches = [c.sibling.cache_switch if c.sibling is not None else c.spec.cache.switch for c in holders]
+    values = [c.kwargs.get(switch) if switch else None for c, switch in zip(holders, switches)]
+    found = {v.attr.value if isinstance(v, cst.Attribute) and is_self_attr(v) else None for v in values}
+  else:
+    found = set()
+  field = found.pop() if len(found) == 1 else None
+  return field if field in plan.field_names else None
 
 
 def cache_text(ctx: ClassContext, child: Child, env: dict[str, Shape], dtypes: dict[str, str | None]) -> None:

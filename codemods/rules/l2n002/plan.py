@@ -92,8 +92,9 @@ class Child:
   @property
   def holds_cache(self) -> bool:
     """A submodule with a decode cache: a converted class with init_cache, or a table layer in decode mode."""
-    if self.sibling is not None:
-      return self.sibling.cache_input is not None
+    if self.sibling is not None:  # a cache its own switch keeps out (wmt's encoder: `AddPositionEmbs(decode=False)`)
+      switch = self.kwargs.get(self.sibling.cache_switch) if self.sibling.cache_switch else None
+      return self.sibling.cache_input is not None and not (isinstance(switch, cst.Name) and switch.value == 'False')
     if self.spec is None or self.spec.cache is None or self.spec.cache.switch not in self.kwargs:
       return False
     switch = self.kwargs[self.spec.cache.switch]
@@ -163,6 +164,7 @@ class ClassRewrite:
   cache_lines: list[str] = dataclasses.field(default_factory=list)  # the body of init_cache; empty: none
   properties: list[str] = dataclasses.field(default_factory=list)  # generated properties, as code
   cache_input: str | None = None  # the `__call__` argument whose shape init_cache takes
+  cache_switch: str | None = None  # the field the creation of its own caches is under (`if self.decode:`), if one
   example_params: list[str] = dataclasses.field(default_factory=list)  # example inputs of bridged Linen children
   base: str = 'nnx.Module'  # the NNX base class: a project base class of the run keeps its name
   base_index: int = 0  # the position of the Linen base among the class's bases (the others stay as they are)

@@ -247,3 +247,26 @@ def test_a_setup_style_attention_layer_in_decode_mode_gets_init_cache():
   model.init_cache((BATCH, MAX_LEN))
   assert model.attn.cached_key.shape == (BATCH, MAX_LEN, 2, 2)
   assert model(jnp.zeros((BATCH, 1), jnp.int32)).shape == (BATCH, 1, 4)
+
+
+def test_a_child_built_with_its_cache_switch_false_holds_no_cache():
+  """The LM's blocks built with `decode=False`: the attention inside creates its caches only under `if
+  self.decode:`, and the block passes it its own `decode`, so neither block ever holds one. The LM needs no
+  init_cache (nor shapes for one), and its port runs as the Linen model does."""
+  source = (fixture_parity.FIXTURES / 'L2N002/decode_cache.in.py').read_text().replace(
+      'decode=self.decode)(x)\n', 'decode=False)(x)\n')
+  assert source.count('decode=False)(x)') == 2
+  result = transform_source(source, registry.select_rules(['L2N002']))
+  assert not [e for e in result.entries if e.kind == 'todo']
+  lm = result.source[result.source.index('class TinyLM'):]
+  assert 'def init_cache' not in lm and 'def init_cache' in result.source  # the attention's and block's stay
+  namespaces = [{}, {}]
+  for code, namespace in zip((source, result.source), namespaces):
+    exec(compile(code, 'm.py', 'exec'), namespace)
+  tokens = jnp.array([[1, 2, 3], [4, 5, 6]])
+  linen = namespaces[0]['TinyLM'](vocab_size=11, decode=True)
+  variables = linen.init(jax.random.key(0), tokens)
+  assert set(variables) == {'params'}  # Linen made no cache either
+  model = namespaces[1]['TinyLM'](vocab_size=11, decode=True, rngs=nnx.Rngs(0))
+  nnx_bridge.linen_to_nnx(variables, model, nnx_bridge.derive_mapping(linen, model, tokens))
+  np.testing.assert_allclose(model(tokens), linen.apply(variables, tokens), rtol=1e-5, atol=1e-6)
