@@ -152,8 +152,10 @@ def _hidden(config: tp.Any) -> int:
   return width if width is not None else config.hidden_sizes[-1]
 
 
-def make_inputs(linen_class: type, config: tp.Any) -> tuple[tuple, dict[str, tp.Any]]:
-  """Inputs for `linen_class.__call__` from its parameter names; raises LookupError for a name with no recipe."""
+def make_inputs(linen_class: type, config: tp.Any, channels: int | None = None) -> tuple[tuple, dict[str, tp.Any]]:
+  """Inputs for `linen_class.__call__` from its parameter names; raises LookupError for a name with no recipe. A
+  vision family's feature map (`hidden_state`) has `channels` channels: the class's `in_channels`, else the
+  embedder's width."""
   import jax
   import jax.numpy as jnp
 
@@ -181,6 +183,7 @@ def make_inputs(linen_class: type, config: tp.Any) -> tuple[tuple, dict[str, tp.
           key, (BATCH, getattr(config, 'image_size', 16), getattr(config, 'image_size', 16),
                 getattr(config, 'num_channels', 3))),
       'input_values': lambda: jax.random.normal(key, (BATCH, 400)),
+      'hidden_state': lambda: jax.random.normal(key, (BATCH, 8, 8, channels or getattr(config, 'embedding_size', 8))),
       'input_features': lambda: jax.random.normal(key, (BATCH, getattr(config, 'num_mel_bins', 8), 16)),
   }
   if 'Decoder' in linen_class.__name__:  # a seq2seq decoder runs on an encoder's output, which Linen needs to create
@@ -267,11 +270,14 @@ def _build(family: str, name: str, original: tp.Any, linen_class: type) -> tuple
     if config_class is None:
       return ClassResult(family, name, 'not built', 'no config field')
     config = tiny_config(config_class)
-    flags = {f.name: False for f in fields.values()  # T5's `has_relative_attention_bias: bool`, set by its parent
-             if f.init and f.name not in ('config', 'parent', 'name') and f.type in (bool, 'bool')
-             and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    required = [f for f in fields.values() if f.init and f.name not in ('config', 'parent', 'name')
+                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    flags = {f.name: False for f in required if f.type in (bool, 'bool')}  # T5's `has_relative_attention_bias`
+    widths = {'in_channels': getattr(config, 'embedding_size', None),  # a vision stage's (ResNet, RegNet): from
+              'out_channels': (getattr(config, 'hidden_sizes', None) or [None])[0]}  # the embedder to the first stage
+    flags |= {f.name: widths[f.name] for f in required if widths.get(f.name) is not None}
     linen = linen_class(config=config, **flags)
-    args, kwargs = make_inputs(linen_class, config)
+    args, kwargs = make_inputs(linen_class, config, flags.get('in_channels'))
   except LookupError as error:
     return ClassResult(family, name, 'not built', str(error))
   except Exception as error:  # a config the harness cannot build (`config: Union[TextConfig, VisionConfig]`)

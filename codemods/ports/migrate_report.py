@@ -202,11 +202,12 @@ class Port:
       others = {linen_names.resolve(c.linen_name, self._fields(path)) for c in record.children
                 if c.nnx_attribute != argument.child}
       return self._each_element(path, template, argument.child_argument, where, others)
-    linen_name = _first_element({c.nnx_attribute: c.linen_name for c in record.children}.get(argument.child),
-                                self._fields(path))
+    linen_name = _first_element(template, self._fields(path))
     if linen_name is None:
       raise ReportError(f'{self.where}: the record of {record.nnx_name} names no Linen child {argument.child}')
     child = (*path, linen_name)
+    if '{' in template:  # a list of several classes: the first element whose class takes the argument
+      child = self._element_taking(path, template, argument.child_argument) or child
     inner = self._record_at(child)
     if inner is None:
       return self._layer_size(child, argument.child_argument, where)
@@ -215,6 +216,18 @@ class Port:
       return 1, (f'unused: {where} sizes the {argument.child} another arm of an if builds, where this model built '
                  f'{inner.nnx_name}')
     return self._measure(inner, arm_argument, child)
+
+  def _element_taking(self, path: Path, template: str, argument: str) -> Path | None:
+    """The first element of the list the module at `path` names by `template` whose converted class takes the size
+    argument `argument` (RegNet's Y layer: its squeeze-and-excitation layer, third of four), else None."""
+    k = 0
+    while (element := (*path, linen_names.resolve(re.sub(r'\{\w+\}', str(k), template), self._fields(path)))) \
+        in self.classes:
+      inner = self._record_at(element)
+      if inner is not None and any(a.name == argument for a in inner.arguments):
+        return element
+      k += 1
+    return None
 
   def _each_element(self, path: Path, template: str, nnx_argument: str, where: str,
                     others: set[str | None]) -> tuple[tuple[int, ...], str]:

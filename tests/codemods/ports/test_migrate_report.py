@@ -325,3 +325,58 @@ def test_a_size_of_a_layer_list_is_measured_on_its_first_element(migrated, cls, 
                                   linen, (jax.numpy.ones((2, 3, 6)),), {})
   value, read = port.measured_sizes()[size]()
   assert value == 6 and read.startswith(f'in_features of {where}'), read
+
+
+MIXED_LIST = '''import flax.linen as nn
+
+
+def squash(v):
+  return v
+
+
+class Proj(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.features)(x)
+
+
+class Gate(nn.Module):
+  features: int
+
+  def setup(self):
+    self.gate = nn.Dense(self.features)
+
+  def __call__(self, x):
+    return self.gate(squash(x))
+
+
+class Stack(nn.Module):
+  def setup(self):
+    self.layer = [Proj(6, name="0"), Gate(5, name="1")]
+
+  def __call__(self, x):
+    for layer in self.layer:
+      x = layer(x)
+    return x
+'''
+
+
+def test_a_size_of_a_later_element_of_a_list_of_several_classes_is_measured_on_that_element(tmp_path):
+  """RegNet's Y layer holds convolutions, then a squeeze-and-excitation layer: a size only the third element's
+  class takes is read off that element's call (6, what the first returned), not the first's (3), which does not
+  take it."""
+  from codemods.ports import migrate_report
+
+  (tmp_path / 'stack.py').write_text(MIXED_LIST)
+  report_path = tmp_path / 'report.json'
+  cli.main(['migrate', str(tmp_path), '--write', '--report-json', str(report_path), '-j', '1'])
+  namespace: dict = {}
+  exec(compile(MIXED_LIST, 'stack_linen.py', 'exec'), namespace)
+  port = migrate_report.load_port(str(report_path), model_refs.load_object(f'{tmp_path}/stack.py:Stack'),
+                                  namespace['Stack'](), (jax.numpy.ones((2, 3)),), {})
+  measured = port.measured_sizes()
+  assert measured['layer_linear_in_features']()[0] == 3
+  value, read = measured['layer_gate_in_features']()
+  assert value == 6 and 'Linen 1/gate (Dense)' in read, read
