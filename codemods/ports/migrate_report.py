@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
 import json
 import os
 import re
@@ -220,13 +221,15 @@ class Port:
   def _element_taking(self, path: Path, template: str, argument: str) -> Path | None:
     """The first element of the list the module at `path` names by `template` whose converted class takes the size
     argument `argument` (RegNet's Y layer: its squeeze-and-excitation layer, third of four), else None."""
-    k = 0
-    while (element := (*path, linen_names.resolve(re.sub(r'\{\w+\}', str(k), template), self._fields(path)))) \
-        in self.classes:
+    seen: set[Path] = set()
+    for k in itertools.count():
+      element = (*path, linen_names.resolve(re.sub(r'\{\w*\}', str(k), template), self._fields(path)))
+      if element in seen or element not in self.classes:  # (a name that does not change with the index: once)
+        return None
+      seen.add(element)
       inner = self._record_at(element)
       if inner is not None and any(a.name == argument for a in inner.arguments):
         return element
-      k += 1
     return None
 
   def _each_element(self, path: Path, template: str, nnx_argument: str, where: str,
