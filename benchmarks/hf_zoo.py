@@ -186,6 +186,8 @@ def make_inputs(linen_class: type, config: tp.Any, channels: int | None = None) 
       'hidden_state': lambda: jax.random.normal(key, (BATCH, 8, 8, channels or getattr(config, 'embedding_size', 8))),
       'input_features': lambda: jax.random.normal(key, (BATCH, getattr(config, 'num_mel_bins', 8), 16)),
   }
+  if hasattr(config, 'hidden_sizes'):  # a vision family's stages call their feature map `x` (ResNet, RegNet)
+    recipes['x'] = recipes['hidden_state']
   if 'Decoder' in linen_class.__name__:  # a seq2seq decoder runs on an encoder's output, which Linen needs to create
     #                                       the cross-attention's params (created when first called)
     recipes['encoder_hidden_states'] = lambda: jax.random.normal(jax.random.key(2), (*tokens, hidden))
