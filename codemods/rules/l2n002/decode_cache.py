@@ -242,7 +242,8 @@ def _cache_switch(ctx: ClassContext, plan: ClassRewrite, own: tp.Collection[cst.
   if own and not holders:
     paths = {arm_path(ctx, ctor) for ctor in own}
     tests = [test for test, holds in paths.pop() if holds] if len(paths) == 1 else []
-    found = {found[1] for test in tests[:1] if len(tests) == 1 and (found := re.fullmatch(r'self\.(\w+)', test))}
+    field = re.fullmatch(r'self\.(\w+)', tests[0]) if len(tests) == 1 else None
+    found = {field[1]} if field is not None else set()
   elif holders and not own:
     switches = [c.sibling.cache_switch if c.sibling is not None else c.spec.cache.switch for c in holders]
     values = [c.kwargs.get(switch) if switch else None for c, switch in zip(holders, switches)]

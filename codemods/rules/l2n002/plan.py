@@ -91,14 +91,16 @@ class Child:
 
   @property
   def holds_cache(self) -> bool:
-    """A submodule with a decode cache: a converted class with init_cache, or a table layer in decode mode."""
-    if self.sibling is not None:  # a cache its own switch keeps out (wmt's encoder: `AddPositionEmbs(decode=False)`)
-      switch = self.kwargs.get(self.sibling.cache_switch) if self.sibling.cache_switch else None
-      return self.sibling.cache_input is not None and not (isinstance(switch, cst.Name) and switch.value == 'False')
-    if self.spec is None or self.spec.cache is None or self.spec.cache.switch not in self.kwargs:
+    """A submodule with a decode cache: a converted class with init_cache, or a table layer in decode mode; not
+    where the construction gives its switch a literal False (wmt's encoder: `AddPositionEmbs(decode=False)`)."""
+    if self.sibling is not None:
+      holds, switch = self.sibling.cache_input is not None, self.sibling.cache_switch
+    elif self.spec is not None and self.spec.cache is not None:
+      holds, switch = self.spec.cache.switch in self.kwargs, self.spec.cache.switch
+    else:
       return False
-    switch = self.kwargs[self.spec.cache.switch]
-    return not (isinstance(switch, cst.Name) and switch.value == 'False')
+    value = self.kwargs.get(switch) if switch else None
+    return holds and not (isinstance(value, cst.Name) and value.value == 'False')
 
 
 Call = tuple[str | None, set[int]]
