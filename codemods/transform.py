@@ -11,7 +11,8 @@ the results are the same), without the work that cannot change them:
   a base class of the run's Linen hierarchy (a subclass of one may never say Module); one with a
   `REQUIRES_PATTERN` not on code the pattern does not find.
 - An import a rule asks to remove goes to libcst's `RemoveImportsVisitor` (a scope analysis) only when
-  the code no longer reads its name anywhere.
+  the code no longer reads its name anywhere; it and `AddImportsVisitor` run on the import statements their
+  result depends on, not over the whole tree (`import_steps`).
 - The check that a second run leaves a bridged result as it is runs only the rules that decide classes.
 - libcst looks each visitor class over once, not at each new visitor, and finds parents without a
   second visit (`libcst_speedups`).
@@ -39,6 +40,7 @@ from libcst.codemod import SkipFile
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.codemod.visitors import RemoveImportsVisitor
 
+from codemods import import_steps
 from codemods import libcst_speedups
 from codemods.analysis.hierarchy import HIERARCHY_KEY
 from codemods.analysis.hierarchy import LinenHierarchy
@@ -61,12 +63,6 @@ from codemods.rule import MigrationRule
 from codemods.unsafe_fixes import with_unsafe_fixes
 
 libcst_speedups.install()
-
-# What VisitorBasedCodemodCommand.transform_module runs after a rule, in this order, when asked to.
-_IMPORT_VISITORS: dict[str, type[Codemod]] = {
-    AddImportsVisitor.CONTEXT_KEY: AddImportsVisitor,
-    RemoveImportsVisitor.CONTEXT_KEY: RemoveImportsVisitor,
-}
 
 _COLLECT_AFTER = 100_000  # container objects allocated, less those freed, since the last collection
 
@@ -279,11 +275,14 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
     before, rule_input = wrapper, code(wrapper)
     try:
       wrapper = _next(wrapper, _apply(codemod, wrapper))
-      for key, visitor in _IMPORT_VISITORS.items():
-        if key == RemoveImportsVisitor.CONTEXT_KEY and key in context.scratch:
-          context.scratch[key] = _unread_imports(code(wrapper), context.scratch[key])
-        if context.scratch.get(key):
-          wrapper = _next(wrapper, _apply(visitor(context), wrapper))
+      if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
+        wrapper = import_steps.added(context, wrapper)
+      if RemoveImportsVisitor.CONTEXT_KEY in context.scratch:
+        context.scratch[RemoveImportsVisitor.CONTEXT_KEY] = import_steps.unread_imports(
+            code(wrapper), context.scratch[RemoveImportsVisitor.CONTEXT_KEY])
+      if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
+        wrapper = import_steps.removed(context, wrapper, code(wrapper)) \
+            or _next(wrapper, _apply(RemoveImportsVisitor(context), wrapper))
     except SkipFile:
       continue
     except Exception as error:  # a bug in a rule must not stop the run, nor write a file
@@ -307,19 +306,6 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
   entries.sort(key=Entry.sort_key)
   classes.sort(key=ConvertedClass.sort_key)
   return Transformed(new, tuple(entries), tuple(classes))
-
-
-def _unread_imports(code: str, removals: list[tuple[str, str | None, str | None]]
-                    ) -> list[tuple[str, str | None, str | None]]:
-  """The import removals a rule asked for (`RemoveImportsVisitor`: module, object, alias) whose bound name `code`
-  no longer reads anywhere. A name still read keeps its import: libcst's scope analysis, which costs as much as a
-  rule, then runs only for the others (most files keep `nn` for the classes that stay Linen)."""
-  try:
-    read = {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
-  except (SyntaxError, ValueError):  # the rule's code does not parse: `_check_parses` says where
-    return removals
-  return [(module, obj, alias) for module, obj, alias in removals
-          if (alias or obj or module.partition('.')[0]) not in read]
 
 
 def _names_any(code: str, words: tp.Sequence[str]) -> bool:
