@@ -1,7 +1,9 @@
 """Decide and rewrite the step style (`--step-style`, docs/performance.md) of each converted training step.
 
 'functional': `@jax.jit def step(graphdef, state, ...)` merging `(model, optimizer)` inside and
-returning their state as a dict of arrays, split before the loop and updated after it.
+returning their state as a dict of arrays, split before the loop and updated after it; `state` is donated
+(`jax.jit(donate_argnames='state')`: XLA writes the new state into its buffers, as an in-place update), so the
+loop starts from a copy and the arrays the model holds stay valid for any other code holding them.
 'cached': the `@nnx.jit` step called through `nnx.cached_partial(step, model, optimizer)`.
 A step a style cannot be applied to safely falls back (functional -> cached -> `@nnx.jit`),
 with a report entry saying why.
@@ -260,16 +262,20 @@ def _functional_step(walk: Walk, record: StepFunction, choice: StepStyleChoice) 
         value=cst.parse_expression(with_state(pruned_value(updated.value, drops), returned)))
     group.changes = [(n, m) for n, m in group.changes if n is not statement]
     group.changes.append((statement, f'the state it returned -> {returned}, returned last'))
+  donated = False
   for decorator in function.decorators:
     expression = decorator.decorator
     if transform_of(expression)[0] != 'jit':
       continue
     jit = tree.code(expression.args[0].value if isinstance(expression, cst.Call) else expression)
-    group.edits[decorator] = lambda updated, jit=jit: updated.with_changes(decorator=cst.parse_expression(jit))
+    donated = jit == 'jax.jit'  # `jax` names the module: the copy before the loop can be written with it
+    new = f'{jit}(donate_argnames={state!r})' if donated else jit
+    group.edits[decorator] = lambda updated, new=new: updated.with_changes(decorator=cst.parse_expression(new))
     group.changes = [(n, m) for n, m in group.changes if not (n is decorator and '-> @nnx.jit' in m)]
-    was = f'@{jit} stays' if tree.code(expression) == jit else f'@{tree.code(expression)} -> @{jit}'
-    group.changes.append((decorator, f'{was} on {name}, over ({graphdef}, {state}): {nodes} merged inside '
-                                     '(step style functional)'))
+    was = f'@{jit} stays' if tree.code(expression) == new else f'@{tree.code(expression)} -> @{new}'
+    donation = f', {state} donated (its buffers reused for the new state)' if donated else ''
+    group.changes.append((decorator, f'{was} on {name}, over ({graphdef}, {state}): {nodes} merged inside'
+                                     f'{donation} (step style functional)'))
   for call in record.calls:
     rewrite_call(walk, call, carried)
     assign = tree.parent(call)
@@ -277,11 +283,14 @@ def _functional_step(walk: Walk, record: StepFunction, choice: StepStyleChoice) 
         with_state(pruned_value(updated.targets[0].target, drops), state)))])
   for loop, calls in choice.loops:
     modes = _hoist_modes(walk, loop, calls)
-    split = [f'{graphdef}, {state} = nnx.split({nodes})', f'{state} = nnx.to_pure_dict({state})']
+    pure = f'jax.tree.map(jax.numpy.copy, nnx.to_pure_dict({state}))' if donated else f'nnx.to_pure_dict({state})'
+    split = [f'{graphdef}, {state} = nnx.split({nodes})', f'{state} = {pure}']
     _around_loop(walk, loop, [*modes, *split], [f'nnx.update({nodes}, {state})'])
+    copied = (f'; a copy, since {name} donates it: the arrays of {nodes.strip("()")} stay valid for other code that '
+              'holds them') if donated else ''
     group.changes.append((loop, f'{graphdef}, {state} = nnx.split({nodes}) before the loop, nnx.update({nodes}, '
-                                f'{state}) after it: {name} carries their state as a dict of arrays (step style '
-                                'functional)'))
+                                f'{state}) after it: {name} carries their state as a dict of arrays{copied} (step '
+                                'style functional)'))
 
 
 def _cached_step(walk: Walk, record: StepFunction, choice: StepStyleChoice) -> None:

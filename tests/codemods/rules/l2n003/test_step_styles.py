@@ -1,7 +1,7 @@
 """`--step-style`: how L2N003 writes a converted training step, and that each style trains like Linen.
 
-functional (the default): `@jax.jit` over `(graphdef, state)`, `nnx.split` before the loop that
-calls the step, `nnx.update` after it. cached: the `@nnx.jit` step called through
+functional (the default): `@jax.jit` over `(graphdef, state)`, donating `state`, `nnx.split` (and a copy
+of the state) before the loop that calls the step, `nnx.update` after it. cached: the `@nnx.jit` step called through
 `nnx.cached_partial`. nnx-jit: the `@nnx.jit` step called with the model and optimizer. Each
 style's port of the training scripts (and of the epoch fixture) is run from the Linen run's
 initial variables and must give the same losses, outputs and final state (tests/codemods/rules/training_parity.py);
@@ -32,12 +32,14 @@ MODELS = {'mlp_classifier': 'MLPClassifier', 'cnn_batchnorm': 'SmallCNN'}
 KWARGS = {'mlp_classifier': {'dropout_rate': 0.0}, 'cnn_batchnorm': {}}
 TOL = dict(rtol=1e-5, atol=1e-6)  # as tests/codemods/rules/l2n003/test_training_scripts.py
 STALE = '  nnx.update((model, optimizer), state)\n'
+COPY = 'state = jax.tree.map(jax.numpy.copy, nnx.to_pure_dict(state))'  # the state the step donates, a copy
 
 # What each style writes for the scripts' `train_step(state, x, y, ...)` and its loop.
 MARKERS = {
-    'functional': ('  @jax.jit\n  def train_step(graphdef, state, ', '    model, optimizer = nnx.merge(graphdef, state)\n',
+    'functional': ("  @jax.jit(donate_argnames='state')\n  def train_step(graphdef, state, ",
+                   '    model, optimizer = nnx.merge(graphdef, state)\n',
                    'nnx.to_pure_dict(nnx.state((model, optimizer)))', '  graphdef, state = nnx.split((model, optimizer))\n',
-                   '  state = nnx.to_pure_dict(state)\n', ', state = train_step(graphdef, state, ', STALE),
+                   f'  {COPY}\n', ', state = train_step(graphdef, state, ', STALE),
     'cached': ('  @nnx.jit\n  def train_step(model, optimizer, ',
                '  cached_train_step = nnx.cached_partial(train_step, model, optimizer)\n', ' = cached_train_step('),
     'nnx-jit': ('  @nnx.jit\n  def train_step(model, optimizer, ', ' = train_step(model, optimizer, '),
@@ -165,6 +167,23 @@ def test_functional_step_is_traced_once_across_epochs(monkeypatch):
   exec(compile(source, 'epochs_port.py', 'exec'), namespace)
   assert len(namespace['losses']) == 12
   assert len(merges) == 1  # nnx.merge runs only while tracing train_step
+
+
+def test_functional_step_donates_a_copy_so_arrays_held_elsewhere_stay_valid():
+  """The step's state buffers are donated (reused for the new state); the loop starts from a copy, so an array the
+  model held before the loop, still held by other code, stays readable. Without the copy the first step deletes it."""
+  source = l2n003(EPOCHS.read_text(), 'functional').source.decode()
+  split = '    graphdef, state = nnx.split((model, optimizer))\n'
+  assert source.count(split) == 1 and source.count(f'    {COPY}\n') == 1
+  held = source.replace(split, '    held = jax.tree.leaves(nnx.to_pure_dict(nnx.state(model, nnx.Param)))\n' + split).replace(
+      '    nnx.update((model, optimizer), state)\n',
+      '    nnx.update((model, optimizer), state)\n    held_sums.append(float(sum(a.sum() for a in held)))\n')
+  held = held.replace('\nlosses, eval_losses = train(', '\nheld_sums = []\nlosses, eval_losses = train(', 1)
+  assert '\nheld_sums = []\n' in held
+  namespace = run_source(held)
+  assert len(namespace['losses']) == 12 and len(namespace['held_sums']) == 3
+  with pytest.raises(ValueError, match='deleted or donated'):  # the model's own arrays donated: the held one is gone
+    run_source(held.replace(COPY, 'state = nnx.to_pure_dict(state)'))
 
 
 # --- where a style does not apply ---------------------------------------------------------------
