@@ -283,7 +283,7 @@ def _functional_step(walk: Walk, record: StepFunction, choice: StepStyleChoice) 
         with_state(pruned_value(updated.targets[0].target, drops), state)))])
   for loop, calls in choice.loops:
     modes = _hoist_modes(walk, loop, calls)
-    pure = f'jax.tree.map(jax.numpy.copy, nnx.to_pure_dict({state}))' if donated else f'nnx.to_pure_dict({state})'
+    pure = f'jax.device_put(nnx.to_pure_dict({state}), may_alias=False)' if donated else f'nnx.to_pure_dict({state})'
     split = [f'{graphdef}, {state} = nnx.split({nodes})', f'{state} = {pure}']
     _around_loop(walk, loop, [*modes, *split], [f'nnx.update({nodes}, {state})'])
     copied = (f'; a copy, since {name} donates it: the arrays of {nodes.strip("()")} stay valid for other code that '

@@ -32,7 +32,7 @@ MODELS = {'mlp_classifier': 'MLPClassifier', 'cnn_batchnorm': 'SmallCNN'}
 KWARGS = {'mlp_classifier': {'dropout_rate': 0.0}, 'cnn_batchnorm': {}}
 TOL = dict(rtol=1e-5, atol=1e-6)  # as tests/codemods/rules/l2n003/test_training_scripts.py
 STALE = '  nnx.update((model, optimizer), state)\n'
-COPY = 'state = jax.tree.map(jax.numpy.copy, nnx.to_pure_dict(state))'  # the state the step donates, a copy
+COPY = 'state = jax.device_put(nnx.to_pure_dict(state), may_alias=False)'  # the state the step donates, a copy
 
 # What each style writes for the scripts' `train_step(state, x, y, ...)` and its loop.
 MARKERS = {
