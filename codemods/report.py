@@ -68,6 +68,7 @@ class ConstructorArgument:
   shape_formulas: tuple[tuple[int, str], ...] = ()
   example_input: str | None = None
   per_element: bool = False  # a tuple of sizes, one per element of the list `child` (a loop whose size changes)
+  element_offset: int = 0  # per_element: the list's elements written out before the loop's, which it skips
 
 
 @dataclasses.dataclass(frozen=True)

@@ -202,7 +202,7 @@ class Port:
     if argument.per_element and template is not None and '{' in template:
       others = {linen_names.resolve(c.linen_name, self._fields(path)) for c in record.children
                 if c.nnx_attribute != argument.child}
-      return self._each_element(path, template, argument.child_argument, where, others)
+      return self._each_element(path, template, argument.child_argument, where, others, argument.element_offset)
     linen_name = _first_element(template, self._fields(path))
     if linen_name is None:
       raise ReportError(f'{self.where}: the record of {record.nnx_name} names no Linen child {argument.child}')
@@ -233,15 +233,16 @@ class Port:
     return None
 
   def _each_element(self, path: Path, template: str, nnx_argument: str, where: str,
-                    others: set[str | None]) -> tuple[tuple[int, ...], str]:
+                    others: set[str | None], offset: int = 0) -> tuple[tuple[int, ...], str]:
     """A per-element size argument (`tuple[int, ...]`): `nnx_argument` of each element of the layer list the Linen
-    module at `path` names by `template` (`Dense_{i}`), measured on each element's call, in order, up to a name
-    another child of the record takes (`others`: the layer after the loop's, `Dense_{self.num_layers}`)."""
+    module at `path` names by `template` (`Dense_{i}`), measured on each element's call, in order, from the element
+    after the `offset` layers written out before the loop's (RegNet's first stage) up to a name another child of the
+    record takes (`others`: the layer after the loop's, `Dense_{self.num_layers}`)."""
     if not re.fullmatch(r'[^{}]*\{\w*\}[^{}]*', template):
       raise ReportError(f'{self.where}: {where} sizes the elements of a list named {template}, which are not '
                         'numbered by their index')
     sizes, described = [], []
-    while (element := (*path, re.sub(r'\{\w*\}', str(len(sizes)), template))) in self.classes \
+    while (element := (*path, re.sub(r'\{\w*\}', str(offset + len(sizes)), template))) in self.classes \
         and element[-1] not in others:
       inner = self._record_at(element)
       size, how = self._layer_size(element, nnx_argument, where) if inner is None else \

@@ -564,7 +564,8 @@ class Loops:
         where = None if argument is None else \
             f"the input dimension of self.{child.attr}'s call argument {argument}, which changes from one iteration " \
             'to the next in a way the code does not express'
-        name = sizes.size_param(ctx, plan, child, nnx_arg, where, None, node, each=True)
+        name = sizes.size_param(ctx, plan, child, nnx_arg, where, None, node, each=True,
+                                offset=len(self.heads.get(site.loop.node, ())))
         child.sizes[nnx_arg] = f'{name}[{site.loop.index}]'
       else:
         first_code = self._first(ctx, plan, child, nnx_arg, first, node, position, shared, ' in the first iteration')

@@ -115,12 +115,14 @@ def own_method(ctx: ClassContext, expr: cst.CSTNode, methods: dict[str, cst.Func
 
 
 def size_param(ctx: ClassContext, plan: ClassRewrite, child: Child, nnx_arg: str, where: str | None, source: Dim,
-                node: cst.CSTNode, shape_ref: bool = False, input_index: int | None = None, each: bool = False) -> str:
+                node: cst.CSTNode, shape_ref: bool = False, input_index: int | None = None, each: bool = False,
+               offset: int = 0) -> str:
   """A new keyword-only constructor argument for a size the code does not determine, unless the example
   trace (`--examples`) found one expression of the class's fields for it: then that expression. `shape_ref`:
   an `x.shape[-1]` the child's arguments read, rather than an input size of the child. `each`: one size per
-  element of the list `child` is (`EachElement`); a child's argument that is one passes through as one (its record
-  not `per_element`: the child's own record says how its tuple is measured)."""
+  element of the list `child` is (`EachElement`), `offset` the layers written out before the loop's, which the tuple
+  skips; a child's argument that is one passes through as one (its record not `per_element`: the child's own record
+  says how its tuple is measured)."""
   passed_on = child.sibling is not None and isinstance(dict(child.sibling.size_params).get(nnx_arg), EachElement)
   traced = ctx.plan.traced.get((child.linen_name, nnx_arg)) \
       if child.api is None and child.spec is not None and not shape_ref else None
@@ -138,7 +140,8 @@ def size_param(ctx: ClassContext, plan: ClassRewrite, child: Child, nnx_arg: str
   input_name = plan.call_params[source.index] if isinstance(source, Input) and not each else None
   if each:
     detail = f'{nnx_arg} of each element of self.{child.attr}, in order, {where or "not determined by the code"}'
-    argument = ConstructorArgument(name, UNDETERMINED, detail, child.attr, child_argument=nnx_arg, per_element=True)
+    argument = ConstructorArgument(name, UNDETERMINED, detail, child.attr, child_argument=nnx_arg, per_element=True,
+                                   element_offset=offset)
   elif passed_on:
     detail = f'{nnx_arg} of self.{child.attr}, one size per element of its list'
     argument = ConstructorArgument(name, UNDETERMINED, detail, child.attr, child_argument=nnx_arg)

@@ -186,7 +186,7 @@ def test_the_json_report_records_each_converted_class_the_same_with_any_jobs(tmp
     classes[jobs] = {f['path']: f['classes'] for f in report['files']}
   assert classes['1'] == classes['2']
   mlp, = classes['1']['src/setup_mlp.py']
-  NO_FORMULA = {'shape_formulas': [], 'example_input': None, 'per_element': False}
+  NO_FORMULA = {'shape_formulas': [], 'example_input': None, 'per_element': False, 'element_offset': 0}
   NOT_A_SIZE = {'child': None, 'child_argument': None, 'input': None, **NO_FORMULA}
   assert mlp == {
       'line': 5, 'linen_name': 'MLP', 'nnx_name': 'MLP', 'cell': None,

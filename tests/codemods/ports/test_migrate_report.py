@@ -380,3 +380,66 @@ def test_a_size_of_a_later_element_of_a_list_of_several_classes_is_measured_on_t
   assert measured['layer_linear_in_features']()[0] == 3
   value, read = measured['layer_gate_in_features']()
   assert value == 6 and 'Linen 1/gate (Dense)' in read, read
+
+
+HEAD_AND_LOOP = '''import jax.numpy as jnp
+import flax.linen as nn
+
+
+def widen(x):
+  return jnp.concatenate([x, x], axis=-1)
+
+
+class Block(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.features)(widen(x))
+
+
+class Stack(nn.Module):
+  widths: tuple = (3, 5)
+
+  def setup(self):
+    layers = [Block(4, name='0')]
+    for i, width in enumerate(self.widths):
+      layers.append(Block(width, name=str(i + 1)))
+    self.layers = layers
+
+  def __call__(self, x):
+    for layer in self.layers:
+      x = layer(x)
+    return x
+'''
+
+
+def test_sizes_of_a_loops_elements_after_a_layer_written_out_are_measured_on_those_elements(tmp_path, capsys):
+  """RegNet's stage collection: its first stage written out, the others appended in a loop, with a size the code does
+  not say inside each. The loop's tuple starts at the element after the one written out (8 and 6, read off layers 1
+  and 2), and verify passes; read from the list's first element on (6, 8, 6) it built layers that do not fit."""
+  from codemods.ports import migrate_report
+
+  (tmp_path / 'stack.py').write_text(HEAD_AND_LOOP)
+  (tmp_path / 'linen_stack.py').write_text(HEAD_AND_LOOP)
+  report_path = tmp_path / 'report.json'
+  assert cli.main(['migrate', str(tmp_path / 'stack.py'), '--write', '--report-json', str(report_path), '-j', '1']) == 0
+  namespace: dict = {}
+  exec(compile(HEAD_AND_LOOP, 'stack_linen.py', 'exec'), namespace)
+  port = migrate_report.load_port(str(report_path), model_refs.load_object(f'{tmp_path}/stack.py:Stack'),
+                                  namespace['Stack'](), (jax.numpy.ones((2, 3)),), {})
+  measured = port.measured_sizes()
+  assert measured['layers_linear_in_features']()[0] == 6
+  value, read = measured['layers_linear_in_features_']()
+  assert value == (8, 6) and read.startswith('in_features of Linen 1/Dense_0 (Dense)'), read
+  argv = ['verify', f'{tmp_path}/linen_stack.py:Stack', f'{tmp_path}/stack.py:Stack', '--input', 'x=float32[2,3]']
+  capsys.readouterr()
+  assert cli.main([*argv, '--migrate-report', str(report_path)]) == 0, capsys.readouterr()
+  document = json.loads(report_path.read_text())
+  for entry in document['files']:
+    for record in entry['classes']:
+      for argument in record['arguments']:
+        argument.pop('element_offset', None)  # as a report without it reads: from the list's first element
+  unshifted = tmp_path / 'unshifted.json'
+  unshifted.write_text(json.dumps(document))
+  assert cli.main([*argv, '--migrate-report', str(unshifted)]) != 0
