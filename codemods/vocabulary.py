@@ -30,7 +30,7 @@ SCOPE_APIS = frozenset({
 })
 """The `nn.Module` members that reach Linen's scope (variables, rngs, binding): code calling one on `self` is
 Linen code."""
-CONVERTED_APIS = frozenset({'param', 'variable', 'make_rng', 'sow', 'is_initializing'})
+CONVERTED_APIS = frozenset({'param', 'variable', 'make_rng', 'sow', 'is_initializing', 'is_mutable_collection'})
 """The scope APIs L2N002 rewrites into NNX code (the others keep a class Linen)."""
 STATE_APIS = frozenset({'param', 'variable', 'make_rng', 'sow', 'has_variable', 'put_variable', 'get_variable',
                         'variables', 'has_rng', 'scope', 'is_initializing', 'is_mutable_collection', 'perturb'})

@@ -47,8 +47,8 @@ class MLP(nnx.Module):
 A class the rule cannot convert whole is left as Linen, with a TODO at the line that keeps it so, saying
 what to write instead where there is one (a Linen transform or a dataclass decorator over the class, a
 base out of sight, `kw_only=`, a `dataclasses.field(...)` default, a local bound twice): scope APIs other
-than param / variable / make_rng / sow / is_initializing and the decode-cache pattern, Linen names
-without an NNX counterpart, constructions NNX cannot build in `__init__` (under conditions on the
+than param / variable / make_rng / sow / is_initializing / is_mutable_collection('params') and the
+decode-cache pattern, Linen names without an NNX counterpart, constructions NNX cannot build in `__init__` (under conditions on the
 call, in loops other than the converted ones, in nested functions), sizes or shapes the code does
 not fix where NNX needs them, and train/eval switches used other than to set train/eval arguments.
 A class left as Linen keeps the classes it uses Linen too where no to_linen bridge keeps it running

@@ -1,4 +1,10 @@
-"""Scope APIs: `self.param` / `self.variable` children, `self.make_rng`, `self.sow`, `self.is_initializing`.
+"""Scope APIs: `self.param` / `self.variable` children, `self.make_rng`, `self.sow`, `self.is_initializing`,
+`self.is_mutable_collection('params')`.
+
+NNX creates a module's variables in `__init__` and never during a call, so what Linen's init alone sees is never
+true in a call: `if self.is_initializing():` blocks go (their `not` form stays unconditionally), and any other
+`self.is_initializing()`, or `self.is_mutable_collection('params')` (true only in Linen's init, or an apply asked to
+create params), is `False` (dopamine's batch norm skipping its `pmean` while initializing).
 
 Planning functions over a `context.ClassContext`, run by `planner.plan_class`: they read the file's facts and
 fill the class's plan.
@@ -73,7 +79,8 @@ def _variable_class_name(ctx: ClassContext, collection: str) -> str:
 
 
 def plan_scope_calls(ctx: ClassContext, node: cst.ClassDef, plan: ClassRewrite, setup: cst.FunctionDef | None, taken: set[str]) -> None:
-  """self.make_rng / self.sow / self.is_initializing; any other scope API keeps the class Linen."""
+  """self.make_rng / self.sow / self.is_initializing / self.is_mutable_collection; any other scope API keeps the
+  class Linen."""
   handled = {c.ctor for c in plan.children if c.api is not None} | ctx.plan.cache_uses
   in_setup = set(descendants(setup)) if setup is not None else set()
   for sub in descendants(node):
@@ -91,6 +98,8 @@ def plan_scope_calls(ctx: ClassContext, node: cst.ClassDef, plan: ClassRewrite, 
       _make_rng(ctx, plan, call, taken)
     elif api == 'sow':
       _sow(ctx, plan, call, taken)
+    elif api == 'is_mutable_collection':
+      _is_mutable_collection(ctx, call)
     else:
       _is_initializing(ctx, call)
 
@@ -131,12 +140,33 @@ def _is_initializing(ctx: ClassContext, call: cst.Call) -> None:
   parent = ctx.facts.parent(call)
   negated = isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not)
   statement = ctx.facts.parent(parent) if negated else parent
+  if call.args:
+    raise Unsupported(call, 'self.is_initializing() with arguments')
   if not (isinstance(statement, cst.If) and statement.test is (parent if negated else call) and statement.orelse is None):
-    raise Unsupported(call, 'self.is_initializing() other than as `if [not] self.is_initializing():` without else')
+    _never_in_a_call(ctx, call, 'Linen initializes')  # `initializing = self.is_initializing()`
+    return
   ctx.plan.ifs[statement] = negated
   what = 'kept unconditionally' if negated else 'removed'
   ctx.plan.pending.append((call, f'`if {"not " if negated else ""}self.is_initializing():` block {what}: '
                               f'NNX creates variables in __init__, never during a call'))
+
+
+def _is_mutable_collection(ctx: ClassContext, call: cst.Call) -> None:
+  """`self.is_mutable_collection('params')` -> `False`; another collection keeps the class Linen: NNX variables are
+  always mutable, and what such a test tells apart (training, decoding) is the module's mode or its own state."""
+  name = call.args[0].value if len(call.args) == 1 and call.args[0].keyword is None else None
+  if not (isinstance(name, cst.SimpleString) and name.evaluated_value == 'params'):
+    raise Unsupported(call, f'{ctx.facts.code(call)}: NNX variables are always mutable; only '
+                            "self.is_mutable_collection('params') (Linen's init) is converted: test the module's mode "
+                            '(self.deterministic, set by model.train() / model.eval()) or its own state instead')
+  _never_in_a_call(ctx, call, 'Linen creates params (its init)')
+
+
+def _never_in_a_call(ctx: ClassContext, call: cst.Call, when: str) -> None:
+  """`call`, true only while `when`, is `False` in NNX, where no call creates variables."""
+  ctx.plan.exprs[call] = 'False'
+  ctx.plan.pending.append((call, f'{ctx.facts.code(call)} -> False: true only while {when}, and NNX creates '
+                                 'variables in __init__, never during a call'))
 
 
 # --- helpers ---------------------------------------------------------------------------------
