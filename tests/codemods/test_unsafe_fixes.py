@@ -40,6 +40,9 @@ REFUSED = '        self.lambda1 = scale * self.param("lambda1", jax.nn.initializ
 # The hand fix the TODO asks for: the param as an nnx.Param, scaled where it is read.
 FIX = '        self.lambda1 = nnx.Param(jax.nn.initializers.ones(rngs.params(), (self.hidden_size,)))\n'
 SCALED = 'return hidden_states + self.layerscale_value * self.lambda1[...] * self.dense(hidden_states)'
+MUTABLE = ('self.is_mutable_collection("intermediates"): NNX variables are always mutable; only '
+           "self.is_mutable_collection('params') (Linen's init) is converted: test the module's mode "
+           '(self.deterministic, set by model.train() / model.eval()) or its own state instead')
 
 
 def _migrate(source, unsafe: bool = True):
@@ -118,7 +121,7 @@ def test_a_refused_if_is_kept_whole_and_a_refused_signature_keeps_its_class_line
   result = _migrate(source)
   assert [c.linen_name for c in result.classes] == ['Head']
   assert ('        # TODO(linen2nnx): unsafe fix: this statement is kept as written and may not run in NNX: '
-          'self.is_mutable_collection has no automatic NNX conversion\n'
+          f'{MUTABLE}\n'
           '        if self.is_mutable_collection("intermediates"):\n'
           '            self.sow("intermediates", "pre", x)\n'
           '        return nnx.relu(x)\n') in result.source
@@ -126,8 +129,7 @@ def test_a_refused_if_is_kept_whole_and_a_refused_signature_keeps_its_class_line
   assert 'class Star(nn.Module):' in result.source
   assert '        self.gamma = 0.5 * self.param("gamma", nnx.initializers.ones, (self.dim,))\n' in result.source
   assert [e.message for e in result.entries if e.kind == 'todo'] == [
-      f'{UNSAFE_FIX}this statement is kept as written and may not run in NNX: self.is_mutable_collection has no '
-      'automatic NNX conversion',
+      f'{UNSAFE_FIX}this statement is kept as written and may not run in NNX: {MUTABLE}',
       'class Star left as Linen: __call__ takes *args or positional-only arguments',
   ]
 

@@ -116,6 +116,7 @@ def _run(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
     if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS - CONVERTED_APIS - {'has_variable'} \
         and not _cache_read_base(ctx, sub):
       raise Unsupported(sub, f'self.{sub.attr.value} has no automatic NNX conversion')
+  scope.check_mutable_collections(ctx, node)
   setup, call = methods.get('setup'), methods.get('__call__')
   compact = [m for m in methods.values() if any(ctx.facts.has_name(d.decorator, COMPACT_NAMES) for d in m.decorators)]
   if len(compact) > 1:

@@ -151,14 +151,24 @@ def _is_initializing(ctx: ClassContext, call: cst.Call) -> None:
                               f'NNX creates variables in __init__, never during a call'))
 
 
+def check_mutable_collections(ctx: ClassContext, node: cst.ClassDef) -> None:
+  """Raises Unsupported at the first `self.is_mutable_collection` of the class `node` that tests another collection
+  than 'params' (checked before the planning passes, so that the TODO names it): NNX variables are always mutable,
+  and what such a test tells apart (training, decoding) is the module's mode or its own state."""
+  for sub in descendants(node):
+    if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value == 'is_mutable_collection':
+      call = ctx.facts.parent(sub)
+      name = call.args[0].value if isinstance(call, cst.Call) and call.func is sub and len(call.args) == 1 \
+          and call.args[0].keyword is None else None
+      if not (isinstance(name, cst.SimpleString) and name.evaluated_value == 'params'):
+        raise Unsupported(call if isinstance(call, cst.Call) else sub,
+                          f'{ctx.facts.code(call)}: NNX variables are always mutable; only '
+                          "self.is_mutable_collection('params') (Linen's init) is converted: test the module's mode "
+                          '(self.deterministic, set by model.train() / model.eval()) or its own state instead')
+
+
 def _is_mutable_collection(ctx: ClassContext, call: cst.Call) -> None:
-  """`self.is_mutable_collection('params')` -> `False`; another collection keeps the class Linen: NNX variables are
-  always mutable, and what such a test tells apart (training, decoding) is the module's mode or its own state."""
-  name = call.args[0].value if len(call.args) == 1 and call.args[0].keyword is None else None
-  if not (isinstance(name, cst.SimpleString) and name.evaluated_value == 'params'):
-    raise Unsupported(call, f'{ctx.facts.code(call)}: NNX variables are always mutable; only '
-                            "self.is_mutable_collection('params') (Linen's init) is converted: test the module's mode "
-                            '(self.deterministic, set by model.train() / model.eval()) or its own state instead')
+  """`self.is_mutable_collection('params')` (the only one `check_mutable_collections` lets through) -> `False`."""
   _never_in_a_call(ctx, call, 'Linen creates params (its init)')
 
 
