@@ -317,10 +317,21 @@ def int_tuple(numbers: tp.Sequence[int]) -> str:
 
 
 def is_plain_if(statement: cst.If) -> bool:
-  """An `if` whose arms hold only simple statements and ifs, none testing a scope API (but `is_initializing`)."""
+  """An `if` whose arms hold only simple statements and ifs, none testing a scope API but the init-only ones."""
   branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
   return not any(isinstance(s, cst.BaseCompoundStatement) and not isinstance(s, cst.If) for s in descendants(statement)) \
-      and not any(has_scope_call(b.test) and not is_initializing_if(b) for b in branches)
+      and not any(isinstance(sub, cst.Call) and scope_api(sub) and not init_only(sub)
+                  for b in branches for sub in (b.test, *descendants(b.test)))
+
+
+def init_only(call: cst.Call) -> bool:
+  """`self.is_initializing()` or `self.is_mutable_collection('params')`: true only while Linen creates variables,
+  `False` in NNX (`scope.py`)."""
+  if scope_api(call) == 'is_initializing':
+    return not call.args
+  name = call.args[0].value if scope_api(call) == 'is_mutable_collection' and len(call.args) == 1 \
+      and call.args[0].keyword is None else None
+  return isinstance(name, cst.SimpleString) and name.evaluated_value == 'params'
 
 
 def value_else_none(parent: tp.Callable[[cst.CSTNode], cst.CSTNode | None],
