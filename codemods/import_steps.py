@@ -7,10 +7,12 @@ run here, unchanged, on a module of the statements their result depends on, and 
 
 - `added`: `AddImportsVisitor` reads and changes only the module's top block (a docstring, the imports after
   it, and the first statement after them, which may get an empty line before it): it runs on those;
-- `removed`: `RemoveImportsVisitor` drops an import whose name nothing reads. Where none of the names to drop
-  appears as a word anywhere but in the import statements (no reference, no string annotation, no `__all__`
-  entry: what its scope analysis would find), and every import binding one of them is a module-level
-  statement, it runs on each of those statements alone. Else None: the caller runs it over the whole tree.
+- `removed`: `RemoveImportsVisitor` drops an import whose name nothing reads. A removal whose name the code
+  still reads goes from the list first (most files keep `nn` for the classes that stay Linen). Where none of the
+  names left appears as a word anywhere but in the import statements (no reference, no string annotation, no
+  `__all__` entry: what its scope analysis would find), and every import binding one of them is a module-level
+  statement, it runs on each of those statements alone. Else None: the caller runs it over the whole tree, with
+  the list left.
 
 The statements left out are the same objects, so the new wrapper shares them: it skips the copy a wrapper
 makes (each node is still at one place in the new tree). `tests/codemods/test_engine.py` checks the results
@@ -33,41 +35,36 @@ _LINE = re.compile(r'[^\r\n]*(?:\r\n|\r|\n|$)')  # a line as Python counts them 
 Removal = tuple[str, tp.Optional[str], tp.Optional[str]]  # RemoveImportsVisitor's (module, object, alias)
 
 
-def unread_imports(code: str, removals: list[Removal]) -> list[Removal]:
-  """The import removals a rule asked for whose bound name `code` no longer reads anywhere. A name still read keeps
-  its import: libcst's scope analysis, which costs as much as a rule, then runs only for the others (most files keep
-  `nn` for the classes that stay Linen)."""
-  try:
-    read = {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
-  except (SyntaxError, ValueError):  # the rule's code does not parse: the engine's parse check says where
-    return removals
-  return [(module, obj, alias) for module, obj, alias in removals if _bound(module, obj, alias) not in read]
-
-
 def added(context: CodemodContext, wrapper: MetadataWrapper) -> MetadataWrapper:
   """`wrapper` with the imports `context` asks `AddImportsVisitor` for, added as it adds them."""
   module = wrapper.module
   end = next((i for i, s in enumerate(module.body) if i > 0 and not _single_import(s)), len(module.body))
   top = module.with_changes(body=module.body[:end + 1])
-  new = _run(AddImportsVisitor(context), top)
+  new = AddImportsVisitor(context).transform_module(top)
   if new.deep_equals(top):
     return wrapper
   return MetadataWrapper(module.with_changes(body=(*new.body, *module.body[end + 1:])), unsafe_skip_copy=True)
 
 
 def removed(context: CodemodContext, wrapper: MetadataWrapper, code: str) -> MetadataWrapper | None:
-  """`wrapper` without the imports `context` asks `RemoveImportsVisitor` to drop, dropped as it drops them; None
-  where that needs its analysis of the whole module."""
-  removals = context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY, [])
-  names = {_bound(*removal) for removal in removals}
+  """`wrapper` without the imports `context` asks `RemoveImportsVisitor` to drop, dropped as it drops them, `code`
+  its module's code; None where that needs the visitor's analysis of the whole module (its list in `context` left
+  without the removals of names `code` reads)."""
   try:
     tree = ast.parse(code)
-  except (SyntaxError, ValueError):
+  except (SyntaxError, ValueError):  # the rule's code does not parse: the engine's parse check says where
     return None
+  nodes = list(ast.walk(tree))
+  read = {node.id for node in nodes if isinstance(node, ast.Name)}
+  removals = [r for r in context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY, []) if _bound(*r) not in read]
+  context.scratch[RemoveImportsVisitor.CONTEXT_KEY] = removals
+  if not removals:
+    return wrapper
+  names = {_bound(*removal) for removal in removals}
   top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
   at_top = set(map(id, top))
-  nested = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in at_top]
-  if any(names & _bindings(node) for node in nested):
+  if any(isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in at_top and names & _bindings(node)
+         for node in nodes):
     return None
   import_lines = {line for node in top for line in range(node.lineno - 1, node.end_lineno or node.lineno)}
   if any(line in import_lines for node in tree.body if id(node) not in at_top
@@ -81,17 +78,12 @@ def removed(context: CodemodContext, wrapper: MetadataWrapper, code: str) -> Met
   for statement in module.body:
     if isinstance(statement, cst.SimpleStatementLine) \
         and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body):
-      body.extend(_run(RemoveImportsVisitor(context), cst.Module(body=[statement])).body)
+      body.extend(RemoveImportsVisitor(context).transform_module(cst.Module(body=[statement])).body)
     else:
       body.append(statement)
   if len(body) == len(module.body) and all(a.deep_equals(b) for a, b in zip(body, module.body)):
     return wrapper
   return MetadataWrapper(module.with_changes(body=body), unsafe_skip_copy=True)
-
-
-def _run(visitor: cst.CSTTransformer, module: cst.Module) -> cst.Module:
-  """`visitor` over a small module of statements of the migrated tree (metadata computed on a copy)."""
-  return visitor.transform_module(module)
 
 
 def _single_import(statement: cst.BaseStatement) -> bool:

@@ -281,9 +281,6 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
       wrapper = _next(wrapper, _apply(codemod, wrapper))
       if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
         wrapper = import_steps.added(context, wrapper)
-      if RemoveImportsVisitor.CONTEXT_KEY in context.scratch:
-        context.scratch[RemoveImportsVisitor.CONTEXT_KEY] = import_steps.unread_imports(
-            code(wrapper), context.scratch[RemoveImportsVisitor.CONTEXT_KEY])
       if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
         wrapper = import_steps.removed(context, wrapper, code(wrapper)) \
             or _next(wrapper, _apply(RemoveImportsVisitor(context), wrapper))

@@ -60,8 +60,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
   parser.add_argument(
       '--step-style', choices=STEP_STYLES, default=None,
       help='how a converted training step is jitted and called (docs/performance.md): functional (default: '
-           '@jax.jit over nnx.split state, split before the loop, nnx.update after it; the fastest), cached '
-           '(@nnx.jit called through nnx.cached_partial) or nnx-jit (@nnx.jit over the model and optimizer); '
+           '@jax.jit over nnx.split state, which it donates, split and copied before the loop, nnx.update after it; '
+           'the fastest), cached (@nnx.jit called through nnx.cached_partial) or nnx-jit (@nnx.jit over the model '
+           'and optimizer); '
            'a step a style cannot be applied to stays nnx-jit, with a report entry',
   )
   parser.add_argument(

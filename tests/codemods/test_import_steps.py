@@ -82,7 +82,15 @@ def test_removal_falls_back_where_the_whole_module_decides(name):
   assert import_steps.removed(_context(RemoveImportsVisitor.CONTEXT_KEY, removals), wrapper, source) is None
 
 
-def test_unread_imports_keeps_only_names_nothing_reads():
-  removals = [('flax.linen', None, 'nn'), ('flax', 'nnx', None), ('jax.numpy', None, None)]
-  assert import_steps.unread_imports('x = nnx.Linear\n', removals) == [('flax.linen', None, 'nn'), ('jax.numpy', None, None)]
-  assert import_steps.unread_imports('x = nn.Dense, jax.numpy\n', removals) == [('flax', 'nnx', None)]
+def test_removals_of_names_the_code_reads_go_first():
+  """A removal whose name the code still reads goes from the list (the visitor's analysis of the whole module, where
+  it runs, then sees only the others); none left: the module as it was."""
+  source = 'from flax import nnx\nimport flax.linen as nn\nimport jax.numpy\n\nx = nnx.Linear, jax.numpy\n'
+  context = _context(RemoveImportsVisitor.CONTEXT_KEY, [('flax', 'nnx', None), ('jax.numpy', None, None)])
+  wrapper = MetadataWrapper(cst.parse_module(source))
+  assert import_steps.removed(context, wrapper, source) is wrapper
+  assert context.scratch[RemoveImportsVisitor.CONTEXT_KEY] == []
+  annotated = source.replace('x = nnx.Linear', 'def f(m: "nn.Module"):\n  pass\n\n\nx = nnx.Linear')
+  context = _context(RemoveImportsVisitor.CONTEXT_KEY, [('flax.linen', None, 'nn'), ('flax', 'nnx', None)])
+  assert import_steps.removed(context, MetadataWrapper(cst.parse_module(annotated)), annotated) is None
+  assert context.scratch[RemoveImportsVisitor.CONTEXT_KEY] == [('flax.linen', None, 'nn')]

@@ -23,6 +23,7 @@ from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.nodes import (
   HAS_VARIABLE_HINT,
   SCOPE_LEADS,
+  init_only,
   is_self_attr,
   literal_identifier,
   scope_api,
@@ -140,7 +141,7 @@ def _is_initializing(ctx: ClassContext, call: cst.Call) -> None:
   parent = ctx.facts.parent(call)
   negated = isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not)
   statement = ctx.facts.parent(parent) if negated else parent
-  if call.args:
+  if not init_only(call):
     raise Unsupported(call, 'self.is_initializing() with arguments')
   if not (isinstance(statement, cst.If) and statement.test is (parent if negated else call) and statement.orelse is None):
     _never_in_a_call(ctx, call, 'Linen initializes')  # `initializing = self.is_initializing()`
@@ -158,9 +159,7 @@ def check_mutable_collections(ctx: ClassContext, node: cst.ClassDef) -> None:
   for sub in descendants(node):
     if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value == 'is_mutable_collection':
       call = ctx.facts.parent(sub)
-      name = call.args[0].value if isinstance(call, cst.Call) and call.func is sub and len(call.args) == 1 \
-          and call.args[0].keyword is None else None
-      if not (isinstance(name, cst.SimpleString) and name.evaluated_value == 'params'):
+      if not (isinstance(call, cst.Call) and call.func is sub and init_only(call)):
         raise Unsupported(call if isinstance(call, cst.Call) else sub,
                           f'{ctx.facts.code(call)}: NNX variables are always mutable; only '
                           "self.is_mutable_collection('params') (Linen's init) is converted: test the module's mode "
