@@ -32,6 +32,7 @@ from codemods.nodes import descendants
 from codemods.rules.l2n002.nodes import (
   ARITHMETIC,
   AUGMENTED,
+  arm_run,
   assigned_name,
   forget,
   if_arms,
@@ -179,8 +180,7 @@ class BodyWalk(tp.Generic[V]):
     """The statements that run in NNX: `if [not] self.is_initializing():` blocks resolved."""
     for statement in statements:
       if statement in self.ifs:
-        if self.ifs[statement]:
-          yield from self.statements(statement.body.body)
+        yield from self.statements(arm_run(statement, self.ifs[statement]))
       else:
         yield statement
 

@@ -93,13 +93,20 @@ def _literal_index(slices: tp.Sequence[cst.SubscriptElement]) -> str | None:
 
 
 def is_initializing_if(statement: cst.CSTNode) -> bool:
-  """`if self.is_initializing():` / `if not self.is_initializing():` without an else."""
-  if not isinstance(statement, cst.If) or statement.orelse is not None:
+  """`if self.is_initializing():` / `if not self.is_initializing():`, with or without an `else:` (not an elif)."""
+  if not isinstance(statement, cst.If) or isinstance(statement.orelse, cst.If):
     return False
   test = statement.test
   if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
     test = test.expression
   return isinstance(test, cst.Call) and scope_api(test) == 'is_initializing' and not test.args
+
+
+def arm_run(statement: cst.If, body_runs: bool) -> tp.Sequence[cst.BaseStatement]:
+  """The statements of `statement` (an `if` without elif) that run: its body, or its else arm (none without one)."""
+  if body_runs:
+    return statement.body.body
+  return statement.orelse.body.body if isinstance(statement.orelse, cst.Else) else ()
 
 
 def assigned_name(statement: cst.CSTNode) -> str | None:

@@ -10,7 +10,7 @@ from libcst.metadata import QualifiedNameProvider, ScopeProvider
 
 from codemods.report import TO_LINEN_BRIDGED
 from codemods.rule import CLASSES_KEY, MigrationRule
-from codemods.rules.l2n002 import emit, entries
+from codemods.rules.l2n002 import emit, entries, nodes
 from codemods.rules.l2n002.decide import LeftLinen, decide_classes
 from codemods.rules.l2n002.factory_fields import unconverted_suppliers
 from codemods.rules.l2n002.factory_scan import with_factories
@@ -88,7 +88,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     if original_node in self.file.lists:  # a setup() list of layers, its elements converted: an nnx.List
       return cst.Call(cst.parse_expression('nnx.List'), [cst.Arg(updated_node)])
     if original_node in self.file.ifs:
-      return cst.FlattenSentinel(updated_node.body.body) if self.file.ifs[original_node] else cst.RemoveFromParent()
+      kept = nodes.arm_run(updated_node, self.file.ifs[original_node])
+      return cst.FlattenSentinel(kept) if kept else cst.RemoveFromParent()
     if original_node in self.file.statements:
       return cst.parse_statement(self.file.statements[original_node]).with_changes(leading_lines=updated_node.leading_lines)
     return updated_node

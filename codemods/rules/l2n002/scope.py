@@ -143,11 +143,14 @@ def _is_initializing(ctx: ClassContext, call: cst.Call) -> None:
   statement = ctx.facts.parent(parent) if negated else parent
   if not init_only(call):
     raise Unsupported(call, 'self.is_initializing() with arguments')
-  if not (isinstance(statement, cst.If) and statement.test is (parent if negated else call) and statement.orelse is None):
+  if not (isinstance(statement, cst.If) and statement.test is (parent if negated else call)
+          and not isinstance(statement.orelse, cst.If)):
     _never_in_a_call(ctx, call, 'Linen initializes')  # `initializing = self.is_initializing()`
     return
   ctx.plan.ifs[statement] = negated
   what = 'kept unconditionally' if negated else 'removed'
+  if statement.orelse is not None:
+    what = f'{"kept" if negated else "removed"}, its else arm {"removed" if negated else "kept"}'
   ctx.plan.pending.append((call, f'`if {"not " if negated else ""}self.is_initializing():` block {what}: '
                               f'NNX creates variables in __init__, never during a call'))
 

@@ -125,8 +125,8 @@ def test_todo_case_is_left_unchanged_with_reasons():
     ('  def setup(self):\n    self.k = self.make_rng("dropout")\n  def __call__(self, x):\n    return x\n', 'a setup() statement'),
     ('  @nn.compact\n  def __call__(self, x):\n    w = self.param("w", nn.initializers.ones, (x.shape[0],))\n    return x * w\n',
      'local x'),
-    ('  @nn.compact\n  def __call__(self, x):\n    if self.is_initializing():\n      pass\n    else:\n      x = x + 1\n'
-     '    return nn.Dense(3)(x)\n', 'loops, conditionals'),
+    ('  @nn.compact\n  def __call__(self, x):\n    while x.ndim < 3:\n      x = nn.Dense(3)(x[None])\n    return x\n',
+     'loops, conditionals'),  # a layer built in a loop whose count depends on the data
     ('  def setup(self):\n    self.d = nn.Dense(3, dot_general_cls=None)\n  def __call__(self, x):\n    return self.d(x)\n',
      'no NNX counterpart'),
     ('  @nn.compact\n  def __call__(self, x, train):\n    return nn.Dropout(0.5)(x, deterministic=train)\n', 'train/eval'),
