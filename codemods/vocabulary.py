@@ -135,6 +135,18 @@ RNGS_ATTRIBUTES = frozenset({
 NNX_SAME_SIGNATURE = frozenset({'combine_masks', 'make_attention_mask', 'make_causal_mask'})
 """The non-class names flax.linen exports that flax.nnx exports too, as another function of the same signature that
 computes the same (measured by tests/codemods/test_vocabulary.py): `nn.combine_masks` -> `nnx.combine_masks`."""
+NNX_CALL_TWINS: dict[str, tuple[str, tuple[str, ...], dict[str, str]]] = {
+    'with_partitioning': ('with_partitioning', ('fn', 'names', 'mesh'),
+                          {'fn': 'initializer', 'names': 'sharding', 'mesh': 'mesh'}),
+    'with_logical_partitioning': ('with_partitioning', ('fn', 'names', 'mesh'),
+                                  {'fn': 'initializer', 'names': 'sharding', 'mesh': 'mesh', 'rules': 'sharding_rules'}),
+}
+"""flax.linen functions whose flax.nnx counterpart takes the same arguments under other keywords: Linen name -> (NNX
+name, the Linen parameters both take in that order by position, Linen keyword -> NNX keyword). NNX has one sharding
+annotation: it reads the names of `nnx.with_partitioning` through the logical axis rules in effect
+(`nnx.logical_axis_rules`, the context Linen's `nn.logical_axis_rules` sets too, or its `sharding_rules`), the same
+specs as Linen's where a rule maps every logical name (checked by tests/codemods/test_vocabulary.py); a name no rule
+maps stays a mesh axis name in NNX, where Linen replicates its axis."""
 LINEN_ARRAY_FUNCTIONS = frozenset({'flax.linen.attention.dot_product_attention_weights',
                                    'flax.linen.attention.dot_product_attention'})
 """flax.linen functions of arrays only (no Linen module or scope: they take their dropout key as an argument) with no

@@ -191,3 +191,24 @@ def test_rngs_attributes_are_measured_on_the_installed_flax():
                                          f'add {sorted(measured - v.RNGS_ATTRIBUTES)}, drop {sorted(v.RNGS_ATTRIBUTES - measured)}')
   assert not isinstance(nnx.Rngs(0).gumbel, nnx.RngStream)  # why such a stream needs rngs['gumbel']
   assert isinstance(nnx.Rngs(0)['gumbel'], nnx.RngStream)
+
+
+@pytest.mark.parametrize('linen_name', sorted(v.NNX_CALL_TWINS))
+def test_call_twins_take_the_linen_arguments_under_the_keywords_given(linen_name):
+  """Each Linen parameter maps to an NNX one (the positional ones in the same places), and the NNX annotation reads
+  its names as Linen does where a rule maps every logical name (one mapping to None replicates its axis)."""
+  nnx_name, positional, keywords = v.NNX_CALL_TWINS[linen_name]
+  linen_params = list(inspect.signature(getattr(nn, linen_name)).parameters)
+  nnx_params = inspect.signature(getattr(nnx, nnx_name)).parameters
+  assert set(keywords) == set(linen_params) and list(positional) == linen_params[:len(positional)]
+  assert [keywords[p] for p in positional] == list(nnx_params)[:len(positional)]
+  assert all(k in nnx_params or 'metadata' in nnx_params for k in keywords.values())
+  rules = (('embed', 'data'), ('mlp', None)) if 'rules' in keywords else None
+  names = ('embed', 'mlp') if rules else ('data', 'model')
+  extra = {'rules': rules} if rules else {}
+  boxed = getattr(nn, linen_name)(nn.initializers.ones, names, **extra)(jax.random.key(0), (2, 2))
+  port = getattr(nnx, nnx_name)(nnx.initializers.ones, names, eager_sharding=False,
+                                **({keywords['rules']: rules} if rules else {}))
+  param = nnx.Param(port(jax.random.key(0), (2, 2)))
+  linen_spec = nn.get_partition_spec(boxed) if not rules else nn.logical_to_mesh_axes(boxed.names, rules)
+  assert tuple(nnx.get_partition_spec(nnx.state(nnx.Dict(p=param)))['p'].get_value()) == tuple(linen_spec)

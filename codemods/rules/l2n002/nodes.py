@@ -50,11 +50,14 @@ class Replace(cst.CSTTransformer):
   """Replaces given nodes of the original tree with code, or with another node of the tree (a local's value, itself
   rewritten by the same replacements, in parentheses where it is not atomic)."""
 
-  def __init__(self, replacements: tp.Mapping[cst.CSTNode, str | cst.BaseExpression]) -> None:
+  def __init__(self, replacements: tp.Mapping[cst.CSTNode, str | cst.BaseExpression],
+               keywords: tp.Mapping[cst.Call, str] | None = None) -> None:
     super().__init__()
-    self._replacements = replacements
+    self._replacements, self._keywords = replacements, keywords or {}
 
   def on_leave(self, original_node: cst.CSTNode, updated_node: tp.Any) -> tp.Any:
+    if original_node in self._keywords:
+      updated_node = with_keyword(updated_node, self._keywords[original_node])
     if original_node not in self._replacements:
       return updated_node
     replacement = self._replacements[original_node]
@@ -65,6 +68,27 @@ class Replace(cst.CSTTransformer):
                           cst.Float, cst.Tuple, cst.List, cst.Dict)) or value.lpar:
       return value
     return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def with_keyword(call: cst.Call, code: str) -> cst.Call:
+  """`call` with the keyword argument `code` (`eager_sharding=False`) added last, laid out as the arguments before
+  it: on the line of the last one, or on a line of its own after a trailing comma."""
+  added = tp.cast(cst.Call, cst.parse_expression(f'f({code})')).args[0]
+  if not call.args:
+    return call.with_changes(args=[added])
+  *before, last = call.args
+  if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument takes it, after the last one's spacing
+    spacing = before[-1].comma.whitespace_after if before and isinstance(before[-1].comma, cst.Comma) \
+        else call.whitespace_before_args
+    if isinstance(spacing, cst.SimpleWhitespace) and not spacing.value:  # `f(a,)`
+      spacing = cst.SimpleWhitespace(' ')
+    added = added.with_changes(comma=last.comma)
+    last = last.with_changes(comma=cst.Comma(whitespace_after=spacing))
+  else:
+    added = added.with_changes(whitespace_after_arg=last.whitespace_after_arg)
+    last = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(' ')),
+                             whitespace_after_arg=cst.SimpleWhitespace(''))
+  return call.with_changes(args=[*before, last, added])
 
 
 def scope_api(call: cst.Call) -> str | None:

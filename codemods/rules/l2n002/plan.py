@@ -182,6 +182,7 @@ class ClassRewrite:
   exprs: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
   statements: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
   removed: set[cst.CSTNode] = dataclasses.field(default_factory=set)  # statements that go (now in __init__)
+  keywords: dict[cst.Call, str] = dataclasses.field(default_factory=dict)  # call -> keyword argument added
   lists: set[cst.List] = dataclasses.field(default_factory=set)  # setup() lists of layers -> nnx.List([...])
   ifs: dict[cst.If, bool] = dataclasses.field(default_factory=dict)  # `if [not] self.is_initializing():` -> kept
   calls: dict[cst.Call, Call] = dataclasses.field(default_factory=dict)
@@ -237,6 +238,7 @@ class FileRewrite:
   exprs: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
   statements: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
   removed: set[cst.CSTNode] = dataclasses.field(default_factory=set)
+  keywords: dict[cst.Call, str] = dataclasses.field(default_factory=dict)
   lists: set[cst.List] = dataclasses.field(default_factory=set)
   ifs: dict[cst.If, bool] = dataclasses.field(default_factory=dict)
   calls: dict[cst.Call, Call] = dataclasses.field(default_factory=dict)
@@ -253,6 +255,7 @@ class FileRewrite:
     self.plans[plan.name] = self.classes[node] = plan
     self.variable_classes = dict(plan.variable_classes)
     self.exprs.update(plan.exprs)
+    self.keywords.update(plan.keywords)
     self.statements.update(plan.statements)
     self.ifs.update(plan.ifs)
     self.calls.update(plan.calls)

@@ -25,13 +25,14 @@ from codemods.rules.l2n002.nodes import (
   size_local_of,
 )
 from codemods.rules.l2n002.plan import Unsupported
-from codemods.vocabulary import LINEN_ARRAY_FUNCTIONS
+from codemods.vocabulary import LINEN_ARRAY_FUNCTIONS, NNX_CALL_TWINS
 from nnx_bridge.layer_table import find_layer
 
 
 def code(ctx: ClassContext, node: cst.CSTNode, replacements: dict[cst.CSTNode, str] | None = None) -> str:
   """The code of `node` moved to __init__, with Linen names (and `replacements`) rewritten."""
-  return ctx.facts.code(node.visit(Replace({**ctx.plan.exprs, **ctx.plan.aliases, **(replacements or {})})))
+  return ctx.facts.code(node.visit(Replace({**ctx.plan.exprs, **ctx.plan.aliases, **(replacements or {})},
+                                         ctx.plan.keywords)))
 
 
 def negated_code(ctx: ClassContext, test: cst.BaseExpression) -> str:
@@ -116,7 +117,7 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
       for node in (*(n for branch in branches for n in branch), otherwise):
         check_hoistable(ctx, node)
     except Unsupported as e:
-      what = e.node.value if isinstance(e.node, cst.Name) else ctx.facts.code(e.node)
+      what = _call_only(ctx, e)
       raise Unsupported(name, f'a constructor argument uses the local {name.value}, bound in the arms of an if by code '
                               f'that reads {what}, which only the call knows: make it a field, or a constructor '
                               'argument') from None
@@ -132,10 +133,18 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
   try:
     check_hoistable(ctx, assign.value, skip)
   except Unsupported as e:
-    what = e.node.value if isinstance(e.node, cst.Name) else ctx.facts.code(e.node)
+    what = _call_only(ctx, e)
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, whose value reads {what}, which '
                             'only the call knows: make it a field, or a constructor argument') from None
   return assign.value
+
+
+def _call_only(ctx: ClassContext, error: Unsupported) -> str:
+  """The local that `error` (of `check_hoistable` over a local's value) names as known to the call only; `error`
+  itself, raised again, when it says something else (a Linen name or call with no conversion)."""
+  if not isinstance(error.node, cst.Name) or ctx.facts.is_linen_name(error.node):
+    raise error
+  return error.node.value
 
 
 def _hoisted_function(ctx: ClassContext, name: cst.Name, function: cst.FunctionDef) -> str:
@@ -247,10 +256,39 @@ def nnx_name_for(ctx: ClassContext, node: cst.CSTNode) -> str | None:
            and f'flax.linen.attention.{n.rpartition(".")[2]}' not in LINEN_ARRAY_FUNCTIONS}
   if not (isinstance(node, (cst.Name, cst.Attribute)) and linen):
     return None
+  if linen == names and len(linen) == 1 and (twin := NNX_CALL_TWINS.get(next(iter(linen)).rpartition('.')[2])):
+    return _call_twin(ctx, node, *twin)
   targets = {nnx_counterpart(n) for n in linen}
   if len(targets) != 1 or None in targets or linen != names:
     raise Unsupported(node, f'{ctx.facts.code(node)} has no automatic NNX conversion here')
   return targets.pop()
+
+
+def _call_twin(ctx: ClassContext, node: cst.CSTNode, name: str, positional: tuple[str, ...],
+               keywords: dict[str, str]) -> str:
+  """`nnx.<name>` for the Linen function `node` called with the parameters NNX takes under other keywords
+  (`NNX_CALL_TWINS`); schedules the keyword renames (`rules=` -> `sharding_rules=`)."""
+  call, what = ctx.facts.parent(node), ctx.facts.code(node)
+  if not (isinstance(call, cst.Call) and call.func is node):
+    raise Unsupported(node, f'{what} other than called: call it where it is used, nnx.{name} taking '
+                            f'{", ".join(f"{k}= as {v}=" for k, v in keywords.items() if k != v)}')
+  for index, arg in enumerate(call.args):
+    if arg.star or (arg.keyword is None and index >= len(positional)) \
+        or (arg.keyword is not None and arg.keyword.value not in keywords):
+      raise Unsupported(arg, f'{what}({ctx.facts.code(arg)}): pass {", ".join(positional)} by position or keyword '
+                             f'and any other argument by its keyword ({", ".join(keywords)}), which nnx.{name} '
+                             f'takes as {", ".join(keywords.values())}')
+    if arg.keyword is not None and keywords[arg.keyword.value] != arg.keyword.value:
+      ctx.plan.exprs[arg.keyword] = keywords[arg.keyword.value]
+  if call not in ctx.plan.keywords:
+    ctx.plan.keywords[call] = 'eager_sharding=False'
+    logical = ('; every logical name needs a rule (one to None replicates), as Linen replicates an axis whose name '
+               'has none and NNX reads it as a mesh axis') if 'rules' in keywords else ''
+    ctx.plan.pending.append((call, f'{what}(...) -> nnx.{name}(..., eager_sharding=False): the annotation alone, '
+                                   'as in Linen, where the program shards the variables itself; without '
+                                   'eager_sharding=False NNX shards each variable as it creates it and needs a mesh '
+                                   f'(jax.set_mesh) to create the model{logical}'))
+  return f'nnx.{name}'
 
 
 def nnx_name_for_or_none(ctx: ClassContext, node: cst.CSTNode) -> str | None:

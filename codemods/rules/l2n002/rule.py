@@ -107,6 +107,8 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       return emit.while_loop_call(updated_node)
     if original_node in file.calls:
       updated_node = emit.submodule_call(file.calls[original_node], updated_node)
+    if original_node in file.keywords:
+      updated_node = nodes.with_keyword(updated_node, file.keywords[original_node])
     if original_node in file.eval_views:
       return emit.eval_view_call(updated_node)
     return updated_node
