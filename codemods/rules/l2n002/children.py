@@ -164,10 +164,10 @@ def setup_child_calls(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, 
         if isinstance(parent, cst.Attribute) and parent.value is sub and parent.attr.value == 'value':
           ctx.plan.exprs[parent] = f'self.{child.attr}[...]'  # `.value` is deprecated in NNX
       elif child.api is None:
-        if (child.scan is not None or child.remat is not None or child.stacked is not None) \
+        if (child.scan is not None or child.remat is not None or child.stacked is not None or child.sibling is not None) \
             and isinstance(parent, cst.Attribute) and parent.value is sub \
             and isinstance(ctx.facts.parent(parent), cst.Call) and ctx.facts.parent(parent).func is parent:
-          continue  # `self.rnn.initial_state(...)`: a method of the cell, called outside the scan
+          continue  # `self.rnn.initial_state(...)`: a method of the cell (outside the scan), or of a converted class
         if _none_test(parent, sub):
           continue  # `if self.shortcut is not None:`: None when it is not created, in NNX as in Linen
         if _same_attribute_read(ctx, child, sub):

@@ -18,7 +18,15 @@ from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.conditions import ArmPath, arm_path, test_key
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.factory_fields import Factory
-from codemods.rules.l2n002.nodes import assigned_name, int_tuple, is_self_attr, literal_dict, literal_ints, renumbered
+from codemods.rules.l2n002.nodes import (
+  assigned_name,
+  broadcast_scan_axes,
+  int_tuple,
+  is_self_attr,
+  literal_dict,
+  literal_ints,
+  renumbered,
+)
 from codemods.rules.l2n002.plan import ClassRewrite, Stacked, Unsupported
 from codemods.vocabulary import (
   BROADCAST_NAMES,
@@ -212,21 +220,12 @@ def scanned_class(ctx: ClassContext, scan: cst.Call, ctor: cst.Call) -> str | No
   positional = _lifted_class(ctx, scan, SCAN_NAMES)
   if positional is None:
     return None
-  code = lambda key: ctx.facts.code(kwargs[key]) if key in kwargs else None
-  broadcast, split = kwargs.get('variable_broadcast'), kwargs.get('split_rngs')
-  axes = [kwargs.get('in_axes'), kwargs.get('out_axes')]
-  if any(a.star for a in scan.args) or set(kwargs) != {'variable_broadcast', 'split_rngs', 'in_axes', 'out_axes'} \
-      or not (isinstance(broadcast, cst.SimpleString) and broadcast.evaluated_value == 'params') \
-      or not (isinstance(split, cst.Dict) and len(split.elements) == 1
-              and isinstance(split.elements[0], cst.DictElement)
-              and isinstance(split.elements[0].key, cst.SimpleString)
-              and split.elements[0].key.evaluated_value == 'params'
-              and isinstance(split.elements[0].value, cst.Name) and split.elements[0].value.value == 'False') \
-      or not all(isinstance(a, cst.Integer) for a in axes):
-    given = ', '.join(f'{k}={code(k)}' for k in kwargs)
+  axes = broadcast_scan_axes(kwargs)
+  if any(a.star for a in scan.args) or axes is None:
+    given = ', '.join(f'{k}={ctx.facts.code(v)}' for k, v in kwargs.items())
     raise Unsupported(scan, f'nn.scan({positional[0].value}, {given}) is converted only as {SCAN_PATTERN} '
                              '(parameters shared by every step: nnx.scan over the cell), or over layers')
-  ctx.plan.scans[ctor] = (int(axes[0].value), int(axes[1].value))
+  ctx.plan.scans[ctor] = axes
   return positional[0].value
 
 

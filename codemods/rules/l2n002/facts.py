@@ -195,12 +195,23 @@ def analyse_file(module: cst.Module, metadata: Metadata, filename: str | None, o
   scanned = frozenset(
       target.value for sub in descendants(module)
       if isinstance(sub, cst.Call) and sub.args and facts.has_name(sub.func, SCAN_NAMES)
-      and isinstance(target := facts.unremat(sub.args[0].value), cst.Name) and target.value in linen)
+      and isinstance(target := facts.unremat(sub.args[0].value), cst.Name) and target.value in linen) \
+      | frozenset(s.name.value for s in module.body if isinstance(s, cst.ClassDef) and s.name.value in linen
+                  and _scans_its_call(facts, s))
   global_names = frozenset(a.name for a in scope.assignments) if scope is not None else frozenset()
   class_defs = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
   facts = dataclasses.replace(facts, linen_classes=linen, class_defs=class_defs, global_names=global_names,
                               scanned_cells=scanned)
   return dataclasses.replace(facts, kept_linen={**_held_classes(facts), **_linen_only_uses(facts), **kept})
+
+
+def _scans_its_call(facts: FileFacts, node: cst.ClassDef) -> bool:
+  """Whether the class's `__call__` is decorated `@functools.partial(nn.scan, ...)`: a cell scanned over its own
+  inputs, which its callers call with whole sequences (`lifted.py` converts the decorator)."""
+  return any(isinstance(method, cst.FunctionDef) and method.name.value == '__call__'
+             and isinstance(d.decorator, cst.Call) and facts.has_name(d.decorator.func, PARTIAL_NAMES)
+             and d.decorator.args and facts.has_name(d.decorator.args[0].value, SCAN_NAMES)
+             for method in node.body.body for d in getattr(method, 'decorators', ()))
 
 
 def _flax_aliases(facts: FileFacts, scope: Scope | None) -> dict[str, frozenset[QualifiedName]]:

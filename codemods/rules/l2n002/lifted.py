@@ -16,13 +16,14 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
-from codemods.rules.l2n002.nodes import int_tuple, literal_ints, renumbered
+from codemods.rules.l2n002.nodes import broadcast_scan_axes, int_tuple, literal_ints, renumbered
 from codemods.rules.l2n002.plan import Child, Unsupported, draws_rngs
 from codemods.vocabulary import (
   COMPACT_NAMES,
   CONTROL_FLOW,
   NOWRAP_NAMES,
   PARTIAL_NAMES,
+  SCAN_NAMES,
   SCOPE_APIS,
   WHILE_OPTIONS,
   WRAPPING,
@@ -61,6 +62,9 @@ def _method_transform(ctx: ClassContext, method: cst.FunctionDef, expr: cst.Base
   target = expr.args[0].value if partial else expr
   kind = next((k for k, (names, *_) in WRAPPING.items() if ctx.facts.has_name(target, names)), None)
   code, name = ctx.facts.code(expr), method.name.value
+  if partial and ctx.facts.has_name(target, SCAN_NAMES):
+    _method_scan(ctx, method, tp.cast(cst.Call, expr), gone)
+    return True
   if kind is None:
     if any(ctx.facts.is_linen_name(sub) for sub in (expr, *descendants(expr)) if isinstance(sub, (cst.Name, cst.Attribute))):
       raise Unsupported(expr, f'@{code} is a Linen transform over the method {name}: write its NNX counterpart '
@@ -86,6 +90,34 @@ def _method_transform(ctx: ClassContext, method: cst.FunctionDef, expr: cst.Base
   ctx.plan.exprs[expr] = new
   ctx.plan.pending.append((expr, f'@{code} -> @{new}: the NNX transform over the method {name}'))
   return True
+
+
+def _method_scan(ctx: ClassContext, method: cst.FunctionDef, expr: cst.Call, gone: set[int]) -> None:
+  """`@functools.partial(nn.scan, variable_broadcast='params', split_rngs={'params': False}, in_axes=1, out_axes=1)`
+  over `__call__(self, carry, x)` (the flax guide's LSTM, sst2's SimpleLSTM) -> `@nnx.scan(in_axes=(None,
+  nnx.Carry, 1), out_axes=(nnx.Carry, 1))`: the module broadcast to every step, its parameters shared as Linen
+  shares them; the callers give whole sequences (`facts.scanned_cells`)."""
+  code = f'{ctx.facts.code(expr.func)}({ctx.facts.code(expr.args[0].value)}, ...)'  # on one line
+  kwargs = {a.keyword.value: a.value for a in expr.args[1:] if a.keyword is not None}
+  axes = broadcast_scan_axes(kwargs)
+  params = method.params
+  xs = params.params[2:]
+  if axes is None or any(a.keyword is None for a in expr.args[1:]) or method.name.value != '__call__':
+    raise Unsupported(expr, f'@{code} is converted over __call__ with the options variable_broadcast=\'params\', '
+                            "split_rngs={'params': False}, in_axes=<int>, out_axes=<int> (the parameters shared by "
+                            'every step); write the NNX scan over the method by hand')
+  if len(params.params) < 3 or gone or params.star_arg != cst.MaybeSentinel.DEFAULT or params.kwonly_params \
+      or params.star_kwarg or any(p.default is not None for p in xs):
+    raise Unsupported(expr, f'@{code} over __call__ is converted where it takes (self, carry, x, ...) by position '
+                            'alone, without defaults or train/eval switches')
+  if draws_rngs(ctx.plan):
+    raise Unsupported(expr, f'@{code}: the scanned __call__ draws random numbers, which nnx.scan does not split '
+                            'for a module broadcast to every step: pass the keys in as a scanned input')
+  in_axes = ', '.join(['None', 'nnx.Carry', *[str(axes[0])] * len(xs)])
+  new = f'nnx.scan(in_axes=({in_axes}), out_axes=(nnx.Carry, {axes[1]}))'
+  ctx.plan.exprs[expr] = new
+  ctx.plan.pending.append((expr, f'@{code} -> @{new}: the module broadcast to every step (its parameters '
+                                 'shared, as Linen shares them), the carry carried, the inputs scanned'))
 
 
 def plan_control_flow(ctx: ClassContext, node: cst.ClassDef) -> set[cst.CSTNode]:

@@ -317,6 +317,24 @@ def literal_ints(node: cst.BaseExpression, offset: int = 0) -> list[int] | None:
   return None
 
 
+def broadcast_scan_axes(kwargs: tp.Mapping[str, cst.BaseExpression]) -> tuple[int, int] | None:
+  """(in_axes, out_axes) of nn.scan's options when they are `variable_broadcast='params', split_rngs={'params':
+  False}, in_axes=<int>, out_axes=<int>` (the parameters shared by every step, as nnx.scan broadcasts a module);
+  None for any other options."""
+  broadcast, split = kwargs.get('variable_broadcast'), kwargs.get('split_rngs')
+  axes = [kwargs.get('in_axes'), kwargs.get('out_axes')]
+  if set(kwargs) != {'variable_broadcast', 'split_rngs', 'in_axes', 'out_axes'} \
+      or not (isinstance(broadcast, cst.SimpleString) and broadcast.evaluated_value == 'params') \
+      or not (isinstance(split, cst.Dict) and len(split.elements) == 1
+              and isinstance(split.elements[0], cst.DictElement)
+              and isinstance(split.elements[0].key, cst.SimpleString)
+              and split.elements[0].key.evaluated_value == 'params'
+              and isinstance(split.elements[0].value, cst.Name) and split.elements[0].value.value == 'False') \
+      or not all(isinstance(a, cst.Integer) for a in axes):
+    return None
+  return int(axes[0].value), int(axes[1].value)
+
+
 SCOPE_LEADS = {'param': ('name', 'init_fn'), 'variable': ('col', 'name', 'init_fn')}
 """The leading parameters of Linen's `self.param` / `self.variable`, before the init function's own arguments."""
 

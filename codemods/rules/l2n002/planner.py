@@ -266,6 +266,25 @@ def _layer_signature(child: Child) -> tp.Any:
   return LINEN_CALL_PARAMS.get(spec.linen, spec.call_args), frozenset(linen_fields(spec.linen)) & MODE_PARAMS.keys()
 
 
+def _detached_linen(ctx: ClassContext, node: cst.ClassDef) -> set[cst.CSTNode]:
+  """flax.linen modules the class builds with `parent=None` outside its submodules (sst2's
+  `nn.OptimizedLSTMCell(self.hidden_size, parent=None).initialize_carry(key, shape)`): objects of no module tree,
+  whose methods run as plain Python in NNX code too, left as they are (flax.linen stays imported for them)."""
+  built = {child.ctor for child in ctx.plan.children}
+  detached = set()
+  for sub in descendants(node):
+    if isinstance(sub, cst.Call) and sub not in built and ctx.facts.is_linen_name(sub.func) and any(
+        a.keyword is not None and a.keyword.value == 'parent' and isinstance(a.value, cst.Name)
+        and a.value.value == 'None' for a in sub.args):
+      top = sub  # with the methods read from it: `<module>.initialize_carry`
+      while isinstance(parent := ctx.facts.parent(top), cst.Attribute) and parent.value is top:
+        top = parent
+      detached.add(top)
+      ctx.plan.pending.append((sub, f'{ctx.facts.code(sub.func)}(..., parent=None) stays Linen: a module of no '
+                                    'module tree, whose methods run as plain Python in NNX code'))
+  return detached
+
+
 def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatementLine], method: cst.FunctionDef | None,
             call: cst.FunctionDef, mode: dict[int, str]) -> None:
   """Checks the train/eval switches' uses, schedules the Linen names' conversion, writes the children's code."""
@@ -279,6 +298,7 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
   allowed |= {child.ctor.func for child in plan.children if child.api is None and not child.bridged} | ctx.plan.lifted
   allowed |= {child.cell.ctor.func for child in plan.children if child.cell is not None}
   allowed |= lifted.plan_control_flow(ctx, node)
+  allowed |= _detached_linen(ctx, node)
   allowed |= {statement.body[0].value.func for statement in plan.merged_switches.values()}  # the statements go
   for field in fields:  # `encoder: nn.Module`, `embed_tokens: nn.Embed` hold a submodule the caller builds: NNX now
     annotation = field.body[0].annotation.annotation
