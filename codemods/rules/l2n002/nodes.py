@@ -208,21 +208,30 @@ def is_number(node: cst.CSTNode) -> bool:
   return isinstance(node, (cst.Integer, cst.Float))
 
 
-def last_axis_of_name(node: cst.CSTNode) -> bool:
-  """`x.shape[-1]` for a plain name x."""
-  return (isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute)
-          and isinstance(node.value.value, cst.Name) and node.value.attr.value == 'shape'
+def last_axis_array(node: cst.CSTNode) -> str | None:
+  """`x` for `x.shape[-1]`, `x[0]` for `x[0].shape[-1]` (an element of the name x at a literal index); else None.
+  An element is no name the size walk follows: its size is never derived from what the code says of `x`."""
+  if not (isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and node.value.attr.value == 'shape'
           and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index)
-          and is_minus_one(node.slice[0].slice.value))
+          and is_minus_one(node.slice[0].slice.value)):
+    return None
+  array = node.value.value
+  if isinstance(array, cst.Name):
+    return array.value
+  if isinstance(array, cst.Subscript) and isinstance(array.value, cst.Name) and len(array.slice) == 1 \
+      and isinstance(array.slice[0].slice, cst.Index) and isinstance(array.slice[0].slice.value, cst.Integer):
+    return f'{array.value.value}[{array.slice[0].slice.value.value}]'
+  return None
 
 
 def size_local_of(assign: cst.Assign) -> tuple[str, str] | None:
-  """(local, array) for `d = x.shape[-1]` and `n, _, d = x.shape` (the last target is the last axis)."""
+  """(local, array) for `d = x.shape[-1]` (`d = x[0].shape[-1]`) and `n, _, d = x.shape` (the last target is the
+  last axis)."""
   if len(assign.targets) != 1:
     return None
   target, value = assign.targets[0].target, assign.value
-  if isinstance(target, cst.Name) and last_axis_of_name(value):
-    return target.value, value.value.value.value
+  if isinstance(target, cst.Name) and (array := last_axis_array(value)) is not None:
+    return target.value, array
   if isinstance(target, (cst.Tuple, cst.List)) and target.elements and isinstance(target.elements[-1].value, cst.Name) \
       and not isinstance(target.elements[-1], cst.StarredElement) and isinstance(value, cst.Attribute) \
       and value.attr.value == 'shape' and isinstance(value.value, cst.Name):

@@ -19,7 +19,7 @@ from codemods.rules.l2n002.nodes import (
   Replace,
   has_scope_call,
   is_self_attr,
-  last_axis_of_name,
+  last_axis_array,
   nnx_counterpart,
   paren,
   size_local_of,
@@ -315,12 +315,12 @@ def size_refs(ctx: ClassContext, values: tp.Iterable[cst.CSTNode]) -> dict[cst.C
   refs = {}
   for value in values:
     for sub in (value, *descendants(value)):
-      if last_axis_of_name(sub):
-        refs[sub] = sub.value.value.value
+      if (array := last_axis_array(sub)) is not None:
+        refs[sub] = array
       elif isinstance(sub, cst.Name) and size_local(ctx, sub) is not None:
         refs[sub] = sub.value
       elif isinstance(sub, cst.Name) and (bound := bound_once(ctx, sub)) is not None:
-        refs.update((inner, inner.value.value.value) for inner in descendants(bound) if last_axis_of_name(inner))
+        refs.update((inner, array) for inner in descendants(bound) if (array := last_axis_array(inner)) is not None)
         refs.update((inner, inner.value) for inner in descendants(bound)  # jax-md's `bound = 1 / sqrt(in_features)`
                     if isinstance(inner, cst.Name) and size_local(ctx, inner) is not None)
   return refs
