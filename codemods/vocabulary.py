@@ -21,8 +21,11 @@ from nnx_bridge.layer_table import MODE_ARGUMENTS
 MODULE_NAMES = frozenset({'flax.linen.Module', 'flax.linen.module.Module'})
 COMPACT_NAMES = frozenset({'flax.linen.compact', 'flax.linen.module.compact'})
 NOWRAP_NAMES = frozenset({'flax.linen.nowrap', 'flax.linen.module.nowrap'})
-MERGE_PARAM_NAMES = frozenset({'flax.linen.merge_param', 'flax.linen.module.merge_param'})
 """A method Linen does not wrap (no scope of its own): NNX wraps no method, so the decorator goes."""
+MERGE_PARAM_NAMES = frozenset({'flax.linen.merge_param', 'flax.linen.module.merge_param'})
+"""`merge_param(name, a, b)`: whichever of a field and a call argument is not None (an error when both or neither
+are), a function of values alone that NNX code calls as it is; a train/eval switch merged with its field becomes the
+field (`modes.merged_switches`)."""
 SCOPE_APIS = frozenset({
     'param', 'variable', 'make_rng', 'sow', 'has_variable', 'is_initializing', 'is_mutable_collection',
     'put_variable', 'get_variable', 'has_rng', 'scope', 'variables', 'perturb', 'bind', 'apply', 'init',
@@ -151,6 +154,8 @@ LINEN_ARRAY_FUNCTIONS = frozenset({'flax.linen.attention.dot_product_attention_w
                                    'flax.linen.attention.dot_product_attention'})
 """flax.linen functions of arrays only (no Linen module or scope: they take their dropout key as an argument) with no
 flax.nnx export of the same signature: NNX code calls them as they are (measured by tests/codemods/test_vocabulary.py)."""
+LINEN_KEPT_FUNCTIONS = LINEN_ARRAY_FUNCTIONS | MERGE_PARAM_NAMES
+"""The flax.linen functions a converted class calls as they are: no module, scope or rng of Linen in them."""
 ELEMENTWISE = frozenset(
     f'{module}.{name}'
     for module in ('flax.linen', 'flax.nnx', 'jax.nn', 'jax.numpy')

@@ -212,3 +212,13 @@ def test_call_twins_take_the_linen_arguments_under_the_keywords_given(linen_name
   param = nnx.Param(port(jax.random.key(0), (2, 2)))
   linen_spec = nn.get_partition_spec(boxed) if not rules else nn.logical_to_mesh_axes(boxed.names, rules)
   assert tuple(nnx.get_partition_spec(nnx.state(nnx.Dict(p=param)))['p'].get_value()) == tuple(linen_spec)
+
+
+def test_merge_param_is_a_function_of_values_alone():
+  for qualified in v.MERGE_PARAM_NAMES:
+    function = _resolve(qualified)
+    assert inspect.isfunction(function) and list(inspect.signature(function).parameters) == ['name', 'a', 'b']
+    assert function('n', None, 3) == function('n', 3, None) == 3
+    with pytest.raises(ValueError):
+      function('n', 1, 2)
+  assert v.MERGE_PARAM_NAMES <= v.LINEN_KEPT_FUNCTIONS

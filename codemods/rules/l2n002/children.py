@@ -253,7 +253,7 @@ def convert_linen_refs(ctx: ClassContext, node: cst.CSTNode, allowed: set[cst.CS
   """Schedules `nn.relu` -> `nnx.relu` for Linen names NNX shares; returns the nodes converted."""
   converted = []
   for child in node.children:
-    if child in allowed:
+    if child in allowed or queries.kept_linen(ctx, child):
       continue
     target = queries.nnx_name_for(ctx, child)
     if target is not None:

@@ -25,7 +25,7 @@ from codemods.rules.l2n002.nodes import (
   size_local_of,
 )
 from codemods.rules.l2n002.plan import Unsupported
-from codemods.vocabulary import LINEN_ARRAY_FUNCTIONS, NNX_CALL_TWINS
+from codemods.vocabulary import LINEN_ARRAY_FUNCTIONS, LINEN_KEPT_FUNCTIONS, NNX_CALL_TWINS
 from nnx_bridge.layer_table import find_layer
 
 
@@ -45,7 +45,7 @@ def negated_code(ctx: ClassContext, test: cst.BaseExpression) -> str:
 def check_hoistable(ctx: ClassContext, value: cst.CSTNode, skip: tp.Collection[cst.CSTNode] = (), linen: bool = False) -> None:
   """Code moved into __init__ must mean the same there: no locals (but `skip`), Linen names NNX shares (any
   Linen name, with `linen`: code that stays Linen)."""
-  if value in skip or value in ctx.plan.hoistable or value in ctx.loops.refs \
+  if value in skip or value in ctx.plan.hoistable or value in ctx.loops.refs or kept_linen(ctx, value) \
       or (ctx.facts.is_linen_name(value) if linen else nnx_name_for(ctx, value) is not None):
     return
   if isinstance(value, cst.Name) and value.value != 'self' and value.value not in ctx.plan.switches:
@@ -246,13 +246,21 @@ def _builds_module(ctx: ClassContext, value: cst.CSTNode) -> bool:
   return False
 
 
+def kept_linen(ctx: ClassContext, node: cst.CSTNode) -> bool:
+  """Whether `node` names a flax.linen function a converted class calls as it is (`LINEN_KEPT_FUNCTIONS`:
+  `nn.merge_param`, `nn.module.merge_param`, `nn.dot_product_attention`), which no part of is rewritten."""
+  names = {q.name for q in ctx.facts.qualified_names(node)} if isinstance(node, (cst.Name, cst.Attribute)) else set()
+  return bool(names) and all(n in LINEN_KEPT_FUNCTIONS or f'flax.linen.attention.{n.rpartition(".")[2]}'
+                             in LINEN_ARRAY_FUNCTIONS for n in names)
+
+
 def nnx_name_for(ctx: ClassContext, node: cst.CSTNode) -> str | None:
   """The NNX name for a Linen name (`nn.relu` -> `nnx.relu`); None for other code.
 
   Raises Unsupported for a Linen name NNX has no counterpart of.
   """
   names = {q.name for q in ctx.facts.qualified_names(node)}
-  linen = {n for n in names if (n == 'flax.linen' or n.startswith('flax.linen.')) and n not in LINEN_ARRAY_FUNCTIONS
+  linen = {n for n in names if (n == 'flax.linen' or n.startswith('flax.linen.')) and n not in LINEN_KEPT_FUNCTIONS
            and f'flax.linen.attention.{n.rpartition(".")[2]}' not in LINEN_ARRAY_FUNCTIONS}
   if not (isinstance(node, (cst.Name, cst.Attribute)) and linen):
     return None
