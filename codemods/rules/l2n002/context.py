@@ -41,11 +41,11 @@ class LoopPass(tp.Protocol):
   def sites(self) -> tp.Collection[cst.Call]:
     """The constructions built in those loops (each an element of an nnx.List)."""
 
-  @property
-  def heads(self) -> tp.Mapping[cst.For, list[cst.Call]]:
-    """A setup() list's appending loop -> the layers written out before it (`layers = [Layer(...)]`)."""
+  def list_heads(self, value: cst.BaseExpression | None) -> list[cst.Call]:
+    """The layers written out before the loop appending to the list of `self.<attr> = <list>`."""
 
-  def appended_loop(self, value: cst.BaseExpression | None) -> cst.For | None: ...
+  def walked_heads(self, statement: cst.For) -> list[cst.Call]:
+    """The layers written out before a setup() list's loop that the method loop `statement` walks first."""
 
   @property
   def unrolled(self) -> tp.Mapping[cst.For, Child]:

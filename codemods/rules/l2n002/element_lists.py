@@ -192,11 +192,31 @@ def indexed_calls(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, cst.
   """Adds to `calls` each `self.layer[k](...)` of a list of elements with a literal k, bound to the element that can
   stand at k where the call runs; raises Unsupported where that is not one element."""
   lists = {c.attr for c in plan.children if c.element is not None}
+  heads: dict[str, list[Child]] = {}  # the layers written out before a setup() list's loop, in order
+  for child in plan.children:
+    if child.head and not child.alternative:
+      heads.setdefault(child.attr, []).append(child)
   for method in methods.values():
     for sub in descendants(method):
-      if isinstance(sub, cst.Subscript) and isinstance(sub.value, cst.Attribute) and is_self_attr(sub.value) \
-          and sub.value.attr.value in lists and (found := _indexed(ctx, plan, sub)) is not None:
+      if not (isinstance(sub, cst.Subscript) and isinstance(sub.value, cst.Attribute) and is_self_attr(sub.value)):
+        continue
+      if sub.value.attr.value in lists and (found := _indexed(ctx, plan, sub)) is not None:
         calls[found[0]] = found[1]
+      elif sub.value.attr.value in heads and (found := _head_call(ctx, sub, heads[sub.value.attr.value])) is not None:
+        calls[found[0]] = found[1]
+
+
+def _head_call(ctx: ClassContext, subscript: cst.Subscript, heads: list[Child]) -> tuple[cst.Call, Child] | None:
+  """`self.resnets[0](...)` of a setup() list whose first layers are written out before its loop (diffusers' mid
+  blocks): the call and the layer written out at that literal index; None for another index or use."""
+  call = ctx.facts.parent(subscript)
+  if not (isinstance(call, cst.Call) and call.func is subscript and len(subscript.slice) == 1
+          and isinstance(subscript.slice[0].slice, cst.Index)):
+    return None
+  index = subscript.slice[0].slice.value
+  if not (isinstance(index, cst.Integer) and int(index.value) < len(heads)):
+    return None
+  return call, heads[int(index.value)]
 
 
 def _indexed(ctx: ClassContext, plan: ClassRewrite, subscript: cst.Subscript) -> tuple[cst.Call, Child] | None:

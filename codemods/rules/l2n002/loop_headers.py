@@ -323,13 +323,20 @@ def appended(loop: cst.CSTNode | None, name: str, lists: frozenset[str]) -> cst.
   return value if isinstance(value, cst.Call) else None
 
 
-def empty_lists_before(body: list[cst.BaseStatement], loop: cst.BaseStatement | None) -> frozenset[str]:
-  """The names of the `name = []` statements just before `loop` in `body`."""
+def lists_before(ctx: ClassContext, body: list[cst.BaseStatement], loop: cst.BaseStatement | None) -> frozenset[str]:
+  """The lists that `loop` (a statement of `body`) fills, started just before it: every `name = []` and each list
+  written out (`name = [Layer(...)]`) that it appends to (diffusers' mid blocks: `resnets = [FlaxResnetBlock2D(...)]`,
+  `attentions = []`, then one append to each per iteration)."""
   found = set()
+  appends = {n.value for n in descendants(loop) if isinstance(n, cst.Name)} if loop is not None else set()
   for statement in reversed(body[:body.index(loop)] if loop is not None else ()):
-    if (name := empty_list(statement)) is None:
+    if (name := empty_list(statement)) is not None:
+      found.add(name)
+    elif (written := written_out(ctx, statement)) is not None:
+      if written[0] in appends:
+        found.add(written[0])
+    else:
       break
-    found.add(name)
   return frozenset(found)
 
 

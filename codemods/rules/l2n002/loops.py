@@ -48,7 +48,7 @@ from codemods.rules.l2n002 import constructions, queries, sizes
 from codemods.rules.l2n002.conditions import construction_conditions
 from codemods.rules.l2n002.dims import Dim, Known
 from codemods.rules.l2n002.loop_headers import (
-    Loop, Site, appended, carried, check_head_names, empty_list, empty_lists_before, enclosing, is_builtin,
+    Loop, Site, appended, carried, check_head_names, empty_list, enclosing, is_builtin, lists_before,
     loop_header, loop_locals_read_after, pair, paren, setup_name, unbalanced, wrapped, written_out, zipped_names,
 )
 from codemods.rules.l2n002.nodes import assigned_name, is_plain_if, may_hold_modules
@@ -67,11 +67,14 @@ class Loops:
     self.sites: dict[cst.Call, Site] = {}
     self.refs: set[cst.Name] = set()  # loop names read in constructor arguments: valid in the comprehension
     self._empty: set[cst.BaseStatement] = set()  # `layers = []` of a setup() list built by appending
-    self.heads: dict[cst.For, list[cst.Call]] = {}  # a setup() list's loop -> the layers written out before it
+    self.heads: dict[cst.Call, list[cst.Call]] = {}  # a setup() list's appended layer -> the layers written out
+    # before its loop
     self._appends: dict[cst.Name, tuple[cst.For, cst.Call]] = {}  # `layers` of `self.layers = layers` -> the loop
     # appending to it, and the layer it appends
     self._setup_loops: dict[cst.For | cst.CompFor, Loop] = {}  # a setup() list's loop: one for the lists it fills
     self.unrolled: dict[cst.For, Child] = {}  # a loop over a setup() list written out -> the list's first element
+    self._walked_heads: dict[cst.For, list[cst.Call]] = {}  # a method loop over a setup() list -> the layers written
+    # out before the list's loop that it walks first
 
   # --- planning --------------------------------------------------------------------------------
 
@@ -181,8 +184,8 @@ class Loops:
   def setup_append(self, ctx: ClassContext, statement: cst.BaseStatement, setup: cst.FunctionDef) -> bool:
     """`layers = []`, `for f in <iterator>: layers.append(<layer>)`, `self.layers = layers` in setup(): the first two
     statements go (their list becomes the nnx.List of the third); True for them, False for any other statement.
-    One loop may fill several lists, each started empty just before it (diffusers' `resnets = []`,
-    `attentions = []`, then one append to each per iteration)."""
+    One loop may fill several lists, each started just before it, empty or written out (diffusers' `resnets = []`,
+    `attentions = []`, then one append to each per iteration; its mid blocks' `resnets = [FlaxResnetBlock2D(...)]`)."""
     if statement in self._empty or any(statement is loop for loop, _ in self._appends.values()):
       return True
     name, heads = empty_list(statement), []
@@ -192,10 +195,10 @@ class Loops:
       return False
     body = list(setup.body.body)
     after = body[body.index(statement) + 1:]
-    while after and not heads and empty_list(after[0]) is not None:  # `attentions = []` between it and its loop
-      after = after[1:]
+    while after and (empty_list(after[0]) is not None or written_out(ctx, after[0]) is not None):
+      after = after[1:]  # `attentions = []` between it and its loop
     loop = after[0] if after else None
-    ctor = appended(loop, name, frozenset({name}) if heads else empty_lists_before(body, loop))
+    ctor = appended(loop, name, lists_before(ctx, body, loop))
     uses = [n for n in descendants(setup.body) if isinstance(n, cst.Name) and n.value == name
             and not (isinstance(ctx.facts.parent(n), cst.Attribute) and ctx.facts.parent(n).attr is n)]
     stores = [s for s in body if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
@@ -211,21 +214,21 @@ class Loops:
     self._empty.add(statement)
     self._appends[stores[0].body[0].value] = (loop, ctor)
     if heads:
-      self.heads[loop] = heads
+      self.heads[ctor] = heads
     ctx.plan.removed.update((statement, loop))
     return True
 
-  def appended_loop(self, value: cst.BaseExpression | None) -> cst.For | None:
-    """The loop appending to the list of `self.<attr> = <list>`, of `setup_append`'s pattern; else None."""
-    return self._appends[value][0] if isinstance(value, cst.Name) and value in self._appends else None
+  def list_heads(self, value: cst.BaseExpression | None) -> list[cst.Call]:
+    """The layers written out before the loop appending to the list of `self.<attr> = <list>` (none for others)."""
+    return self.heads.get(self._appends[value][1], []) if isinstance(value, cst.Name) and value in self._appends else []
 
   def appended(self, ctx: ClassContext, value: cst.BaseExpression, attr: str) -> cst.Call | None:
     """The layer a `self.<attr> = <list>` of `setup_append`'s pattern builds, registered as a setup() list."""
     if not isinstance(value, cst.Name) or value not in self._appends:
       return None
     loop_node, ctor = self._appends[value]
-    self._setup_site(ctx, ctor, loop_node, value, attr, 'a loop', len(self.heads.get(loop_node, ())))
-    check_head_names(ctx, self.heads.get(loop_node, []), self.sites[ctor], attr)
+    self._setup_site(ctx, ctor, loop_node, value, attr, 'a loop', len(self.heads.get(ctor, ())))
+    check_head_names(ctx, self.heads.get(ctor, []), self.sites[ctor], attr)
     loop = self.sites[ctor].loop  # `in_channels = self.in_channels if i == 0 else ...` read by the layer: inlined
     self.refs |= {n for n in descendants(loop_node.body) if isinstance(n, cst.Name) and n.value in loop.names}
     self._body_locals(ctx, loop_node, [ctor], [])
@@ -271,6 +274,10 @@ class Loops:
     parent, element = ctx.facts.parent(sub), None
     if isinstance(parent, cst.Subscript) and ctx.facts.parent(parent) in calls:
       return True  # `self.layer[k](...)` of a list written out: its element's call (element_lists.indexed_calls)
+    heads = self.heads.get(child.ctor, []) if site is not None else []
+    if heads and _skips(parent, sub, len(heads)) and isinstance(ctx.facts.parent(parent), cst.Arg):
+      sub, parent = parent, ctx.facts.parent(parent)  # `zip(self.attentions, self.resnets[1:])`: the appended ones
+      heads = []
     if isinstance(parent, cst.Arg) and isinstance(ctx.facts.parent(parent), cst.Call) \
         and is_builtin(ctx, ctx.facts.parent(parent).func, 'len') and len(ctx.facts.parent(parent).args) == 1:
       return True  # `len(self.layers)`: an nnx.List has the length of the Linen list
@@ -283,6 +290,9 @@ class Loops:
       element = parent.target.value
     elif site is not None and isinstance(parent, cst.Arg) and (zipped := _zipped_list(ctx, sub, parent)) is not None:
       parent, element = zipped  # `for resnet, attn in zip(self.resnets, self.attentions):` (diffusers)
+      if heads:
+        raise Unsupported(sub, f'self.{child.attr} (a list of layers, {len(heads)} written out before its loop) '
+                               f'zipped whole: zip self.{child.attr}[{len(heads)}:], the layers its loop appends')
       if self.loops.get(parent, site.loop) is not site.loop:
         raise Unsupported(sub, f'self.{child.attr} (a list of layers) zipped with a list another loop builds')
     elif site is not None and (indexed := _indexed_call(ctx, sub)) is not None:  # `self.layers[n](...)` (Bloom)
@@ -311,7 +321,13 @@ class Loops:
       self.unrolled[parent] = child
     else:
       self.loops[parent] = site.loop
+      self._walked_heads.setdefault(parent, []).extend(h for h in heads if h not in self._walked_heads[parent])
     return True
+
+  def walked_heads(self, statement: cst.For) -> list[cst.Call]:
+    """The layers written out before a setup() list's loop that the method loop `statement` walks before the
+    appended ones (`for stage in self.stages:`; none over `self.resnets[1:]`)."""
+    return self._walked_heads.get(statement, [])
 
   def list_name(self, ctx: ClassContext, ctor: cst.Call, name: cst.BaseExpression | None) -> str | None:
     """The attribute of a loop construction's `name=f'layer_{i}'` (`layers`); None outside loops or without name=."""
@@ -376,7 +392,7 @@ class Loops:
         site = self.sites[child.ctor]
         child.linen_name = site.pattern or f'{child.attr}_{{{site.loop.index}}}'
         for head in plan.children:  # the layers written out before the loop: elements of the same list
-          if head.ctor in self.heads.get(site.loop.node, ()):
+          if head.ctor in self.heads.get(child.ctor, ()):
             head.linen_name = child.linen_name
         if any(c.ctor is child.ctor for c in listed[:listed.index(child)]):  # another class it may build there
           continue
@@ -448,7 +464,7 @@ class Loops:
     else:
       header = f'{loop.element_target() if element else "_"} in {loop.sequence_code}'
     if not child.hoisted:  # a setup() list: the comprehension becomes the nnx.List, after the layers written out
-      heads = [c.text for ctor in self.heads.get(loop.node, ()) for c in ctx.plan.children
+      heads = [c.text for ctor in self.heads.get(child.ctor, ()) for c in ctx.plan.children
                if c.ctor is ctor and not c.alternative]
       built = f'*[{text} for {header}]' if heads else f'{text} for {header}'
       ctx.plan.exprs[site.comprehension] = f'nnx.List([{", ".join([*heads, built])}])'
@@ -565,7 +581,7 @@ class Loops:
             f"the input dimension of self.{child.attr}'s call argument {argument}, which changes from one iteration " \
             'to the next in a way the code does not express'
         name = sizes.size_param(ctx, plan, child, nnx_arg, where, None, node, each=True,
-                                offset=len(self.heads.get(site.loop.node, ())))
+                                offset=len(self.heads.get(site.ctor, ())))
         child.sizes[nnx_arg] = f'{name}[{site.loop.index}]'
       else:
         first_code = self._first(ctx, plan, child, nnx_arg, first, node, position, shared, ' in the first iteration')
@@ -597,6 +613,16 @@ def _zipped_list(ctx: ClassContext, sub: cst.Attribute, arg: cst.Arg) -> tuple[c
   if zipped is None or zipped[2] is not call or not any(s is sub for s in zipped[3]):
     return None
   return outer, zipped[1][next(k for k, s in enumerate(zipped[3]) if s is sub)]
+
+
+def _skips(subscript: cst.CSTNode, sub: cst.Attribute, count: int) -> bool:
+  """Whether `subscript` is `<sub>[count:]`: the list without its `count` first layers."""
+  if not (isinstance(subscript, cst.Subscript) and subscript.value is sub and len(subscript.slice) == 1
+          and isinstance(subscript.slice[0].slice, cst.Slice)):
+    return False
+  part = subscript.slice[0].slice
+  return isinstance(part.lower, cst.Integer) and int(part.lower.value) == count and part.upper is None \
+      and part.step is None
 
 
 def _indexed_call(ctx: ClassContext, sub: cst.Attribute) -> tuple[cst.For, cst.Call] | None:

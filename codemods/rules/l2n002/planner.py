@@ -444,7 +444,7 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
   elif (appended := ctx.loops.appended(ctx, value, target)) is not None:  # `self.layers = layers` (appended)
     if target in {c.attr for c in plan.children}:
       raise Unsupported(statement, f'self.{target} assigned twice')
-    for head in ctx.loops.heads.get(ctx.loops.appended_loop(value), ()):
+    for head in ctx.loops.list_heads(value):
       plan.children.append(written := _build_child(ctx, head, counts, target))  # `layers = [Layer(...)]` first
       written.head = True
       plan.children += choices.alternatives(ctx, written, lambda built, head=head: _build_child(ctx, head, counts,
@@ -479,7 +479,7 @@ def _setup_statement(ctx: ClassContext, plan: ClassRewrite, statement: cst.BaseS
   else:  # plain code (`head_dim = ...`, `if ...: raise`): it stays, in its place in __init__
     _plain_setup_code(ctx, plan, statement)
     return
-  if target in {c.attr for c in plan.children if c.ctor not in ctx.loops.heads.get(ctx.loops.appended_loop(value), ())}:
+  if target in {c.attr for c in plan.children if c.ctor not in ctx.loops.list_heads(value)}:
     raise Unsupported(statement, f'self.{target} assigned twice')
   plan.children.append(child)
   plan.children += choices.alternatives(ctx, child, lambda built: _build_child(ctx, child.ctor, counts, target, built))

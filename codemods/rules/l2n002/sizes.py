@@ -443,7 +443,7 @@ class SizeWalk(LastAxisWalk):
       return True
     if statement not in self.ctx.loops.loops:
       return False
-    heads = self.ctx.loops.heads.get(self.ctx.loops.loops[statement].node, ())
+    heads = self.ctx.loops.walked_heads(statement)
     if heads:  # the layers written out before a setup() list's loop (`layers = [Layer(...)]`): once each, first
       body = set(descendants(statement.body))
       calls = {call: child for call, child in self.calls.items() if call in body}

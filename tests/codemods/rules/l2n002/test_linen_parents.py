@@ -624,8 +624,9 @@ def test_classes_a_linen_class_builds_inside_a_conditional_expression_are_bridge
 
 
 # diffusers' VAE mid block: its list starts with a ResNet block and the loop appends one more per layer beside
-# another list, then `self.resnets[0](...)` and `zip(self.downsamplers, self.resnets[1:])`. The list literal keeps
-# the mid block Linen; the blocks it builds convert and reach its lists through setup()'s locals.
+# another list, then `self.resnets[0](...)` and `zip(self.downsamplers, self.resnets[1:])` (which converts:
+# fixtures/L2N002/diffusers_mid_block). Here a method reading `self.scope` keeps the mid block Linen; the blocks it
+# builds convert and reach its lists through setup()'s locals.
 ENCODER_BLOCK = (fixture_parity.FIXTURES / 'L2N002/diffusers_encoder_block.in.py').read_text()
 MID_BLOCK = '''
 
@@ -651,6 +652,9 @@ class FlaxUNetMidBlock2D(nn.Module):
             hidden_states = down(hidden_states)
             hidden_states = resnet(hidden_states, deterministic=deterministic)
         return hidden_states
+
+    def is_bound(self):
+        return self.scope is not None
 '''
 VAE_MID_BLOCK = ENCODER_BLOCK + MID_BLOCK
 IMAGES = jax.random.normal(jax.random.key(3), (2, 8, 8, 4))
