@@ -182,9 +182,10 @@ REDUCTIONS = frozenset(f'jax.numpy.{name}' for name in (
 """jax.numpy reductions over `axis=`: they keep the last axis when every reduced axis is a negative literal other
 than -1 (`jnp.mean(x, axis=(-3, -2))`); a positive axis could be the last one of an input of unknown rank."""
 CONCATENATE = frozenset({'jax.numpy.concatenate'})
-CASTS = frozenset({'jax.numpy.asarray', 'jax.numpy.array', 'jax.lax.stop_gradient'})
-"""Functions whose first argument's shape is their result's, whatever the dtype they are given (`jnp.asarray(inputs,
-self.dtype)`); `x.astype(dtype)` too."""
+SAME_SHAPE = frozenset({'jax.numpy.asarray', 'jax.numpy.array', 'jax.lax.stop_gradient', 'jax.numpy.flip',
+                        'jax.numpy.roll'})
+"""Functions whose first argument's shape is their result's, whatever else they are given: casts (`jnp.asarray(inputs,
+self.dtype)`; `x.astype(dtype)` too) and moves of elements along axes (`jnp.flip(x, axis=1)`, `jnp.roll(x, 1)`)."""
 TILE = frozenset({'jax.numpy.tile'})  # keeps the last axis when its last repetition is a literal 1
 
 # --- training code (L2N003) ----------------------------------------------------------------------

@@ -41,7 +41,7 @@ from codemods.rules.l2n002.nodes import (
   is_number,
   paren,
 )
-from codemods.vocabulary import CASTS, CONCATENATE, ELEMENTWISE, POOLING, REDUCTIONS, TILE
+from codemods.vocabulary import CONCATENATE, ELEMENTWISE, POOLING, REDUCTIONS, SAME_SHAPE, TILE
 
 
 class Names(tp.Protocol):
@@ -432,9 +432,10 @@ class LastAxisWalk(BodyWalk[Known | Input]):
 
 
 def _cast_of(facts: Names, call: cst.Call) -> cst.BaseExpression | None:
-  """The array a dtype cast keeps the shape of: `jnp.asarray(x, dtype)`'s `x`, `x.astype(dtype)`'s `x`."""
+  """The array a cast or a move of elements keeps the shape of: `jnp.asarray(x, dtype)`'s `x`, `x.astype(dtype)`'s
+  `x`, `jnp.flip(x, axis=1)`'s `x`."""
   if call.args and call.args[0].keyword is None and not any(a.star for a in call.args) \
-      and facts.has_name(call.func, CASTS):
+      and facts.has_name(call.func, SAME_SHAPE):
     return call.args[0].value
   if isinstance(call.func, cst.Attribute) and call.func.attr.value == 'astype' and len(call.args) == 1 \
       and not call.args[0].star:
