@@ -67,7 +67,7 @@ class Loops:
     self.sites: dict[cst.Call, Site] = {}
     self.refs: set[cst.Name] = set()  # loop names read in constructor arguments: valid in the comprehension
     self._empty: set[cst.BaseStatement] = set()  # `layers = []` of a setup() list built by appending
-    self.heads: dict[cst.Call, list[cst.Call]] = {}  # a setup() list's appended layer -> the layers written out
+    self._heads: dict[cst.Call, list[cst.Call]] = {}  # a setup() list's appended layer -> the layers written out
     # before its loop
     self._appends: dict[cst.Name, tuple[cst.For, cst.Call]] = {}  # `layers` of `self.layers = layers` -> the loop
     # appending to it, and the layer it appends
@@ -214,21 +214,21 @@ class Loops:
     self._empty.add(statement)
     self._appends[stores[0].body[0].value] = (loop, ctor)
     if heads:
-      self.heads[ctor] = heads
+      self._heads[ctor] = heads
     ctx.plan.removed.update((statement, loop))
     return True
 
   def list_heads(self, value: cst.BaseExpression | None) -> list[cst.Call]:
     """The layers written out before the loop appending to the list of `self.<attr> = <list>` (none for others)."""
-    return self.heads.get(self._appends[value][1], []) if isinstance(value, cst.Name) and value in self._appends else []
+    return self._heads.get(self._appends[value][1], []) if isinstance(value, cst.Name) and value in self._appends else []
 
   def appended(self, ctx: ClassContext, value: cst.BaseExpression, attr: str) -> cst.Call | None:
     """The layer a `self.<attr> = <list>` of `setup_append`'s pattern builds, registered as a setup() list."""
     if not isinstance(value, cst.Name) or value not in self._appends:
       return None
     loop_node, ctor = self._appends[value]
-    self._setup_site(ctx, ctor, loop_node, value, attr, 'a loop', len(self.heads.get(ctor, ())))
-    check_head_names(ctx, self.heads.get(ctor, []), self.sites[ctor], attr)
+    self._setup_site(ctx, ctor, loop_node, value, attr, 'a loop', len(self._heads.get(ctor, ())))
+    check_head_names(ctx, self._heads.get(ctor, []), self.sites[ctor], attr)
     loop = self.sites[ctor].loop  # `in_channels = self.in_channels if i == 0 else ...` read by the layer: inlined
     self.refs |= {n for n in descendants(loop_node.body) if isinstance(n, cst.Name) and n.value in loop.names}
     self._body_locals(ctx, loop_node, [ctor], [])
@@ -274,7 +274,7 @@ class Loops:
     parent, element = ctx.facts.parent(sub), None
     if isinstance(parent, cst.Subscript) and ctx.facts.parent(parent) in calls:
       return True  # `self.layer[k](...)` of a list written out: its element's call (element_lists.indexed_calls)
-    heads = self.heads.get(child.ctor, []) if site is not None else []
+    heads = self._heads.get(child.ctor, []) if site is not None else []
     if heads and _skips(parent, sub, len(heads)) and isinstance(ctx.facts.parent(parent), cst.Arg):
       sub, parent = parent, ctx.facts.parent(parent)  # `zip(self.attentions, self.resnets[1:])`: the appended ones
       heads = []
@@ -392,7 +392,7 @@ class Loops:
         site = self.sites[child.ctor]
         child.linen_name = site.pattern or f'{child.attr}_{{{site.loop.index}}}'
         for head in plan.children:  # the layers written out before the loop: elements of the same list
-          if head.ctor in self.heads.get(child.ctor, ()):
+          if head.ctor in self._heads.get(child.ctor, ()):
             head.linen_name = child.linen_name
         if any(c.ctor is child.ctor for c in listed[:listed.index(child)]):  # another class it may build there
           continue
@@ -464,7 +464,7 @@ class Loops:
     else:
       header = f'{loop.element_target() if element else "_"} in {loop.sequence_code}'
     if not child.hoisted:  # a setup() list: the comprehension becomes the nnx.List, after the layers written out
-      heads = [c.text for ctor in self.heads.get(child.ctor, ()) for c in ctx.plan.children
+      heads = [c.text for ctor in self._heads.get(child.ctor, ()) for c in ctx.plan.children
                if c.ctor is ctor and not c.alternative]
       built = f'*[{text} for {header}]' if heads else f'{text} for {header}'
       ctx.plan.exprs[site.comprehension] = f'nnx.List([{", ".join([*heads, built])}])'
@@ -581,7 +581,7 @@ class Loops:
             f"the input dimension of self.{child.attr}'s call argument {argument}, which changes from one iteration " \
             'to the next in a way the code does not express'
         name = sizes.size_param(ctx, plan, child, nnx_arg, where, None, node, each=True,
-                                offset=len(self.heads.get(site.ctor, ())))
+                                offset=len(self._heads.get(site.ctor, ())))
         child.sizes[nnx_arg] = f'{name}[{site.loop.index}]'
       else:
         first_code = self._first(ctx, plan, child, nnx_arg, first, node, position, shared, ' in the first iteration')
