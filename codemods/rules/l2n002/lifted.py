@@ -50,7 +50,7 @@ def plan_method_decorators(ctx: ClassContext, node: cst.ClassDef,
         ctx.plan.pending.append((expr, f'@{ctx.facts.code(expr)} removed: NNX wraps no method'))
         handled.add(expr)
       elif _method_transform(ctx, method, expr, gone):
-        handled.add(expr)
+        handled.update((expr, expr.func) if isinstance(expr, cst.Call) else (expr,))  # `functools`, once unused
   return handled
 
 
