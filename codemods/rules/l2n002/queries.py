@@ -127,6 +127,11 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, which is bound more than once or '
                             'inside a block: bind it once, at the top of the method, or once in each arm of an if on '
                             'fields, to code of fields and constants')
+  if isinstance(assign.value, cst.Call) and isinstance(assign.value.func, cst.Call) \
+      and _builds_module(ctx, assign.value.func):  # evojax's `init_decoder_state = Encoder(...)(encoder_inputs)`
+    raise Unsupported(name, f'a constructor argument uses the local {name.value}, the output of a submodule\'s call, '
+                            'which only the call knows: give it to the call of the submodule that takes it (a '
+                            '__call__ argument) rather than to its constructor')
   if has_scope_call(assign.value) or _builds_module(ctx, assign.value):
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, bound to a submodule or a variable: '
                             'pass the submodule or variable itself')
