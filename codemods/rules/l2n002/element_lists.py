@@ -209,18 +209,12 @@ def indexed_calls(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, cst.
 def _head_call(ctx: ClassContext, subscript: cst.Subscript, heads: list[Child]) -> tuple[cst.Call, Child] | None:
   """`self.resnets[0](...)` of a setup() list whose first layers are written out before its loop (diffusers' mid
   blocks): the call and the layer written out at that literal index; None for another index or use."""
-  call = ctx.facts.parent(subscript)
-  if not (isinstance(call, cst.Call) and call.func is subscript and len(subscript.slice) == 1
-          and isinstance(subscript.slice[0].slice, cst.Index)):
-    return None
-  index = subscript.slice[0].slice.value
-  if not (isinstance(index, cst.Integer) and int(index.value) < len(heads)):
-    return None
-  return call, heads[int(index.value)]
+  found = _literal_call(ctx, subscript)
+  return (found[0], heads[found[1]]) if found is not None and 0 <= found[1] < len(heads) else None
 
 
-def _indexed(ctx: ClassContext, plan: ClassRewrite, subscript: cst.Subscript) -> tuple[cst.Call, Child] | None:
-  """The call `self.layer[k](...)` and the element it calls; None for another use of the subscript."""
+def _literal_call(ctx: ClassContext, subscript: cst.Subscript) -> tuple[cst.Call, int] | None:
+  """The call `self.layer[k](...)` and its literal index k (negative from the end); None for another use."""
   call = ctx.facts.parent(subscript)
   if not (isinstance(call, cst.Call) and call.func is subscript and len(subscript.slice) == 1
           and isinstance(subscript.slice[0].slice, cst.Index)):
@@ -230,16 +224,24 @@ def _indexed(ctx: ClassContext, plan: ClassRewrite, subscript: cst.Subscript) ->
   literal = index.expression if negative else index
   if not isinstance(literal, cst.Integer):
     return None
-  k = -int(literal.value) if negative else int(literal.value)
+  return call, -int(literal.value) if negative else int(literal.value)
+
+
+def _indexed(ctx: ClassContext, plan: ClassRewrite, subscript: cst.Subscript) -> tuple[cst.Call, Child] | None:
+  """The call `self.layer[k](...)` and the element it calls; None for another use of the subscript."""
+  found = _literal_call(ctx, subscript)
+  if found is None:
+    return None
+  call, k = found
   attr = subscript.value.attr.value
   elements = [c for c in plan.children if c.attr == attr and c.element is not None and not c.alternative]
   paths = [arm_path(ctx, c.ctor) for c in elements]
   where = arm_path(ctx, call)
-  found = [c for n, c in enumerate(elements) if may_meet(paths[n], where) and _may_stand(paths, n, k, where)]
-  if len(found) != 1:
+  standing = [c for n, c in enumerate(elements) if may_meet(paths[n], where) and _may_stand(paths, n, k, where)]
+  if len(standing) != 1:
     raise Unsupported(call, f'self.{attr}[{k}]: the layer it calls depends on conditions the call does not fix '
-                            f'({len(found)} layers of the list may stand there)')
-  return call, found[0]
+                            f'({len(standing)} layers of the list may stand there)')
+  return call, standing[0]
 
 
 def _may_stand(paths: list[ArmPath], n: int, k: int, where: ArmPath) -> bool:

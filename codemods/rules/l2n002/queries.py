@@ -251,12 +251,18 @@ def _builds_module(ctx: ClassContext, value: cst.CSTNode) -> bool:
   return False
 
 
+def _kept(qualified: str) -> bool:
+  """Whether the qualified name is of a flax.linen function a converted class calls as it is
+  (`LINEN_KEPT_FUNCTIONS`, and the attention functions under flax.linen's own name: `nn.dot_product_attention`)."""
+  return qualified in LINEN_KEPT_FUNCTIONS or f'flax.linen.attention.{qualified.rpartition(".")[2]}' \
+      in LINEN_ARRAY_FUNCTIONS
+
+
 def kept_linen(ctx: ClassContext, node: cst.CSTNode) -> bool:
-  """Whether `node` names a flax.linen function a converted class calls as it is (`LINEN_KEPT_FUNCTIONS`:
-  `nn.merge_param`, `nn.module.merge_param`, `nn.dot_product_attention`), which no part of is rewritten."""
+  """Whether `node` names a flax.linen function a converted class calls as it is (`nn.merge_param`,
+  `nn.module.merge_param`, `nn.dot_product_attention`), which no part of is rewritten."""
   names = {q.name for q in ctx.facts.qualified_names(node)} if isinstance(node, (cst.Name, cst.Attribute)) else set()
-  return bool(names) and all(n in LINEN_KEPT_FUNCTIONS or f'flax.linen.attention.{n.rpartition(".")[2]}'
-                             in LINEN_ARRAY_FUNCTIONS for n in names)
+  return bool(names) and all(_kept(n) for n in names)
 
 
 def nnx_name_for(ctx: ClassContext, node: cst.CSTNode) -> str | None:
@@ -265,8 +271,7 @@ def nnx_name_for(ctx: ClassContext, node: cst.CSTNode) -> str | None:
   Raises Unsupported for a Linen name NNX has no counterpart of.
   """
   names = {q.name for q in ctx.facts.qualified_names(node)}
-  linen = {n for n in names if (n == 'flax.linen' or n.startswith('flax.linen.')) and n not in LINEN_KEPT_FUNCTIONS
-           and f'flax.linen.attention.{n.rpartition(".")[2]}' not in LINEN_ARRAY_FUNCTIONS}
+  linen = {n for n in names if (n == 'flax.linen' or n.startswith('flax.linen.')) and not _kept(n)}
   if not (isinstance(node, (cst.Name, cst.Attribute)) and linen):
     return None
   if linen == names and len(linen) == 1 and (twin := NNX_CALL_TWINS.get(next(iter(linen)).rpartition('.')[2])):

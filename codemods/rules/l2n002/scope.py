@@ -2,7 +2,8 @@
 `self.is_mutable_collection('params')`.
 
 NNX creates a module's variables in `__init__` and never during a call, so what Linen's init alone sees is never
-true in a call: `if self.is_initializing():` blocks go (their `not` form stays unconditionally), and any other
+true in a call: `if self.is_initializing():` blocks go (their `else:` arm, or their `not` form's body, stays
+unconditionally), and any other
 `self.is_initializing()`, or `self.is_mutable_collection('params')` (true only in Linen's init, or an apply asked to
 create params), is `False` (dopamine's batch norm skipping its `pmean` while initializing).
 
