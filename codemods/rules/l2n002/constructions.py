@@ -173,11 +173,11 @@ def _factory_of(ctx: ClassContext, line: cst.SimpleStatementLine) -> str:
 
 def _kind(ctx: ClassContext, call: cst.Call, factory: Factory) -> tuple[str, LayerSpec | None, ClassRewrite | None]:
   if factory.kind == 'class':
-    plan = ctx.converted.get(factory.target)
+    plan = ctx.converted.get(factory.target) or ctx.facts.imported.get(factory.target)
     if plan is None:
       raise Unsupported(call, f'{factory.target}, built through {ctx.facts.code(call.func)}, was '
                                     'not converted')
-    return factory.target, None, plan
+    return plan.name, None, plan
   spec = find_layer(factory.target)
   return spec.linen, spec, None
 

@@ -25,13 +25,14 @@ from codemods.nodes import descendants
 @dataclasses.dataclass(frozen=True)
 class Factory:
   """What a factory field makes: `kind` 'layer' (`target` the table layer's qualified Linen name) or 'class'
-  (`target` the name of a Linen class of the file)."""
+  (`target` the name of a Linen class of the file, or the qualified name of a class another file of the run
+  converted, a key of `FileFacts.imported`)."""
 
   kind: str
   target: str
 
   def describe(self) -> str:
-    return self.target.rpartition('.')[2] if self.kind == 'layer' else f'the class {self.target}'
+    return self.target.rpartition('.')[2] if self.kind == 'layer' else f'the class {self.target.rpartition(".")[2]}'
 
 
 @dataclasses.dataclass

@@ -102,7 +102,7 @@ class _FileScan:
       return func.value, args
     if owner is not None and isinstance(func, cst.Attribute) and is_self_attr(func):
       factory = self.fields.get((owner, func.attr.value))
-      if isinstance(factory, Factory) and factory.kind == 'class':
+      if isinstance(factory, Factory) and factory.kind == 'class' and factory.target in classes:
         return factory.target, args
     return None, ()
 
@@ -112,6 +112,9 @@ class _FileScan:
     facts = self.facts
     if isinstance(value, cst.Name) and value.value in facts.linen_classes:
       return Factory('class', value.value)
+    imported = facts.imported_class(value)
+    if imported is not None:  # `continuous_networks.ActorCriticNetwork`, a class another file of the run converted
+      return Factory('class', imported)
     if owner is not None and isinstance(value, cst.Attribute) and is_self_attr(value):
       factory = self.fields.get((owner, value.attr.value))
       return factory if isinstance(factory, Factory) else None
@@ -139,8 +142,8 @@ class _FileScan:
       factory = self._resolve(value, owner)
       code = self.facts.code(value)
       if factory is None:
-        return (f'{name}.{field} is given {code}, which is not a layer, a partial of one or a class of this file: '
-                f'what self.{field} makes is unknown')
+        return (f'{name}.{field} is given {code}, which is not a layer, a partial of one, a class of this file or '
+                f'a class another file of the run converted: what self.{field} makes is unknown')
       if factory.kind == 'layer' and owner is None:
         return (f'{name}.{field} is given the Linen layer {code} outside a class (module-level code is not '
                 'converted): pass an NNX factory there')
