@@ -173,6 +173,8 @@ class ClassRewrite:
   flags: list[str] = dataclasses.field(default_factory=list)  # keyword-only `bool = False` arguments (tied layers)
   helpers_only: bool = False  # a base class holding only helpers: no __init__ of its own
   init_lines: list[str] = dataclasses.field(default_factory=list)  # __init__ statements before the hoisted layers
+  functions: list[cst.FunctionDef] = dataclasses.field(default_factory=list)  # functions of a method a constructor
+  # argument names, copied into __init__ (`init_lines`) once the sizes they read are known
   tie_flags: dict[str, str] = dataclasses.field(default_factory=dict)  # __call__ argument tying a layer -> its flag
   origin: str = ''  # a class another file converted, built here from its record (`interface.py`): that file
   draws: bool = False  # for such a class: whether its call draws random numbers (its own children are not here)

@@ -327,6 +327,8 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
       child.text = f'nnx.data({child.text})'
     if not child.hoisted:
       ctx.plan.exprs[child.ctor] = child.text
+  sized = {ref: text for child in plan.children for ref, text in child.size_codes.items()}
+  plan.init_lines += [line for line in queries.function_lines(ctx, sized) if line not in plan.init_lines]
   plan.mode_params = [(i, name, MODE_PARAMS[name]) for i, name in mode.items()]
   if mode or method is call:
     ctx.plan.methods[call] = set(mode.values())

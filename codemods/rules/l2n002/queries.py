@@ -105,7 +105,7 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
   where it is for the rest of the body. Raises Unsupported, naming the local and what it reads, for any other
   local."""
   if len(assignments) == 1 and isinstance(assignments[0].node, cst.FunctionDef):
-    return _hoisted_function(ctx, name, assignments[0].node)
+    return _hoisted_function(ctx, name, assignments[0].node, skip)
   if any(isinstance(a.node, (cst.FunctionDef, cst.ClassDef)) for a in assignments):
     raise Unsupported(name, f'a constructor argument uses {name.value}, defined in the method: define it at module '
                             'level or as a method, reading only fields and constants, and pass it in')
@@ -152,20 +152,23 @@ def _call_only(ctx: ClassContext, error: Unsupported) -> str:
   return error.node.value
 
 
-def _hoisted_function(ctx: ClassContext, name: cst.Name, function: cst.FunctionDef) -> str:
+def _hoisted_function(ctx: ClassContext, name: cst.Name, function: cst.FunctionDef,
+                      skip: tp.Collection[cst.CSTNode] = ()) -> str:
   """A function the method defines once and a constructor argument names (jax-md's `def init_fn(key, shape)`
   handed to `self.param`): its definition is copied into __init__ before the hoisted layers, where the argument
   names it, and stays where it is for the rest of the body. It may read its own parameters and locals, globals,
-  builtins and `self` (the fields are stored first); raises Unsupported for one that reads a local of the method
-  (only the call knows it), has decorators or uses a scope API."""
+  builtins, `self` (the fields are stored first) and input sizes (`skip`: dopamine's `mu_init` reading
+  `x.shape[-1]`, which __init__ reads from the size argument, `size_refs`); raises Unsupported for one that reads
+  another local of the method (only the call knows it), has decorators or uses a scope API."""
   outer = (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)
   if function.decorators or has_scope_call(function):
     raise Unsupported(name, f'a constructor argument uses {name.value}, a function defined in the method with '
                             'decorators or a scope API: define it at module level or as a method, and pass it in')
+  sized = {node for ref in skip for node in descendants(ref)}
   for sub in descendants(function.body):
     parent = ctx.facts.parent(sub)
-    if not isinstance(sub, cst.Name) or sub.value == 'self' or isinstance(parent, cst.Attribute) and parent.attr is sub \
-        or isinstance(parent, cst.Arg) and parent.keyword is sub:
+    if not isinstance(sub, cst.Name) or sub.value == 'self' or sub in sized \
+        or isinstance(parent, cst.Attribute) and parent.attr is sub or isinstance(parent, cst.Arg) and parent.keyword is sub:
       continue
     scope = ctx.facts.scope(sub)
     found = list(scope[sub.value]) if scope is not None and sub.value in scope else []
@@ -173,10 +176,16 @@ def _hoisted_function(ctx: ClassContext, name: cst.Name, function: cst.FunctionD
       raise Unsupported(name, f'a constructor argument uses {name.value}, defined in the method, which reads '
                               f'{sub.value}, a local of the method that only the call knows: make it a field, or a '
                               'constructor argument')
-  text = ctx.facts.code(function.with_changes(leading_lines=())).strip('\n').replace('\n', '\n  ')
-  if text not in ctx.plan.init_lines:
-    ctx.plan.init_lines.append(text)
+  if function not in ctx.plan.functions:
+    ctx.plan.functions.append(function)
   return name.value
+
+
+def function_lines(ctx: ClassContext, replacements: dict[cst.CSTNode, str]) -> list[str]:
+  """The functions constructor arguments name (`_hoisted_function`), as __init__ lines, each input size they read
+  replaced by its code there (`replacements`: the children's `size_codes`)."""
+  return [code(ctx, f.with_changes(leading_lines=()), replacements).strip('\n').replace('\n', '\n  ')
+          for f in ctx.plan.functions]
 
 
 def _arm_values(ctx: ClassContext, name: cst.Name, assignments: list[cst.metadata.BaseAssignment]
@@ -341,7 +350,32 @@ def size_refs(ctx: ClassContext, values: tp.Iterable[cst.CSTNode]) -> dict[cst.C
         refs.update((inner, array) for inner in descendants(bound) if (array := last_axis_array(inner)) is not None)
         refs.update((inner, inner.value) for inner in descendants(bound)  # jax-md's `bound = 1 / sqrt(in_features)`
                     if isinstance(inner, cst.Name) and size_local(ctx, inner) is not None)
+      elif isinstance(sub, cst.Name) and (function := _local_function(ctx, sub)) is not None:
+        refs.update((inner, array) for inner in descendants(function.body)  # dopamine's `def mu_init(key, shape)`
+                    if (array := last_axis_array(inner)) is not None and not _own_name(ctx, inner, function))
   return refs
+
+
+def _local_function(ctx: ClassContext, name: cst.Name) -> cst.FunctionDef | None:
+  """The function the method defines once under `name` (`def mu_init(key, shape): ...`); None for other names."""
+  scope = ctx.facts.scope(name)
+  if scope is None or isinstance(scope, (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)) \
+      or name.value not in scope:
+    return None
+  assignments = list(scope[name.value])
+  return assignments[0].node if len(assignments) == 1 and isinstance(assignments[0], cst.metadata.Assignment) \
+      and isinstance(assignments[0].node, cst.FunctionDef) else None
+
+
+def _own_name(ctx: ClassContext, ref: cst.Subscript, function: cst.FunctionDef) -> bool:
+  """Whether the array of `x.shape[-1]` in `function` is a parameter or local of the function itself."""
+  array = ref.value.value
+  while isinstance(array, cst.Subscript):
+    array = array.value
+  scope = ctx.facts.scope(array)
+  found = list(scope[array.value]) if scope is not None and array.value in scope else []
+  return any(ctx.facts.inside(a.scope.node, function) for a in found
+             if not isinstance(a.scope, (cst.metadata.GlobalScope, cst.metadata.BuiltinScope)))
 
 
 def bound_once(ctx: ClassContext, name: cst.Name) -> cst.BaseExpression | None:

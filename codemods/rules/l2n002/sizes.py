@@ -390,7 +390,12 @@ class SizeWalk(LastAxisWalk):
     """A block other than straight-line code (`if self.has_variable(...):` holding more blocks): its calls are
     walked with every size unknown, since what runs in it and in which order is not followed; after it, the names
     it assigns are unknown and the rest of the body is followed again. A `return` in it ends the following: what
-    comes after may not run."""
+    comes after may not run. A nested `def` or `class` runs nothing where it stands (dopamine's `def mu_init(key,
+    shape): ... return ...` before the params it initialises): it binds its name only, and its calls are checked
+    with the calls no walk reaches."""
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+      env[statement.name.value] = None
+      return output
     if _straight(self.ctx, statement):
       return super().statement(statement, env, output)
     derive, self.derive = self.derive, False
