@@ -27,6 +27,7 @@ if tp.TYPE_CHECKING:
   from nnx_bridge.linen_in_nnx import LinenModule as LinenModule
   from nnx_bridge.linen_in_nnx import from_linen as from_linen
   from nnx_bridge.nnx_in_linen import ToLinen as ToLinen
+  from nnx_bridge.nnx_in_linen import is_instance as is_instance
   from nnx_bridge.nnx_in_linen import to_linen as to_linen
   from nnx_bridge.parity import ParityReport as ParityReport
   from nnx_bridge.parity import compare as compare
@@ -56,6 +57,7 @@ _DEFINED_IN = {
     'from_linen': 'linen_in_nnx',
     'ToLinen': 'nnx_in_linen',
     'to_linen': 'nnx_in_linen',
+    'is_instance': 'nnx_in_linen',
     'ParityReport': 'parity',
     'compare': 'parity',
     'linen_to_nnx': 'transfer',
@@ -90,6 +92,7 @@ __all__ = [
     'ToLinen',
     'collection_name',
     'from_linen',
+    'is_instance',
     'register_collection',
     'restore_linen_checkpoint',
     'to_linen',

@@ -490,6 +490,15 @@ class ToLinen(linen.Module):
       self.put_variable(collection, name, value)
 
 
+def is_instance(module: tp.Any, cls: type | tuple[type, ...]) -> bool:
+  """`isinstance(module, cls)`, also True for a `to_linen` wrapper of `cls` (or of a subclass): a Linen parent that
+  asked `isinstance(block, Block)` of what it built keeps its answer once `Block` is an NNX class it wraps."""
+  if isinstance(module, cls):
+    return True
+  built = module.nnx_class if isinstance(module, ToLinen) else None
+  return isinstance(built, type) and issubclass(built, cls)
+
+
 def to_linen(
     nnx_class: tp.Callable[..., nnx.Module],
     *args: tp.Any,

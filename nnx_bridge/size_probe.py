@@ -31,7 +31,8 @@ from flax import linen, nnx
 from nnx_bridge.errors import BridgeError
 from nnx_bridge.layer_spec import LAST_AXIS_SIZES
 
-_FIRST_PLACEHOLDER = 1_048_583  # far above any real layer width; odd numbers from here, one per size
+_GRANULE = 1024  # placeholders are odd multiples of it: far above any real layer width, distinct, and divisible by
+_FIRST_PLACEHOLDER = _GRANULE * 1025  # the group counts a constructor checks them against (GroupNorm's 32 groups)
 _LOCK = threading.Lock()  # the probe patches layer classes' __call__ for the length of one run
 _CACHE_SIZE = 256
 _cache: dict[tp.Hashable, dict[str, int]] = {}
@@ -101,9 +102,9 @@ class _Widths:
 
   def next(self) -> int:
     while self.candidate in self.taken:
-      self.candidate += 2
-    self.candidate += 2
-    return self.candidate - 2
+      self.candidate += 2 * _GRANULE
+    self.candidate += 2 * _GRANULE
+    return self.candidate - 2 * _GRANULE
 
   def element(self, name: str, index: int) -> int:
     """The width of element `index` of the per-element size `name`, handed out when first asked for."""
@@ -183,11 +184,19 @@ def _held(module: nnx.Module, by_value: dict[int, str], inputs: dict[str, str]) 
   attribute of a layer (None: the first argument), or a dimension of a variable of its own (named by `inputs`)."""
   held = [(value, None) for attr in LAST_AXIS_SIZES
           if isinstance(value := vars(module).get(attr), int) and value in by_value]
+  if isinstance(module, nnx.GroupNorm):  # its feature count is in its variables' shapes only
+    held += [(value, None) for value in _group_norm_features(module) if value in by_value]
   for variable in vars(module).values():
     if isinstance(variable, nnx.Variable):
       held += [(d, inputs[by_value[d]]) for d in jnp.shape(variable.get_value())
                if d in by_value and by_value[d] in inputs and (d, inputs[by_value[d]]) not in held]
   return held
+
+
+def _group_norm_features(norm: nnx.GroupNorm) -> set[int]:
+  """The feature count of a GroupNorm, read off its scale and bias (it keeps no attribute of it)."""
+  return {jnp.shape(v.get_value())[-1] for v in (getattr(norm, 'scale', None), getattr(norm, 'bias', None))
+          if isinstance(v, nnx.Variable)}
 
 
 def _argument(method: tp.Callable[..., tp.Any], module: nnx.Module, args: tuple, kwargs: dict[str, tp.Any],
@@ -240,7 +249,11 @@ def _linen_eagerly(root: nnx.Module) -> None:
 
 
 def _settle(root: nnx.Module, placeholder: int, actual: int) -> None:
-  """Replaces `placeholder` by `actual` in every int attribute and every variable's shape under `root`."""
+  """Replaces `placeholder` by `actual` in every int attribute and every variable's shape under `root`; a GroupNorm
+  of that many features, which keeps no feature count but its group size, gets the group size of `actual`."""
+  for _, node in list(nnx.iter_graph(root)):
+    if isinstance(node, nnx.GroupNorm) and placeholder in _group_norm_features(node):
+      node.group_size = actual // node.num_groups
   for _, node in nnx.iter_graph(root):
     if isinstance(node, nnx.Variable):
       value = node.get_value()

@@ -52,7 +52,7 @@ IMPORTABLE_SEAMS = frozenset({MISSING_ARGUMENTS, LINEN_API_ON_NNX})
 LINEN_APIS = frozenset({'init', 'apply', 'init_with_output', 'bind', 'tabulate', 'lazy_init'})
 _NNX_MODULE = frozenset({'flax.nnx.Module', 'flax.nnx.module.Module'})
 _LINEN_MODULE = frozenset({'flax.linen.Module', 'flax.linen.module.Module'})
-_BRIDGES = frozenset({'to_linen', 'ToLinen'})
+_BRIDGES = frozenset({'to_linen', 'ToLinen', 'is_instance'})  # an NNX class named in their arguments is bridged
 _CLASS_USES = frozenset({LINEN_BUILDS_NNX, LINEN_SUBCLASSES_NNX, HELD_FOR_LINEN_CODE})
 
 
@@ -255,7 +255,7 @@ class _Walk(ast.NodeVisitor):
     self.seams: list[Seam] = []
     self.user: _Class | None = None  # the module-level class being walked
     self.statement: ast.stmt | None = None
-    self.bridged: set[int] = set()  # ids of nodes inside nnx_bridge.to_linen(...)
+    self.bridged: set[int] = set()  # ids of nodes inside nnx_bridge.to_linen(...) / is_instance(...)
     self.instances: dict[str, str] = {}  # locals of the current function bound to an NNX instance -> its class
 
   def run(self, tree: ast.Module) -> list[Seam]:

@@ -259,3 +259,45 @@ def test_an_element_size_indexed_by_other_than_a_number_is_an_error():
   with pytest.raises(nnx_bridge.BridgeError, match="finding linears_in_features by running the call failed .*"
                                                    "indexed by 'a', not an element number"):
     size_probe.traced_sizes(Keyed, (), (), ('linears_in_features',), '__call__', (H,), {}, where='test')
+
+
+class LinenGroupNormBlock(nn.Module):
+  """diffusers' resnet shape: a GroupNorm of 4 groups over channels a convolution computed first."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Conv(8, (3, 3), name='conv')(x)
+    return nn.GroupNorm(num_groups=4, name='norm')(h) + h
+
+
+class GroupNormBlock(nnx.Module):
+  def __init__(self, *, conv_in_features, norm_num_features, rngs, groups=4):
+    self.conv = nnx.Conv(conv_in_features, 8, (3, 3), rngs=rngs)
+    self.norm = nnx.GroupNorm(norm_num_features, num_groups=groups, rngs=rngs)
+
+  def __call__(self, x):
+    h = self.conv(x)
+    return self.norm(h) + h
+
+
+class LinenGroupNormParent(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return LinenGroupNormBlock(name='block')(x)
+
+
+@pytest.mark.parametrize('groups', [4, 2], ids=['port', 'wrong_port'])
+def test_a_group_norm_size_is_found_and_its_groups_follow_it(groups):
+  """A GroupNorm keeps no feature count, only its group size, which a placeholder width would get wrong: the run
+  finds the size from its input and gives the norm the group size of that size, so the port runs as Linen does;
+  a port normalising over other groups computes something else, which the same check sees."""
+  class Parent(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nnx_bridge.to_linen(GroupNormBlock, groups=groups, name='block', input_sizes={'conv_in_features': 'x'},
+                                 traced_sizes=('norm_num_features',))(x)
+
+  x = jax.random.normal(jax.random.key(2), (2, 4, 4, 3))
+  variables = LinenGroupNormParent().init(jax.random.key(1), x)
+  same = np.allclose(Parent().apply(variables, x), LinenGroupNormParent().apply(variables, x), atol=1e-5)
+  assert same == (groups == 4)

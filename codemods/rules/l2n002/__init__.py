@@ -61,7 +61,8 @@ Analyse: `facts.py` (`FileFacts`, once per file, with `factory_scan.with_factori
 `factories.py`, `tied.py`, `example_shapes.py`), which share through modules that import no pass: `queries.py`,
 `constructions.py` (what a construction builds), `init_code.py` (a child's `__init__` code), `sizes.py` over the
 size/shape interpreter `dims.py`, and `nodes.py`; a class that fails is dropped whole; `decide.py` decides the
-file's classes together (`linen_parents.py`: the to_linen bridges of classes left as Linen). Rewrite: `rule.py`
+file's classes together (`linen_parents.py`: the to_linen bridges of classes left as Linen, with the Linen names
+`bridge_names.py` finds). Rewrite: `rule.py`
 applies the converted classes' `plan.FileRewrite`, with `emit.py` (the NNX code) and `entries.py` (the report);
 `interface.py` carries a converted class to the other files of the run that build it.
 """

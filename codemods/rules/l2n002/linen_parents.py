@@ -27,34 +27,32 @@ Otherwise the class stays Linen with its parent, and the reason says which of th
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import re
 import typing as tp
 
 import libcst as cst
 
 from codemods.nodes import descendants
 from codemods.report import INPUT_DIMENSION
+from codemods.rules.l2n002.bridge_names import linen_names
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.nodes import assigned_name, is_self_attr, self_assignment, value_else_none
 from codemods.rules.l2n002.plan import Child, ClassRewrite, LinenBridgeFacts
 from codemods.vocabulary import COMPACT_NAMES
-from nnx_bridge import element_names
 from nnx_bridge.layer_spec import LAST_AXIS_SIZES
-
-_ELEMENT_NAME = re.compile(r'(\w*)\{([^{}]+)\}(\w*)')  # a list's Linen name pattern, by the loop's index
-_AFTER_LOOP_NAME = re.compile(r'(\w*)\{self\.(\w+)( \+ \d+)?\}(\w*)')  # a layer numbered after a loop's
 
 
 @dataclasses.dataclass(frozen=True)
 class ToLinenBridge:
-  """A construction of converted class `built` inside Linen class `user`, and the to_linen code replacing it."""
+  """A construction of converted class `built` inside Linen class `user`, and the to_linen code replacing it; or,
+  `test`, an `isinstance(x, <built>)` there and the `nnx_bridge.is_instance(...)` replacing it (diffusers' ControlNet
+  asks which block class each of its down blocks is)."""
 
   call: cst.Call
   code: str
   built: str
   user: str
+  test: bool = False
 
 
 def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user: str, built: str,
@@ -82,6 +80,10 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
   references = _references(facts, node, built)
   for name in references:
     call = facts.parent(name)
+    if (test := _isinstance_test(facts, name)) is not None:
+      bridges.append(ToLinenBridge(test, f'nnx_bridge.is_instance({", ".join(facts.code(a.value) for a in test.args)})',
+                                   built, user, test=True))
+      continue
     if not (isinstance(call, cst.Call) and call.func is name):
       return f'it uses {plan.name} other than by building it'
     if blocker is not None and (facts.inside(call, blocker) or facts.inside(blocker, call)) \
@@ -103,14 +105,15 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
 def bridge_facts(facts: FileFacts, plan: ClassRewrite) -> LinenBridgeFacts:
   """What a Linen class wraps the converted class `plan` of this file with (`LinenBridgeFacts`): a class of this
   file reads it here, one of another file from the class's record."""
-  names = _linen_names(facts, plan, '')
+  names = linen_names(facts, plan)
   if isinstance(names, str):
     return LinenBridgeFacts(names)
   if _method(facts.class_defs[plan.name], '__call__') is None:
     return LinenBridgeFacts(f'{plan.name} has no __call__ for the wrapper to run')
   sizes, traced, reason = _input_sizes(facts, plan)
+  run = tuple((a.name, found) for a in plan.size_arguments if (found := _run_size(plan, a.name)) is not None)
   return LinenBridgeFacts(reason, tuple(names.items()), tuple(sizes.items()), tuple(traced.items()),
-                          tuple(sorted(_plain_attributes(facts, plan))), _shifted_switch(facts, plan))
+                          tuple(sorted(_plain_attributes(facts, plan))), _shifted_switch(facts, plan), run)
 
 
 def _references(facts: FileFacts, node: cst.ClassDef, built: str) -> list[cst.CSTNode]:
@@ -136,153 +139,6 @@ def adopted_blocker(facts: FileFacts, user: str, built: str) -> str | None:
     return None
   return f'a construction of {built} is given {facts.code(adopted)}, a Linen module built for it, which Linen keeps ' \
          'below it; the wrapper would keep its variables elsewhere'
-
-
-def _plan_blocker(facts: FileFacts, plan: ClassRewrite) -> str | None:
-  """Why `plan`'s NNX `__init__` takes more than a Linen construction gives, or None."""
-  if plan.example_params:
-    return f'{plan.name} wraps Linen children with nnx_bridge.from_linen, which need example inputs'
-  if plan.cache_input is not None:
-    return f'{plan.name} has a decode cache (init_cache)'
-  if set(plan.flags) - set(plan.tie_flags.values()):
-    return f'{plan.name} takes flags other than tied-layer flags'
-  if plan.collections:
-    return f'{plan.name} keeps variables in a generated Variable type ({", ".join(plan.collections)})'
-  if plan.helpers_only or plan.base != 'nnx.Module':
-    return f'{plan.name} has a project base class'
-  return None
-
-
-def _named_apart(facts: FileFacts, elements: list[Child]) -> bool:
-  """Whether two classes of a list written out hold a submodule at one NNX path that Linen names differently:
-  the list's names, keyed by path below any element, would then name one of them wrongly."""
-  seen: dict[str, str] = {}
-  siblings = {id(c.sibling): c.sibling for c in elements if c.sibling is not None}.values()
-  if len(siblings) > 1 and any(plan.origin for plan in siblings):  # its submodules are not known here
-    return True
-  for plan in siblings:
-    names = _linen_names(facts, plan, '')
-    for path in _paths(plan, ''):
-      name = names.get(path, path.rpartition('.')[2]) if isinstance(names, dict) else None
-      if seen.setdefault(path, name) != name:
-        return True
-  return False
-
-
-def _after_loop_template(plan: ClassRewrite, linen_name: str, prefix: str) -> str | None:
-  """The `to_linen` name (`element_names.resolve_attributes`) of a layer Linen numbers by a field, after a loop's
-  layers (`Dense_{self.num_layers}`, `Dense_{self.num_layers + 1}`): `Dense_{num_layers}`, read from the NNX
-  module's attribute of that field; None for another name, or below a list's elements."""
-  found = _AFTER_LOOP_NAME.fullmatch(linen_name)
-  if found is None or found[2] not in plan.field_names or found[2] == 'i' or '{}' in prefix:
-    return None
-  return f'{found[1]}{{{found[2]}{found[3] or ""}}}{found[4]}'
-
-
-def _element_template(linen_name: str) -> str | None:
-  """The `to_linen` template (`element_names`) of a list's Linen names `prefix{<index>}suffix`, the index an integer
-  combination `a + b * i` of the loop's index i (Linen counting layers built across iterations); else None."""
-  element = _ELEMENT_NAME.fullmatch(linen_name)
-  if element is None:
-    return None
-  try:
-    terms = _terms(ast.parse(element[2], mode='eval').body)
-  except SyntaxError:
-    return None
-  if terms is None or len({name for name, _ in terms if name is not None}) != 1:
-    return None
-  offset = sum(k for name, k in terms if name is None)
-  step = sum(k for name, k in terms if name is not None)
-  return element_names.template(element[1], offset, step, element[3]) if step > 0 and offset >= 0 else None
-
-
-def _terms(node: ast.expr) -> list[tuple[str | None, int]] | None:
-  """`node`, a sum of integers, names and integer multiples of names, as (name or None, factor) terms; else None."""
-  if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-    left, right = _terms(node.left), _terms(node.right)
-    return None if left is None or right is None else left + right
-  if isinstance(node, ast.Constant) and type(node.value) is int:
-    return [(None, node.value)]
-  if isinstance(node, ast.Name):
-    return [(node.id, 1)]
-  if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-    factor, name = (node.left, node.right) if isinstance(node.left, ast.Constant) else (node.right, node.left)
-    if isinstance(factor, ast.Constant) and type(factor.value) is int and isinstance(name, ast.Name):
-      return [(name.id, factor.value)]
-  return None
-
-
-def _paths(plan: ClassRewrite, prefix: str) -> list[str]:
-  """The dotted NNX path of each submodule below a converted class."""
-  return [path for child in plan.children for path in (
-      prefix + child.attr, *(_paths(child.sibling, f'{prefix}{child.attr}.') if child.sibling is not None else ()))]
-
-
-def _linen_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> dict[str, str] | str:
-  """The dotted NNX path -> Linen name of each child of `plan` named otherwise in Linen, down the tree; or why
-  its NNX state does not map onto Linen's variable paths. Where the classes a local may name at one place name
-  their submodules apart (ResNet's bottleneck and basic layers), a key says which class's name it is
-  (`'layers.{}.layer@FlaxResNetBottleNeckLayerCollection'`, `element_names.resolve_owners`)."""
-  entries = _owned_names(facts, plan, prefix)
-  if isinstance(entries, str):
-    return entries
-  by_key: dict[str, set[tuple[str | None, str]]] = {}
-  for key, owner, name in entries:
-    by_key.setdefault(key, set()).add((owner, name))
-  names = {}
-  for key, found in by_key.items():
-    if len({name for _, name in found}) == 1:
-      name = next(iter(found))[1]
-      if name != key.rpartition('.')[2]:
-        names[key] = name
-    elif None in {owner for owner, _ in found} or len({owner for owner, _ in found}) != len(found):
-      return f'{plan.name}.{key} is named apart by one class, or by a class of another file, in Linen'
-    else:
-      names.update((f'{key}@{owner}', name) for owner, name in sorted(found, key=lambda pair: pair[0]))
-  return names
-
-
-def _owned_names(facts: FileFacts, plan: ClassRewrite, prefix: str) -> list[tuple[str, str | None, str]] | str:
-  """(dotted NNX path, the class holding it, its Linen name) for each child of `plan` down the tree (a class of
-  another file: the names its record carries, held by no known class); or why its NNX state does not map onto
-  Linen's variable paths."""
-  if plan.origin:  # a class of another file: the names its record carries
-    record = plan.bridge_facts
-    if record is None or record.blocker is not None:
-      return record.blocker if record is not None else f'{plan.name} is a class of {plan.origin}'
-    return [(prefix + path, None, name) for path, name in record.linen_names]
-  reason = _plan_blocker(facts, plan)
-  if reason is not None:
-    return reason
-  entries = []
-  for child in plan.children:
-    where = f'{plan.name}.{child.attr}'
-    linen_name, below_prefix = child.linen_name, f'{prefix}{child.attr}.'
-    if child.element is None and (after := _after_loop_template(plan, linen_name, prefix)) is not None:
-      linen_name = after  # a layer Linen numbers after a loop's: `Dense_{self.num_layers}`
-    elif '{' in linen_name:  # an nnx.List: Linen names element i `{i}` (name=str(i)), `block_{i}`, `Conv_{1 + 2 * i}`
-      element = _element_template(linen_name)
-      if element is None:
-        return f'{where} is a list of layers named {linen_name} in Linen, not by their index alone'
-      linen_name, below_prefix = element, f'{below_prefix}{{}}.'
-    if child.element == 0 and _named_apart(facts, [c for c in plan.children if c.attr == child.attr]):
-      return f'{where} is a list of layers of several classes that Linen names apart'
-    if child.alternative and child.sibling is not None and child.sibling.origin:
-      return f'{where} is built by a local naming one class or another, one of another file'
-    if child.bridged or child.cache and child.ctor not in plan.lazy_caches.values():
-      return f'{where} is a bridged child or a decode cache init_cache creates'
-    if child.stacked or child.scan or child.remat or child.wrapper:
-      return f'{where} is run by a lifted transform'
-    params = child.spec.params if child.spec is not None else None
-    if params is not None and (params.key_renames or params.fuse or params.drop):
-      return f'{where} ({child.spec.linen}) keeps its variables under other names in NNX'
-    entries.append((prefix + child.attr, plan.name, linen_name))
-    if child.sibling is not None:
-      below = _owned_names(facts, child.sibling, below_prefix)
-      if isinstance(below, str):
-        return below
-      entries += below
-  return entries
 
 
 def _input_sizes(facts: FileFacts, plan: ClassRewrite) -> tuple[dict[str, str], dict[str, str | None], str | None]:
@@ -316,13 +172,22 @@ def _child_input(child: Child, keyword: str | None) -> str | None:
   if keyword is None or child.api is not None:
     return None
   if child.sibling is not None:
-    below = next((a for a in child.sibling.size_arguments if a.name == keyword), None)
-    if below is None:
-      return None
-    own = below.origin == INPUT_DIMENSION and below.input is not None and below.child_argument is None \
-        and any(c.attr == below.child and c.api is not None for c in child.sibling.children)
-    return below.input if own else _traced_input(child.sibling, below.child, below.child_argument)
+    return _run_size(child.sibling, keyword)
   return '' if child.spec is not None and keyword in LAST_AXIS_SIZES else None
+
+
+def _run_size(plan: ClassRewrite, keyword: str) -> str | None:
+  """How a run of the converted class `plan`'s call shows its size argument `keyword`, as `_traced_input`; a
+  class of another file from its record (`LinenBridgeFacts.run_sizes`: diffusers' transformer model, whose
+  blocks' norm sizes a down block of another file asks for)."""
+  if plan.origin:
+    return dict(plan.bridge_facts.run_sizes).get(keyword) if plan.bridge_facts is not None else None
+  below = next((a for a in plan.size_arguments if a.name == keyword), None)
+  if below is None:
+    return None
+  own = below.origin == INPUT_DIMENSION and below.input is not None and below.child_argument is None \
+      and any(c.attr == below.child and c.api is not None for c in plan.children)
+  return below.input if own else _traced_input(plan, below.child, below.child_argument)
 
 
 def _construction_blocker(facts: FileFacts, plan: ClassRewrite, call: cst.Call,
@@ -430,6 +295,8 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
       reason = _loop_blocker(facts, plan, *loop)
     elif isinstance(use, cst.Attribute) and use.value is sub and not listed:
       reason = _read_blocker(facts, plan, attr, use)
+    elif _none_test(use, sub) or _isinstance_subject(facts, sub):  # `if self.mid_block is not None:` (diffusers'
+      reason = None  # UNet): the wrapper is no None; `isinstance(self.block, Block)` becomes `nnx_bridge.is_instance`
     elif isinstance(use, cst.Return) and not listed:  # `return self.encoder` (transformers' `_get_encoder_module`)
       shifted = _shifted_switch(facts, plan)
       reason = None if shifted is None else f'self.{attr} ({plan.name}) is returned to callers out of sight, and ' \
@@ -439,6 +306,34 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
     if reason is not None:
       return reason
   return None
+
+
+def _isinstance_test(facts: FileFacts, name: cst.CSTNode) -> cst.Call | None:
+  """The builtin `isinstance(x, C)` call whose class argument `C` (or an element of its tuple) is `name`, else
+  None."""
+  holder = facts.parent(name)
+  if isinstance(holder, cst.Element) and isinstance(facts.parent(holder), cst.Tuple):
+    holder = facts.parent(facts.parent(holder))
+  call = facts.parent(holder) if isinstance(holder, cst.Arg) else None
+  return call if _builtin_isinstance(facts, call) and call.args[1] is holder else None
+
+
+def _isinstance_subject(facts: FileFacts, node: cst.CSTNode) -> bool:
+  """Whether `node` is `x` of a builtin `isinstance(x, C)`."""
+  arg = facts.parent(node)
+  return isinstance(arg, cst.Arg) and _builtin_isinstance(facts, call := facts.parent(arg)) and call.args[0] is arg
+
+
+def _builtin_isinstance(facts: FileFacts, call: cst.CSTNode | None) -> bool:
+  return isinstance(call, cst.Call) and len(call.args) == 2 and not any(a.keyword or a.star for a in call.args) \
+      and facts.has_name(call.func, {'builtins.isinstance'})
+
+
+def _none_test(use: cst.CSTNode, attribute: cst.Attribute) -> bool:
+  """Whether `use` is `<attribute> is None` / `is not None`."""
+  return isinstance(use, cst.Comparison) and use.left is attribute and len(use.comparisons) == 1 \
+      and isinstance(use.comparisons[0].operator, (cst.Is, cst.IsNot)) \
+      and isinstance(use.comparisons[0].comparator, cst.Name) and use.comparisons[0].comparator.value == 'None'
 
 
 def _read_blocker(facts: FileFacts, plan: ClassRewrite, attr: str, read: cst.Attribute) -> str | None:
@@ -511,8 +406,8 @@ def _listed_as(facts: FileFacts, setup: cst.FunctionDef, call: cst.Call) -> str 
     listed = bound.targets[0].target if bound is not None and bound.value is facts.parent(parent) else None
   elif (appended := _appended_to(facts, call)) is not None:
     listed = appended
-  elif bound is not None and bound.value is call:
-    appends = [_appended_to(facts, n) for n in _reads(facts, bound.targets[0].target) or ()]
+  elif bound is not None and bound.value is call:  # bound to a local, maybe in each arm of an if (diffusers'
+    appends = [_appended_to(facts, n) for n in _arm_reads(facts, bound.targets[0].target)]  # `down_block = ...`)
     lists = {n.value: n for n in appends if n is not None}
     listed = next(iter(lists.values())) if appends and None not in appends and len(lists) == 1 else None
   else:
@@ -538,6 +433,14 @@ def _reads(facts: FileFacts, name: cst.Name) -> list[cst.Name] | None:
   """The reads of the function local `name` names, when one statement binds it; else None."""
   assignment = _one_assignment(facts, name)
   return [r.node for r in assignment.references] if assignment is not None else None
+
+
+def _arm_reads(facts: FileFacts, name: cst.Name) -> list[cst.Name]:
+  """The reads of the function local `name` over all its bindings (diffusers' `down_block = CrossAttnBlock(...)`
+  in one arm of an if, `down_block = DownBlock(...)` in the other), each once."""
+  scope = facts.scope(name)
+  assignments = list(scope.assignments[name.value]) if isinstance(scope, cst.metadata.FunctionScope) else []
+  return list({id(r.node): r.node for a in assignments for r in a.references}.values())
 
 
 def _one_assignment(facts: FileFacts, name: cst.Name) -> cst.metadata.BaseAssignment | None:
@@ -673,13 +576,45 @@ def _loop_blocker(facts: FileFacts, plan: ClassRewrite, loop: cst.For, position:
     return f'a loop over {plan.name} layers with an unpacked target'
   calls = {id(c.func): c for c in descendants(loop.body) if isinstance(c, cst.Call)}
   for sub in descendants(loop.body):
-    if isinstance(sub, cst.Name) and sub.value == target.value:
+    if isinstance(sub, cst.Name) and sub.value == target.value and not _other_class_arm(facts, plan, sub, loop):
       use = calls.get(id(sub))
-      reason = f'a layer of {plan.name} is used other than by calling it in its loop' if use is None \
+      reason = None if use is None and _isinstance_subject(facts, sub) \
+          else f'a layer of {plan.name} is used other than by calling it in its loop' if use is None \
           else _call_blocker(facts, plan, use)
       if reason is not None:
         return reason
   return None
+
+
+def _other_class_arm(facts: FileFacts, plan: ClassRewrite, use: cst.Name, loop: cst.For) -> bool:
+  """Whether `use` of a loop's layer is in an arm that runs for a layer of another class than `plan`'s only: the
+  body of `if isinstance(layer, Other):`, or the `else:` of `if isinstance(layer, <plan's class>):` (diffusers'
+  ControlNet calls its cross-attention down blocks with the text states, the others without)."""
+  node = use
+  for above in _above(facts, use, loop):
+    if isinstance(above, cst.If) and isinstance(above.test, cst.Call) and _builtin_isinstance(facts, above.test) \
+        and isinstance(subject := above.test.args[0].value, cst.Name) and subject.value == use.value:
+      tested = above.test.args[1].value
+      ours = _denotes(facts, tested, plan)
+      other = not ours and _unrelated_class(facts, tested)
+      if node is above.body and other or node is above.orelse and ours:
+        return True
+    node = above
+  return False
+
+
+def _unrelated_class(facts: FileFacts, node: cst.CSTNode) -> bool:
+  """Whether `node` names a Linen class of the run (converted or not) that no class of the run subclasses: a layer
+  it tests for is of that class, never of another."""
+  found = {key for q in facts.qualified_names(node) if (key := facts.hierarchy.resolve(q.name)) is not None}
+  return bool(found) and not found & facts.hierarchy.bases
+
+
+def _denotes(facts: FileFacts, node: cst.CSTNode, plan: ClassRewrite) -> bool:
+  """Whether `node` names the class of `plan` (of this file, or of another by its record)."""
+  if plan.origin:
+    return facts.imported_class(node) == f'{plan.origin}.{plan.name}'
+  return isinstance(node, cst.Name) and node.value == plan.name
 
 
 def _loop_over(facts: FileFacts, attr: cst.Attribute) -> tuple[cst.For, int] | None:

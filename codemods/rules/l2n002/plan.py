@@ -126,7 +126,8 @@ class LinenBridgeFacts:
   not map onto Linen's variable paths or its sizes are not shown by its call (`blocker`), else the NNX path ->
   Linen name of each child named otherwise, its size arguments shown by a required call argument and those a run
   of the call finds, the plain attributes a Linen parent may read through the bridge, and the first train/eval
-  argument of its call that positional ones follow (`linen_parents._shifted_switch`)."""
+  argument of its call that positional ones follow (`linen_parents._shifted_switch`); and how a run of its call
+  shows each size argument it can (`linen_parents._run_size`), for a Linen class wrapping a class that builds it."""
 
   blocker: str | None
   linen_names: tuple[tuple[str, str], ...] = ()
@@ -135,6 +136,8 @@ class LinenBridgeFacts:
   # shapes (`to_linen(traced_inputs=)`), None: a table layer's input size (`to_linen(traced_sizes=)`)
   plain_attributes: tuple[str, ...] = ()
   shifted_switch: str | None = None
+  run_sizes: tuple[tuple[str, str], ...] = ()  # size argument -> '' (a table layer's input size down the tree) or
+  # the call argument shaping a variable of its own
 
 
 @dataclasses.dataclass

@@ -56,6 +56,10 @@ class ConvertModuleDefinitionsRule(MigrationRule):
       for bridge in self.bridges.get(node.name.value, ()):
         self.add_needed_import('nnx_bridge')
         built = bridge.built.rpartition('.')[2]  # a class of another file: by its qualified name
+        if bridge.test:
+          self.report_change(bridge.call, f'isinstance(..., {built}) -> nnx_bridge.is_instance: {built}, converted to '
+                                          f'NNX, is wrapped with nnx_bridge.to_linen in {bridge.user}')
+          continue
         self.report_change(bridge.call, f'{built}, converted to NNX, is built by {bridge.user}, which stays '
                                         f'Linen: {TO_LINEN_BRIDGED}, its variables keep their Linen paths')
       return

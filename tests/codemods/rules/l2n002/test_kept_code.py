@@ -84,7 +84,7 @@ def __call__(self, x):
      @nn.compact
      def __call__(self, x):
        def init(key, shape, dtype=jnp.float32):
-         return jnp.ones(shape, dtype) / x.shape[-1]
+         return jnp.ones(shape, dtype) * x.mean()  # a value of the input, not its size
        return nn.Dense(3, kernel_init=init)(x)
      ''', '', r'^10:36 .*uses init, defined in the method, which reads x, a local of the method that only the call knows'),
     ('class M(nn.Module):', '''
