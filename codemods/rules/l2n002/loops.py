@@ -113,7 +113,7 @@ class Loops:
       raise fail(statement, f'assigning its loop variable {sorted(assigned & loop.names)[0]}')
     for ctor in ctors:
       parent = ctx.facts.parent(ctor)
-      if not (isinstance(parent, cst.Call) and parent.func is ctor):
+      if not (isinstance(parent, cst.Call) and parent.func is ctor) and _bound_call(ctx, statement, ctor) is None:
         raise fail(ctor, 'building a submodule not called where it is built (bind it outside the loop, or call it '
                          'at once)')
       loop.sites.append(Site(loop, ctor))
@@ -652,6 +652,31 @@ def _indexed_call(ctx: ClassContext, sub: cst.Attribute) -> tuple[cst.For, cst.C
       or loop.body.body.index(top[0]) > loop.body.body.index(_line_of(ctx, call, loop.body)):
     return None
   return loop, call
+
+
+def _bound_call(ctx: ClassContext, loop: cst.For, ctor: cst.Call) -> cst.Call | None:
+  """The one call of the local a statement of the loop's body binds to `ctor` (jax-md's `so2_m_conv =
+  SO2MConv(...)`, then `x_m_r, x_m_i = so2_m_conv(x_m)`), when the local is bound nowhere else and read nowhere else,
+  and no other layer is built between them (Linen numbers layers as they are built); else None."""
+  line = ctx.facts.parent(ctx.facts.parent(ctor))
+  if not (isinstance(line, cst.SimpleStatementLine) and line in loop.body.body and assigned_name(line) is not None
+          and line.body[0].value is ctor):
+    return None
+  name = line.body[0].targets[0].target
+  scope = ctx.facts.scope(name)
+  assignments = list(scope.assignments[name.value]) if scope is not None and name.value in scope else []
+  if len(assignments) != 1 or len(assignments[0].references) != 1:
+    return None
+  use = next(iter(assignments[0].references)).node
+  call = ctx.facts.parent(use)
+  if not (isinstance(call, cst.Call) and call.func is use):
+    return None
+  body = list(loop.body.body)
+  later = next((s for s in body[body.index(line) + 1:] if ctx.facts.inside(call, s)), None)
+  between = body[body.index(line) + 1:body.index(later) + 1] if later is not None else []
+  built = [c for s in between for c in descendants(s) if isinstance(c, cst.Call) and c is not call
+           and constructions.constructed(ctx, c) is not None]
+  return call if later is not None and not built else None
 
 
 def _line_of(ctx: ClassContext, node: cst.CSTNode, body: cst.BaseSuite) -> cst.CSTNode:

@@ -57,6 +57,7 @@ from codemods.rules.l2n002.nodes import (
 )
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 from codemods.rules.l2n002.setup_code import (
+  kept_class_of_another_file,
   none_placeholders,
   plain_attributes,
   plain_function,
@@ -566,10 +567,15 @@ def _plan_compact(ctx: ClassContext, plan: ClassRewrite, method: cst.FunctionDef
   ctors = [c for c in descendants(method) if isinstance(c, cst.Call) and constructions.constructed(ctx, c) is not None]
   cells = {constructions.cell_arg(ctx, c) for c in ctors}  # built in a wrapper's constructor call: part of that child
   ctors = [c for c in ctors if c not in cells]
-  for call in descendants(method.body):  # `self.conv(...)(x)`: a module built from a ModuleDef or factory
-    if isinstance(call, cst.Call) and isinstance(call.func, cst.Call) and call.func not in ctors \
-        and call not in ctors and not plain_function(ctx.facts, call.func.func):
-      raise Unsupported(call, _unknown_builder(ctx, call.func.func))
+  for call in descendants(method.body):
+    if not isinstance(call, cst.Call) or call in ctors or call in cells:
+      continue
+    inner = call.func if isinstance(call.func, cst.Call) and call.func not in ctors else None
+    kept = kept_class_of_another_file(ctx.facts, inner or call)  # no record: another file keeps it Linen
+    if kept is not None:  # (jax-md's `act = GateActivation(...)`)
+      raise Unsupported(call, kept)
+    if inner is not None and not plain_function(ctx.facts, inner.func):  # `self.conv(...)(x)`: a ModuleDef's
+      raise Unsupported(call, _unknown_builder(ctx, inner.func))
   variables = [c for c in descendants(method.body) if isinstance(c, cst.Call) and scope_api(c) in ('param', 'variable')]
   caches = decode_cache.decode_caches(ctx, plan, method)
   _straight_line(ctx, method.body, {*ctors, *variables} - caches)

@@ -123,6 +123,9 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
                               'argument') from None
     return '(' + ''.join(f'{paren(code(ctx, v))} if {code(ctx, t)} else ' for t, v in branches) \
         + f'{paren(code(ctx, otherwise))})'
+  rebound = _rebound_value(ctx, name, assignments) if assign is None and arms is None else None
+  if rebound is not None:
+    return rebound
   if assign is None:
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, which is bound more than once or '
                             'inside a block: bind it once, at the top of the method, or once in each arm of an if on '
@@ -233,6 +236,46 @@ def _arm_binding(ctx: ClassContext, assignment: cst.metadata.BaseAssignment
   while isinstance(ctx.facts.parent(top), (cst.If, cst.Else)):  # an `elif` or `else`: up to the first `if`
     top = ctx.facts.parent(top)
   return (assign, arm, top) if isinstance(top, cst.If) else None
+
+
+def _rebound_value(ctx: ClassContext, name: cst.Name, assignments: list[cst.metadata.BaseAssignment]) -> str | None:
+  """A local bound directly in its method's body, then rebound, before the read `name`, by code that may read it,
+  directly or in the body of an `if` on fields without `else` (jax-md's `m0_output_channels = self.m_output_channels
+  * (self.lmax + 1)`, then `if self.extra_m0_output_channels is not None: m0_output_channels = m0_output_channels +
+  self.extra_m0_output_channels`): the value __init__ computes, each rebinding folded in as `(<new> if <test> else
+  <before>)`; None for other locals. Raises Unsupported for a value or test reading what only the call knows."""
+  steps = []
+  for assignment in assignments:
+    target = ctx.facts.parent(assignment.node) if isinstance(assignment, cst.metadata.Assignment) else None
+    assign = ctx.facts.parent(target) if isinstance(target, cst.AssignTarget) else None
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and target.target is assignment.node):
+      return None
+    line, function = ctx.facts.parent(assign), assignment.scope.node
+    block = ctx.facts.parent(line)
+    holder = ctx.facts.parent(block) if isinstance(block, cst.IndentedBlock) and len(line.body) == 1 else None
+    if holder is function:
+      test = None
+    elif isinstance(holder, cst.If) and holder.orelse is None and holder in function.body.body:
+      test = holder.test
+    else:
+      return None
+    steps.append((ctx.facts.position(line).line, test, assign.value))
+  steps.sort(key=lambda step: step[0])
+  if len(steps) < 2 or steps[0][1] is not None or ctx.facts.position(name).line <= steps[-1][0]:
+    return None
+  value = None
+  for _, test, new in steps:
+    reads = {n: paren(value) for n in descendants(new) if isinstance(n, cst.Name) and n.value == name.value
+             and value is not None}
+    try:
+      for node in (new, test) if test is not None else (new,):
+        check_hoistable(ctx, node, skip=set(reads))
+    except Unsupported as e:
+      what = _call_only(ctx, e)
+      raise Unsupported(name, f'a constructor argument uses the local {name.value}, rebound by code that reads {what}, '
+                              'which only the call knows: make it a field, or a constructor argument') from None
+    value = code(ctx, new, reads) if test is None else f'({paren(code(ctx, new, reads))} if {code(ctx, test)} else {paren(value)})'
+  return value
 
 
 def _single_assign(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignment]) -> cst.Assign | None:
@@ -403,8 +446,9 @@ def size_local(ctx: ClassContext, name: cst.Name) -> str | None:
 
 
 def bound_local(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call) -> cst.Name | None:
-  """The local `name` of a statement `name = <ctor>` of the method's own body or of the arms of its `if`s (jax-md's
-  `elif self.embedding_type == 'lin_emb': linear = nn.Dense(...)`, called further down), else None."""
+  """The local `name` of a statement `name = <ctor>` of the method's own body, of the arms of its `if`s (jax-md's
+  `elif self.embedding_type == 'lin_emb': linear = nn.Dense(...)`, called further down) or of a loop's body building
+  layers (`loops.py`), else None."""
   assign = ctx.facts.parent(ctor)
   line = ctx.facts.parent(assign) if isinstance(assign, cst.Assign) else None
   if not (isinstance(assign, cst.Assign) and assign.value is ctor and len(assign.targets) == 1
@@ -412,9 +456,10 @@ def bound_local(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call) -> c
           and len(line.body) == 1):
     return None
   block = ctx.facts.parent(line)
-  while block is not method.body:  # an arm (`IndentedBlock`, `Else`) of an `if`, and so on up to the body
-    arm = ctx.facts.parent(block)
-    if not (isinstance(block, cst.IndentedBlock) and isinstance(arm, (cst.If, cst.Else))):
+  while block is not method.body:  # an arm (`IndentedBlock`, `Else`) of an `if`, and so on up to the body; or
+    arm = ctx.facts.parent(block)  # the body of a loop building it (jax-md's `so2_m_conv = SO2MConv(...)`)
+    looped = isinstance(arm, cst.For) and arm in ctx.loops.loops and ctor in ctx.loops.sites
+    if not (isinstance(block, cst.IndentedBlock) and (isinstance(arm, (cst.If, cst.Else)) or looped)):
       return None
     block = ctx.facts.parent(arm)
     while isinstance(block, (cst.If, cst.Else)):  # an `elif`, or the `else` of one, up to the first `if`

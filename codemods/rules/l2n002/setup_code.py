@@ -78,9 +78,7 @@ def setup_code_blocker(facts: FileFacts, node: cst.ClassDef, statement: cst.CSTN
     if isinstance(sub, (cst.Name, cst.Attribute)) and _names_linen_class(facts, sub):
       if _of_another_file(facts, sub) and self_assignment(statement) is not None \
           and (call := facts.parent(sub)) is statement.body[0].value and call.func is sub:
-        return sub, (f'{facts.code(sub)}, a Linen module class of another file, stays Linen there (see its TODO); '
-                     'L2N002 wraps only Linen classes of the same file with nnx_bridge.from_linen: convert it first, '
-                     'or move it into this file')
+        return sub, kept_class_of_another_file(facts, call)
       return sub, f'{facts.code(sub)}, a Linen module class, {_where(facts, sub, statement)}'
     if isinstance(sub, cst.Call) and _bridged_class(facts, sub) is not None:  # what a first run made of `X()`
       return sub, f'{_bridged_class(facts, sub)}, a Linen module class, {_where(facts, sub, statement, built=True)}'
@@ -96,6 +94,17 @@ def _names_linen_class(facts: FileFacts, node: cst.Name | cst.Attribute) -> bool
   return any(q.source is QualifiedNameSource.LOCAL and q.name in facts.linen_classes
              or q.source is QualifiedNameSource.IMPORT and facts.hierarchy.resolve(q.name) is not None
              for q in facts.qualified_names(node))
+
+
+def kept_class_of_another_file(facts: FileFacts, call: cst.Call) -> str | None:
+  """Why `call`, which builds no module the planner knows (`constructions.constructed` is None), keeps its class
+  Linen: it builds a Linen class another file of the run keeps Linen (its record never came: jax-md's `act =
+  GateActivation(...)` in a compact body); None for other calls."""
+  func = call.func
+  if not (isinstance(func, (cst.Name, cst.Attribute)) and _names_linen_class(facts, func) and _of_another_file(facts, func)):
+    return None
+  return (f'{facts.code(func)}, a Linen module class of another file, stays Linen there (see its TODO); L2N002 wraps '
+          'only Linen classes of the same file with nnx_bridge.from_linen: convert it first, or move it into this file')
 
 
 def _of_another_file(facts: FileFacts, node: cst.Name | cst.Attribute) -> bool:

@@ -270,13 +270,14 @@ def _kept_for_a_user(source: str) -> tuple[str, list[str]]:
 
 def test_a_file_whose_classes_are_kept_for_a_users_sake_settles_with_its_bridges():
   """`fixtures/L2N002/hf_kept_for_a_user.*` (ResNet's layout): the stage stays Linen and keeps the layers below it;
-  the convolution layer and the layer list above it convert, the Linen classes above build them through to_linen and
-  run on the original's variables, and a second run changes nothing: the first run words why each class stays Linen
+  the convolution layer, the shortcut and the layer list above them convert, the Linen classes above build them
+  through to_linen and run on the original's variables, and a second run changes nothing: the first run words why each class stays Linen
   as the second finds it (`decide._settled_reason`), so no bridge is given up to settle the file."""
   source = (fixture_parity.FIXTURES / f'{KEPT_FOR_A_USER}.in.py').read_text()
   new, converted = _kept_for_a_user(source)
-  assert converted == ['Identity', 'ConvLayer', 'BasicLayerCollection']
+  assert converted == ['Identity', 'ConvLayer', 'ShortCut', 'BasicLayerCollection']
   assert 'nnx_bridge.to_linen(BasicLayerCollection' in new
+  assert 'self.shortcut = nnx_bridge.to_linen(ShortCut, ' in new  # BasicLayer tests it against None: the wrapper is no None
   assert transform_source(new, registry.ALL_RULES).source == new
   x = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
   original, migrated = {}, {}

@@ -73,7 +73,7 @@ def __call__(self, x):
        if x.ndim > 2:
          init = nn.initializers.ones
        return nn.Dense(self.features, kernel_init=init)(x)
-     ''', '', r'^13:48 .*the local init, which is bound more than once or inside a block: bind it once'),
+     ''', '', r'^13:48 .*the local init, rebound by code that reads x, which only the call knows'),
     ('class M(nn.Module):', '''
      @nn.compact
      def __call__(self, x):
