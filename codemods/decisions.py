@@ -34,13 +34,14 @@ from codemods.analysis.seams import LINEN_SUBCLASSES_NNX
 from codemods.analysis.seams import LOOKUP_BY_NAME
 from codemods.analysis.seams import Seam
 from codemods.analysis.seams import find_seams
+from codemods.report import BUILT_BY_LINEN
 
 SEAMS_CODE = 'L2N000'  # the code of the report entries for run-wide findings
 _KEPT_FOR = re.compile(r'^[ \t]*# TODO\(linen2nnx\): class (?P<name>\w+) kept as Linen: (?P<reason>the class '
                        r'(?P<user>\w+) of (?P<file>\S+), which stays Linen, builds it); ', re.MULTILINE)
 """An earlier run's TODO keeping a class Linen because a Linen class of another file builds it."""
 _KEPT_BY = {  # the uses of a class this run converted that keep it Linen -> how its user uses it
-    LINEN_BUILDS_NNX: 'which stays Linen, builds it',
+    LINEN_BUILDS_NNX: BUILT_BY_LINEN,
     LINEN_SUBCLASSES_NNX: 'which stays Linen, subclasses it',
     HELD_FOR_LINEN_CODE: 'which is no module, holds it in a class attribute for code that builds it with a Linen '
                          "module's arguments and runs it with .init / .apply",

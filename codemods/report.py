@@ -22,6 +22,9 @@ _KEPT_END = '; a converted class building it wraps it with nnx_bridge.from_linen
 _USER_END = ', and cannot wrap it with nnx_bridge.to_linen: '
 
 
+BUILT_BY_LINEN = 'which stays Linen, builds it'  # a class kept because a Linen class of another file builds it
+
+
 def kept_message(name: str, why: str) -> str:
   """The TODO of a class kept as Linen for a use outside its body (`why`)."""
   return f'class {name} kept as Linen: {why}{_KEPT_END}'

@@ -12,18 +12,21 @@ does for any class kept as Linen.
 A kept class keeps the reason it was first left for, except one that builds converted classes
 through to_linen: a second run starts from the final decisions (those classes are NNX code it builds
 as Linen modules, the kept ones Linen code), so its reason is asked again that way
-(`_settled_reason`), or that run would write another TODO. What this does not settle,
+(`_settled_reason`), or that run would write another TODO; and a class the run keeps because a Linen class of
+another file builds it is planned first, as that run plans it, and what keeps it Linen on its own is its reason
+(`_own_reason`). What this does not settle,
 `transform_source` does: it runs the rules once more, as a second run would.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing as tp
 
 import libcst as cst
 
 from codemods.nodes import descendants
-from codemods.report import kept_message, used_message
+from codemods.report import BUILT_BY_LINEN, kept_message, used_message
 from codemods.rules.l2n002.facts import FileFacts
 from codemods.rules.l2n002.linen_parents import ToLinenBridge, adopted_blocker, linen_parent_bridges
 from codemods.rules.l2n002.plan import ClassRewrite, FileRewrite, Unsupported
@@ -56,9 +59,10 @@ def decide_classes(facts: FileFacts) -> ClassDecisions:
   users: dict[str, str] = {}  # a class kept because a class left as Linen uses it -> that class
   order = _plan_order(facts)
   alone: dict[str, ClassRewrite] | None = None  # the plans of the first round, each class planned as it stands
+  built_elsewhere = {name for name, why in kept.items() if BUILT_BY_LINEN in why}
   while True:
     facts = dataclasses.replace(facts, kept_linen=kept)
-    file, left = _plan_all(facts, order)
+    file, left = _plan_all(facts, order, built_elsewhere)
     alone = dict(file.plans) if alone is None else alone
     first = {**left, **first}  # a class keeps the reason it was first left for, not a consequence of it
     used, bridges = _used_by_linen(facts, file, left)
@@ -89,14 +93,18 @@ def _plan_order(facts: FileFacts) -> list[cst.ClassDef]:
   return order
 
 
-def _plan_all(facts: FileFacts, order: list[cst.ClassDef]) -> tuple[FileRewrite, dict[str, LeftLinen]]:
+def _plan_all(facts: FileFacts, order: list[cst.ClassDef], built_elsewhere: tp.Collection[str] = ()
+              ) -> tuple[FileRewrite, dict[str, LeftLinen]]:
   """Each Linen class of the file planned in `order` (`_plan_order`), those before it known: its plan, or why it
-  stays Linen."""
+  stays Linen. A class the run keeps because a Linen class of another file builds it (`built_elsewhere`) is planned
+  all the same, as a second run plans it before it asks about that use: what keeps it Linen on its own comes first
+  (jax-md's edge embedding, building a radial MLP another file keeps Linen), or that run writes another TODO."""
   file, left = FileRewrite(), {}
   for node in order:
     name = node.name.value
     if name in facts.kept_linen:
-      left[name] = LeftLinen(node, kept_message(name, facts.kept_linen[name]))
+      own = _own_reason(facts, file, node) if name in built_elsewhere else None
+      left[name] = own or LeftLinen(node, kept_message(name, facts.kept_linen[name]))
       continue
     try:
       plan = plan_class(facts, file.plans, node, file.variable_classes)
@@ -111,6 +119,18 @@ def _plan_all(facts: FileFacts, order: list[cst.ClassDef]) -> tuple[FileRewrite,
       continue
     file.add(node, plan)
   return file, left
+
+
+def _own_reason(facts: FileFacts, file: FileRewrite, node: cst.ClassDef) -> LeftLinen | None:
+  """Why the class `node`, kept because a Linen class of another file builds it, stays Linen on its own, planned
+  as a second run plans it; None when it would convert but for that use."""
+  name = node.name.value
+  trial = dataclasses.replace(facts, kept_linen={k: v for k, v in facts.kept_linen.items() if k != name})
+  try:
+    plan_class(trial, file.plans, node, dict(file.variable_classes))
+  except Unsupported as error:
+    return LeftLinen(error.node, f'class {name} left as Linen: {error.message}')
+  return None
 
 
 def _used_by_linen(facts: FileFacts, file: FileRewrite,

@@ -54,3 +54,77 @@ def test_a_local_bound_to_a_class_another_file_keeps_linen_keeps_its_builder_lin
   assert not {c.linen_name for o in result.files for c in o.classes}
   variables = linen.Edgewise().init(jax.random.key(0), X)
   np.testing.assert_array_equal(ported.Edgewise().apply(variables, X), linen.Edgewise().apply(variables, X))
+
+
+RADIAL = '''\
+import flax.linen as nn
+
+
+class RadialMLP(nn.Module):
+  channels: int = 4
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.channels, name='net_0')(nn.silu(x))
+'''
+
+MOE = '''\
+import flax.linen as nn
+
+from uma.radial import RadialMLP
+
+
+@nn.jit
+class SO2ConvolutionMoE(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    for _ in range(1):  # Linen numbers the MLPs as it runs: no wrapper takes their names, so they stay Linen
+      x = RadialMLP()(x)
+    return x
+'''
+
+EMBEDDING = '''\
+import flax.linen as nn
+
+from uma.radial import RadialMLP
+
+
+class EdgeDegreeEmbedding(nn.Module):
+  channels: int = 4
+
+  @nn.compact
+  def __call__(self, x_edge):
+    rad_func = RadialMLP(channels=self.channels, name='rad_func')
+    return rad_func(x_edge) * 2.0
+'''
+
+MODEL = '''\
+import flax.linen as nn
+
+from uma.embedding import EdgeDegreeEmbedding
+
+
+@nn.jit
+class UMABackbone(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    for _ in range(1):  # as above: the edge embedding stays Linen for it
+      x = EdgeDegreeEmbedding()(x)
+    return x
+'''
+
+
+def test_a_class_kept_for_another_file_s_use_says_what_keeps_it_linen_on_its_own(tmp_path, monkeypatch):
+  """jax-md's UMA: the backbone (Linen) builds the edge embedding, which builds the radial MLP the MoE convolution
+  (Linen) keeps Linen. A second run plans the edge embedding before it asks about the backbone's use, and finds the
+  radial MLP first: the first run words the embedding's TODO that way, so the second run changes nothing (which
+  `_two_trees` checks)."""
+  files = {'uma/__init__.py': '', 'uma/radial.py': RADIAL, 'uma/moe.py': MOE, 'uma/embedding.py': EMBEDDING,
+           'uma/model.py': MODEL}
+  result, linen, ported = _two_trees(tmp_path, monkeypatch, files, 'uma.model')
+  todos = {o.path: [e.message for e in o.entries if e.kind == 'todo'] for o in result.files}
+  assert any(m.startswith('class EdgeDegreeEmbedding left as Linen: RadialMLP, a Linen module class of another file')
+             for m in todos['uma/embedding.py']), todos
+  assert not {c.linen_name for o in result.files for c in o.classes}
+  variables = linen.UMABackbone().init(jax.random.key(0), X)
+  np.testing.assert_array_equal(ported.UMABackbone().apply(variables, X), linen.UMABackbone().apply(variables, X))
