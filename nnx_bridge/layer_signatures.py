@@ -187,6 +187,11 @@ LINEN_CALL_PARAMS: dict[str, tuple[str, ...]] = {
 layer inputs): `self.dropout(h, deterministic)` gives `deterministic` by position."""
 
 
+STATELESS: frozenset[str] = frozenset({'flax.linen.Dropout'})
+"""The table's Linen layers that hold no variables (their `init` gives none): built where Linen would not build
+them (under a train/eval test), they change no state."""
+
+
 NNX_CALL_MODES: dict[str, frozenset[str]] = {
     'flax.nnx.BatchNorm': frozenset({'use_running_average'}),
     'flax.nnx.Dropout': frozenset({'deterministic'}),

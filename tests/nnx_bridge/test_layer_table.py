@@ -362,6 +362,17 @@ def test_recorded_signatures_are_the_installed_flax_ones():
     assert layer_signatures.NNX_CALL_MODES.get(name, frozenset()) == taken, name
 
 
+def test_recorded_stateless_layers_are_those_whose_init_gives_no_variables():
+  """`layer_signatures.STATELESS`, which the codemod reads to build a layer under a train/eval test in both modes."""
+  from nnx_bridge import layer_signatures
+  from nnx_bridge.layer_check import linen_example
+
+  found = {spec.linen for spec in LAYERS if spec.example is not None
+           and not jax.tree.leaves(linen_example(spec)[1])}
+  assert found == layer_signatures.STATELESS
+  assert 'flax.linen.Dense' not in found  # the check sees variables where there are some
+
+
 def test_docs_table_is_generated_from_the_rows():
   text = (ROOT / 'docs' / 'layer_table.md').read_text()
   assert text == render_markdown(), 'regenerate docs/layer_table.md from render_markdown()'

@@ -13,6 +13,8 @@ from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.plan import Child, Unsupported
+from nnx_bridge.layer_signatures import STATELESS
+from nnx_bridge.layer_table import find_layer
 
 
 Tests = tuple[tuple[str, bool], ...]
@@ -24,8 +26,10 @@ def construction_conditions(ctx: ClassContext, statement: cst.If, built: set[cst
   """`if self.config.use_norm: x = nn.LayerNorm()(x)`, also in elif chains and nested conditionals: each
   construction in it, with the condition (code for __init__) under which it exists, the tests of the arms it is
   in joined (`not (self.norm == 'batch') and self.norm == 'layer'`); a test that depends on the call (an input, a
-  train/eval switch) is refused."""
+  train/eval switch) is refused, but over layers that hold no variables, built whatever it says."""
   test = statement.test
+  if all(_stateless(ctx, sub) for sub in descendants(statement) if sub in built):  # jax-md's `if not deterministic
+    return {}  # and self.dropout_rate > 0: x = nn.Dropout(...)(x, deterministic=False)`: it exists in both modes
   if any(isinstance(n, cst.Name) and n.value in ctx.plan.switches for n in (test, *descendants(test))):
     raise Unsupported(test, 'a submodule created under a train/eval switch (in NNX it exists in both modes)')
   try:
@@ -42,6 +46,13 @@ def construction_conditions(ctx: ClassContext, statement: cst.If, built: set[cst
   elif statement.orelse is not None:
     conditions.update(arm_conditions(ctx, statement.orelse.body, built, negated))
   return conditions
+
+
+def _stateless(ctx: ClassContext, ctor: cst.Call) -> bool:
+  """Whether `ctor` builds a table layer that holds no variables (`layer_signatures.STATELESS`: a dropout), which
+  changes no state where it exists while Linen would not build it: `__init__` builds it whatever the test."""
+  return any((spec := find_layer(q.name)) is not None and spec.linen in STATELESS
+             for q in ctx.facts.qualified_names(ctor.func))
 
 
 def arm_conditions(ctx: ClassContext, arm: cst.BaseSuite, built: set[cst.Call], path: Tests) -> dict[cst.Call, str]:
