@@ -51,7 +51,7 @@ from codemods.rules.l2n002.loop_headers import (
     Loop, Site, appended, carried, check_head_names, empty_list, enclosing, is_builtin, lists_before,
     loop_header, loop_locals_read_after, pair, paren, setup_name, unbalanced, wrapped, written_out, zipped_names,
 )
-from codemods.rules.l2n002.nodes import assigned_name, is_plain_if, may_hold_modules
+from codemods.rules.l2n002.nodes import assigned_name, is_plain_if, is_written, may_hold_modules
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
 if tp.TYPE_CHECKING:
@@ -106,9 +106,8 @@ class Loops:
           and sub.func.value.value == 'self' and sub.func.attr.value in methods:
         raise fail(sub, f'calling self.{sub.func.attr.value}(), which may build layers in every iteration')
     loop = loop_header(ctx, statement, bool(ctors))
-    assigned = {n.value for sub in descendants(statement.body) if isinstance(sub, (cst.AssignTarget, cst.AugAssign,
-                                                                                   cst.AnnAssign))
-                for n in (sub.target, *descendants(sub.target)) if isinstance(n, cst.Name)}
+    assigned = {n.value for n in descendants(statement.body)  # bound, not read in a target (`modules[m] = ...`)
+                if isinstance(n, cst.Name) and is_written(n, ctx.facts.parent)}
     if assigned & loop.names:
       raise fail(statement, f'assigning its loop variable {sorted(assigned & loop.names)[0]}')
     for ctor in ctors:

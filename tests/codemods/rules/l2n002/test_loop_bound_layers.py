@@ -4,10 +4,14 @@ parameters): a layer built in a loop and bound to a local that the next statemen
 expression in `__init__`. A port that runs the loop's layers in another order, or sizes fc_m0 without the rebinding,
 fails the same comparison."""
 
+import textwrap
+
 import pytest
 from flax import nnx
 
 import nnx_bridge
+from codemods import rules as registry
+from codemods.transform import transform_source
 from tests.codemods.rules.test_fixture_parity import FIXTURES, models, spec
 
 CASE = 'L2N002/jax_md_so2_convolution'
@@ -39,3 +43,34 @@ def test_a_port_sizing_fc_m0_without_the_rebinding_cannot_take_the_linen_paramet
                                       rngs=nnx.Rngs(0))
   with pytest.raises(nnx_bridge.MappingError, match=r'fc_m0/bias float32\[9\] does not fit NNX fc_m0/bias float32\[6\]'):
     nnx_bridge.compare(linen_module, variables, wrong, *xs)
+
+
+def test_a_subscript_target_reading_the_loop_variable_is_not_a_rebinding_of_it():
+  """jax-md's MoE convolution fills `so2_m_conv_modules[m] = SO2MConvMoE(...)` in a loop over m: the reason it stays
+  Linen is the layer kept in a dict for another loop, not `m` assigned; a real rebinding of `m` is still refused."""
+  source = textwrap.dedent('''\
+      import flax.linen as nn
+
+      class Conv(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+          modules = {}
+          for m in range(1, 3):
+            modules[m] = nn.Dense(3, name=f'conv_{m}')
+          for m in range(1, 3):
+            x = modules[m](x)
+          return x
+
+      class Rebind(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+          for m in range(2):
+            m = m + 1
+            x = nn.Dense(3)(x) * m
+          return x
+      ''')
+  result = transform_source(source.encode(), registry.select_rules(['L2N002']))
+  todos = [e.message for e in result.entries if e.kind == 'todo']
+  assert 'class Conv left as Linen: a for loop building a submodule not called where it is built (bind it outside ' \
+         'the loop, or call it at once)' in todos, todos
+  assert 'class Rebind left as Linen: a for loop assigning its loop variable m' in todos, todos
