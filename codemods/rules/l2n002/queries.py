@@ -274,7 +274,8 @@ def _rebound_value(ctx: ClassContext, name: cst.Name, assignments: list[cst.meta
       what = _call_only(ctx, e)
       raise Unsupported(name, f'a constructor argument uses the local {name.value}, rebound by code that reads {what}, '
                               'which only the call knows: make it a field, or a constructor argument') from None
-    value = code(ctx, new, reads) if test is None else f'({paren(code(ctx, new, reads))} if {code(ctx, test)} else {paren(value)})'
+    rebound = code(ctx, new, reads)
+    value = rebound if test is None else f'({paren(rebound)} if {code(ctx, test)} else {paren(value)})'
   return value
 
 
