@@ -78,9 +78,10 @@ _CLASS_NAME = re.compile(rb'^class\s+(\w+)', re.MULTILINE)
 _TODO_LINE = re.compile(rb'^[ \t"]*' + re.escape(TODO_PREFIX.encode()), re.MULTILINE)
 _TRIVIA = frozenset({tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT})
 
-Task = tuple[str, tp.Mapping[str, str], tp.Mapping[str, ConvertedClass]]
+Task = tuple[str, tp.Mapping[str, str], tp.Mapping[str, ConvertedClass], frozenset[str]]
 """One file to migrate: its path, its classes the run keeps Linen (-> why), the records of classes other files
-converted that its call sites use (by qualified name)."""
+converted that its call sites use (by qualified name), the Linen classes of those files that stay Linen there
+(`LinenHierarchy.settled`)."""
 
 
 def migrate(
@@ -139,12 +140,13 @@ def migrate(
   limits = limits or workers.Limits.from_environment()
   bar = _progress_bar(len(candidates), progress)
   try:
-    outcomes.update(_outcomes(_run([(path, {}, {}) for path in candidates], rules, jobs, options, hierarchy, limits),
+    outcomes.update(_outcomes(_run([(path, {}, {}, frozenset()) for path in candidates], rules, jobs, options,
+                                   hierarchy, limits),
                               bar))
   finally:
     bar.close()
   rerun = lambda tasks: _outcomes(_run(tasks, rules, jobs, options, hierarchy, limits))
-  outcomes = _settle(outcomes, originals, roots, rerun)
+  outcomes = _settle(outcomes, originals, roots, hierarchy, rerun)
   outcomes = {path: dataclasses.replace(outcome, todos=_todos(outcome.source or originals.get(path, b'')))
               for path, outcome in outcomes.items()}
   if write:
@@ -163,15 +165,20 @@ def _outcomes(run: tp.Iterator[FileOutcome], bar: tp.Any = None) -> dict[str, Fi
 
 
 def _settle(outcomes: dict[str, FileOutcome], originals: tp.Mapping[str, bytes], roots: tp.Sequence[str],
-            rerun: tp.Callable[[list[Task]], dict[str, FileOutcome]]) -> dict[str, FileOutcome]:
+            hierarchy: LinenHierarchy, rerun: tp.Callable[[list[Task]], dict[str, FileOutcome]]) -> dict[str, FileOutcome]:
   """The run-wide decisions (`decisions.py`): files whose Linen classes build a class another file converted are
   migrated again with its record (`imported_classes`), so that they build the NNX class in turn; classes some
   Linen class of another file still uses are kept Linen (their files migrated again); files whose call sites use
   a class another file converted are migrated again with its record, so that `train.py` builds what `models.py`
-  now defines; then the broken uses left get their TODO."""
+  now defines; files whose classes waited on a Linen class of another file (`FileOutcome.awaited`) are migrated
+  again knowing which of that file's classes stay Linen (`LinenHierarchy.settled`); then the broken uses left get
+  their TODO."""
   kept: dict[str, dict[str, str]] = {}
   sources_of: dict[str, set[str]] = {}  # file -> the files whose converted classes its call sites use
   given: dict[str, dict[str, ConvertedClass]] = {}  # file -> the records it was last migrated with
+  waits_on: dict[str, set[str]] = {}  # file -> the files of the Linen classes its classes waited on
+  told: dict[str, frozenset[str]] = {}  # file -> the Linen classes of those files it was told stay Linen
+  path_of = {module: path for path in outcomes for module in module_names(path, roots)}
   while True:
     converted = {path: {c.linen_name for c in outcome.classes} for path, outcome in outcomes.items()}
     words = {name for path, outcome in outcomes.items() if outcome.status != SKIPPED
@@ -188,12 +195,19 @@ def _settle(outcomes: dict[str, FileOutcome], originals: tp.Mapping[str, bytes],
           s.target_path for s in seams if s.kind in IMPORTABLE_SEAMS and s.target_path != path)
     for path, targets in decision.retry.items():
       sources_of.setdefault(path, set()).update(targets)
+    for path, outcome in outcomes.items():
+      waits_on.setdefault(path, set()).update(
+          found for name in outcome.awaited if (found := path_of.get(name.rpartition('.')[0])) not in (None, path))
     wanted = {path: _records(outcomes, sources, roots) for path, sources in sources_of.items()}
-    stale = sorted({*decision.keep, *(path for path, records in wanted.items() if records != given.get(path, {}))})
+    staying = {path: _staying(converted, files, roots, hierarchy) for path, files in waits_on.items() if files}
+    stale = sorted({*decision.keep, *(path for path, records in wanted.items() if records != given.get(path, {})),
+                    *(path for path, names in staying.items() if names != told.get(path, frozenset()))})
     if not stale:
       break
     given.update({path: wanted[path] for path in stale if path in wanted})
-    outcomes = {**outcomes, **rerun([(path, kept.get(path, {}), given.get(path, {})) for path in stale])}
+    told.update({path: staying[path] for path in stale if path in staying})
+    outcomes = {**outcomes, **rerun([(path, kept.get(path, {}), given.get(path, {}), told.get(path, frozenset()))
+                                     for path in stale])}
   for path, seams in decision.todos.items():
     old = _text(originals[path], originals[path])
     new = with_todos(texts[path], seams)
@@ -216,6 +230,14 @@ def _records(outcomes: tp.Mapping[str, FileOutcome], sources: tp.Iterable[str],
   `QualifiedNameProvider` names them in an importing file, relative imports resolved)."""
   return {f'{module}.{record.linen_name}': record for path in sorted(sources) if path in outcomes
           for module in module_names(path, roots) for record in outcomes[path].classes}
+
+
+def _staying(converted: tp.Mapping[str, tp.Collection[str]], sources: tp.Iterable[str], roots: tp.Sequence[str],
+             hierarchy: LinenHierarchy) -> frozenset[str]:
+  """The Linen classes of the files `sources` that their migration kept Linen, under every qualified name."""
+  modules = {module: path for path in sources for module in module_names(path, roots)}
+  return frozenset(name for name in hierarchy.classes if (path := modules.get(name.rpartition('.')[0])) is not None
+                   and name.rpartition('.')[2] not in converted.get(path, ()))
 
 
 def _write(outcome: FileOutcome, original: bytes) -> FileOutcome:
@@ -249,12 +271,14 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]],
                  options: MigrationOptions = MigrationOptions(),
                  hierarchy: LinenHierarchy = LinenHierarchy(),
                  kept_classes: tp.Mapping[str, str] = {},
-                 imported_classes: tp.Mapping[str, ConvertedClass] = {}) -> FileOutcome:
+                 imported_classes: tp.Mapping[str, ConvertedClass] = {},
+                 settled: frozenset[str] = frozenset()) -> FileOutcome:
   """Migrates one file in memory: never raises; a failure is an outcome. The outcome of a changed file holds
   its new content (`source`), which `migrate` writes once the whole run is decided.
 
   `hierarchy`: the Linen classes of the whole run (`build_hierarchy`); `kept_classes`: classes of the file the
-  run keeps Linen, with why; `imported_classes`: records of classes other files converted, by qualified name.
+  run keeps Linen, with why; `imported_classes`: records of classes other files converted, by qualified name;
+  `settled`: classes of those files that stay Linen there (`LinenHierarchy.settled`).
   """
   try:
     with open(path, 'rb') as file:
@@ -267,17 +291,19 @@ def migrate_file(path: str, rules: tp.Sequence[type[MigrationRule]],
     if depth > MAX_NESTING:
       raise MigrationError(f'too deeply nested to parse safely (nesting depth {depth} > {MAX_NESTING}): split '
                            'the expression into smaller ones, or --exclude the file')
-    if not kept_classes and not imported_classes and _no_rule_applies(path, old, hierarchy):
+    if not kept_classes and not imported_classes and not settled and _no_rule_applies(path, old, hierarchy):
       return FileOutcome(path, UNCHANGED)
+    seen_from = dataclasses.replace(hierarchy.for_file(path), settled=settled)
     if path.endswith('.ipynb'):
-      result = transform_notebook(old, rules, options, hierarchy.for_file(path), path)
+      result = transform_notebook(old, rules, options, seen_from, path)
     else:
-      result = transform_source(old, rules, options, hierarchy.for_file(path), path, kept_classes, imported_classes)
+      result = transform_source(old, rules, options, seen_from, path, kept_classes, imported_classes)
     if result.source == old:
-      return FileOutcome(path, UNCHANGED, entries=result.entries, classes=result.classes)
+      return FileOutcome(path, UNCHANGED, entries=result.entries, classes=result.classes, awaited=result.awaited)
     encoding = 'utf-8' if path.endswith('.ipynb') else _encoding(old)
     diff = unified_diff(old.decode(encoding, 'surrogateescape'), result.source.decode(encoding, 'surrogateescape'), path)
-    return FileOutcome(path, CHANGED, diff=diff, entries=result.entries, classes=result.classes, source=result.source)
+    return FileOutcome(path, CHANGED, diff=diff, entries=result.entries, classes=result.classes, source=result.source,
+                       awaited=result.awaited)
   except MigrationError as error:
     return FileOutcome(path, FAILED, error=str(error))
   except RecursionError:
@@ -306,8 +332,8 @@ def _no_rule_applies(path: str, data: bytes, hierarchy: LinenHierarchy) -> bool:
 def _migrate_task(task: Task, rules: tp.Sequence[type[MigrationRule]], options: MigrationOptions,
                   hierarchy: LinenHierarchy) -> FileOutcome:
   """`migrate_file` of a worker task: a path, the classes of it the run keeps Linen, the records it imports."""
-  path, kept, imported = task
-  return migrate_file(path, rules, options, hierarchy, kept, imported)
+  path, kept, imported, settled = task
+  return migrate_file(path, rules, options, hierarchy, kept, imported, settled)
 
 
 def nesting_depth(source: bytes) -> int:

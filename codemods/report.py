@@ -115,6 +115,7 @@ class Transformed(tp.Generic[Source]):
   source: Source
   entries: tuple[Entry, ...]
   classes: tuple[ConvertedClass, ...] = ()
+  awaited: tuple[str, ...] = ()  # Linen classes of other files (qualified) whose fate a class of this one waits on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +130,7 @@ class FileOutcome:
   classes: tuple[ConvertedClass, ...] = ()
   source: bytes | None = dataclasses.field(default=None, repr=False)  # a changed file's new content (not in JSON)
   todos: int = 0  # the TODO(linen2nnx) lines the file holds after the run, old ones included
+  awaited: tuple[str, ...] = ()  # as in Transformed (not in JSON)
 
   def entry_lines(self) -> list[str]:
     """`path:line:col: CODE kind: message` lines, the format compilers and editors link to."""

@@ -68,6 +68,7 @@ KNOWN_CLASSES_KEY = 'linen2nnx.known_classes'  # the records of earlier rules, f
 KEPT_CLASSES_KEY = 'linen2nnx.kept_classes'  # classes of the file decided to stay Linen -> why
 IMPORTED_CLASSES_KEY = 'linen2nnx.imported_classes'  # classes other files of the run converted, by qualified name
 UNBRIDGED_CLASSES_KEY = 'linen2nnx.unbridged_classes'  # Linen classes that wrap no converted class with to_linen
+AWAITED_KEY = 'linen2nnx.awaited'  # Linen classes of other files whose fate a class of the file waited on
 TODO_PREFIX = '# TODO(linen2nnx): '
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.Decorator)
 
@@ -130,6 +131,11 @@ class MigrationRule(VisitorBasedCodemodCommand):
     """The classes other files of the run converted, by fully qualified name (every module name of their file):
     their records, for the call sites of this file (`engine._settle`); empty on the first pass."""
     return self.context.scratch.get(IMPORTED_CLASSES_KEY, {})
+
+  def report_awaited(self, names: tp.Iterable[str]) -> None:
+    """Records the Linen classes of other files (qualified) that a class of the file stays Linen for until the run
+    says whether they convert: the engine then migrates the file again with their fate (`engine._settle`)."""
+    self.context.scratch.setdefault(AWAITED_KEY, set()).update(names)
 
   def report_change(self, node: cst.CSTNode, message: str) -> None:
     """Records that `node` (of the original tree) was rewritten."""

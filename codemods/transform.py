@@ -53,6 +53,7 @@ from codemods.report import Entry
 from codemods.report import TO_LINEN_BRIDGED
 from codemods.report import Source
 from codemods.report import Transformed
+from codemods.rule import AWAITED_KEY
 from codemods.rule import CLASSES_KEY
 from codemods.rule import IMPORTED_CLASSES_KEY
 from codemods.rule import KEPT_CLASSES_KEY
@@ -266,6 +267,7 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
   original = code(wrapper)
   entries: list[Entry] = []
   classes: list[ConvertedClass] = []
+  awaited: set[str] = set()
   base_words = hierarchy.base_words()
   for rule in rules:
     if rule.REQUIRES and not _names_any(code(wrapper), (*rule.REQUIRES, *base_words)) \
@@ -301,12 +303,13 @@ def _transform(source: Source, tree: cst.Module, rules: tp.Sequence[type[Migrati
       rule_classes = [dataclasses.replace(c, line=positions.original(c.line, 1)[0]) for c in rule_classes]
     entries.extend(rule_entries)
     classes.extend(rule_classes)
+    awaited |= context.scratch.get(AWAITED_KEY, set())
     _collect_if_due()
   tree = wrapper.module
   new = tree.bytes if isinstance(source, bytes) else tree.code
   entries.sort(key=Entry.sort_key)
   classes.sort(key=ConvertedClass.sort_key)
-  return Transformed(new, tuple(entries), tuple(classes))
+  return Transformed(new, tuple(entries), tuple(classes), tuple(sorted(awaited)))
 
 
 def _names_any(code: str, words: tp.Sequence[str]) -> bool:

@@ -48,7 +48,9 @@ class LinenHierarchy:
   `files`: the files defining them. `plain_modules`: the module names of the run's files that mention neither
   flax nor a Linen class of the run, whose functions build no Linen module (jax-md's `so3.py` of precomputed
   tables). `module` and `package`: the file being migrated, set by `for_file`; they resolve the names its rules
-  see (`Base`, `.base.Base`).
+  see (`Base`, `.base.Base`). `settled`: the classes of other files that the run keeps Linen there, as far as the
+  engine told the file being migrated (`engine._settle`): a converted class of that file wraps them with
+  nnx_bridge.from_linen rather than waiting for their NNX records.
   """
 
   classes: frozenset[str] = frozenset()
@@ -58,6 +60,7 @@ class LinenHierarchy:
   plain_modules: frozenset[str] = frozenset()
   module: str = ''
   package: str = ''
+  settled: frozenset[str] = frozenset()
 
   def for_file(self, path: str) -> LinenHierarchy:
     """The hierarchy as seen from the file `path`: its own classes and relative imports resolve."""
@@ -71,6 +74,12 @@ class LinenHierarchy:
     `.base.BaseModel`, or `BaseModel` for a class of the file itself) denotes, else None."""
     qualified = self._absolute(qualified)
     return qualified if qualified in self.classes else None
+
+  def stays_linen(self, qualified: str) -> str | None:
+    """The class of another file that a qualified name of the file denotes, when the run keeps it Linen there
+    (`settled`), else None."""
+    resolved = self.resolve(qualified)
+    return resolved if resolved in self.settled else None
 
   def in_plain_module(self, qualified: str) -> bool:
     """Whether a qualified name of the file (`..common.so3.create_coefficient_mapping`) is defined in one of the

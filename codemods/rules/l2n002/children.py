@@ -34,7 +34,8 @@ def build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr:
   arguments, the cell of a wrapper, its lifted options; `counts` numbers Linen's auto-named children. `built`: what
   it builds, where not the first class `constructions.constructed` names (another class a local may name)."""
   linen, spec, sibling = built or constructions.constructed(ctx, ctor)
-  if spec is None and sibling is None and (linen in ctx.facts.linen_classes or linen == constructions.TO_LINEN):
+  if spec is None and sibling is None and (linen in ctx.facts.linen_classes or linen == constructions.TO_LINEN
+                                           or ctx.facts.settled_class(ctor.func) is not None):
     constructions.kept_choice(ctx, ctor)
     return _bridged_child(ctx, ctor, linen, counts, attr)
   wrapper = find_wrapper(linen) if spec is None and sibling is None else None
@@ -85,7 +86,9 @@ def _bridged_child(ctx: ClassContext, ctor: cst.Call, linen: str, counts: dict[s
     short = linen
   if not explicit:
     counts[short] = counts.get(short, -1) + 1
-  why = ctx.facts.kept_linen.get(linen, 'it was not converted (see its TODO)')
+  elsewhere = ctx.facts.settled_class(ctor.func) is not None
+  why = 'it stays Linen in its own file (see its TODO there)' if elsewhere else \
+      ctx.facts.kept_linen.get(linen, 'it was not converted (see its TODO)')
   return Child(attr or explicit or '', explicit or f'{short}_{counts[short]}', ctor, None, None, {}, bridged=why)
 
 

@@ -92,6 +92,9 @@ def constructed(ctx: ClassContext, call: cst.Call) -> tuple[str, LayerSpec | Non
   if imported is not None:  # a class another file of the run converted: built as it is named here
     ctx.plan.factory_callee[call] = ctx.facts.code(func)
     return ctx.facts.imported[imported].name, None, ctx.facts.imported[imported]
+  settled = ctx.facts.settled_class(func)
+  if settled is not None:  # a class another file of the run keeps Linen: bridged, as a Linen class of this file
+    return settled.rpartition('.')[2], None, None
   for qualified in ctx.facts.qualified_names(func):
     spec = find_layer(qualified.name)
     if spec is not None and spec.nnx is not None:

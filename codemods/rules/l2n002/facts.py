@@ -17,6 +17,7 @@ from libcst.metadata import (
   PositionProvider,
   QualifiedName,
   QualifiedNameProvider,
+  QualifiedNameSource,
   Scope,
   ScopeProvider,
 )
@@ -61,6 +62,7 @@ class FileFacts:
   unbridged: frozenset[str] = frozenset()  # Linen classes that wrap no converted class with nnx_bridge.to_linen
   factories: FactoryFields | None = None  # ModuleDef / partial factory fields and what they make
   imported: tp.Mapping[str, ClassRewrite] = dataclasses.field(default_factory=dict)  # other files' converted classes
+  awaited: set[str] = dataclasses.field(default_factory=set)  # Linen classes of other files planning waited on
 
   # --- metadata --------------------------------------------------------------------------------
 
@@ -108,6 +110,15 @@ class FileFacts:
       if key in self.imported:
         return key
     return None
+
+  def settled_class(self, node: cst.CSTNode) -> str | None:
+    """The qualified name of the Linen class of another file that the name or attribute `node` denotes, when the
+    run keeps it Linen there (`LinenHierarchy.settled`): a converted class wraps it with nnx_bridge.from_linen, as
+    a Linen class of its own file; else None."""
+    if not isinstance(node, (cst.Name, cst.Attribute)):
+      return None
+    return next((found for q in self.qualified_names(node) if q.source is QualifiedNameSource.IMPORT
+                 and (found := self.hierarchy.stays_linen(q.name)) is not None), None)
 
   def ancestors(self, node: cst.CSTNode) -> tp.Iterator[cst.CSTNode]:
     """The nodes above `node` up to its statement, that one included."""

@@ -36,9 +36,9 @@ from codemods.nodes import descendants
 from codemods.report import INPUT_DIMENSION
 from codemods.rules.l2n002.bridge_names import linen_names
 from codemods.rules.l2n002.facts import FileFacts
-from codemods.rules.l2n002.nodes import assigned_name, is_self_attr, self_assignment, value_else_none
+from codemods.rules.l2n002.nodes import assigned_name, is_none_test, is_self_attr, self_assignment, value_else_none
 from codemods.rules.l2n002.plan import Child, ClassRewrite, LinenBridgeFacts
-from codemods.vocabulary import COMPACT_NAMES
+from codemods.vocabulary import COMPACT_NAMES, TO_LINEN_NAMES
 from nnx_bridge.layer_spec import LAST_AXIS_SIZES
 
 
@@ -83,6 +83,8 @@ def linen_parent_bridges(facts: FileFacts, plans: dict[str, ClassRewrite], user:
     if (test := _isinstance_test(facts, name)) is not None:
       bridges.append(ToLinenBridge(test, f'nnx_bridge.is_instance({", ".join(facts.code(a.value) for a in test.args)})',
                                    built, user, test=True))
+      continue
+    if _bridged_already(facts, name):  # an earlier round's `nnx_bridge.to_linen(X, ...)`: the bridge stays
       continue
     if not (isinstance(call, cst.Call) and call.func is name):
       return f'it uses {plan.name} other than by building it'
@@ -295,7 +297,7 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
       reason = _loop_blocker(facts, plan, *loop)
     elif isinstance(use, cst.Attribute) and use.value is sub and not listed:
       reason = _read_blocker(facts, plan, attr, use)
-    elif _none_test(use, sub) or _isinstance_subject(facts, sub):  # `if self.mid_block is not None:` (diffusers'
+    elif is_none_test(use, sub) or _isinstance_subject(facts, sub):  # `if self.mid_block is not None:` (diffusers'
       reason = None  # UNet): the wrapper is no None; `isinstance(self.block, Block)` becomes `nnx_bridge.is_instance`
     elif isinstance(use, cst.Return) and not listed:  # `return self.encoder` (transformers' `_get_encoder_module`)
       shifted = _shifted_switch(facts, plan)
@@ -306,6 +308,15 @@ def _calls_blocker(facts: FileFacts, node: cst.ClassDef, plan: ClassRewrite, cal
     if reason is not None:
       return reason
   return None
+
+
+def _bridged_already(facts: FileFacts, name: cst.CSTNode) -> bool:
+  """Whether `name` is the class of an `nnx_bridge.to_linen(<name>, ...)` that an earlier round of the run wrote
+  (the run plans a file again from its migrated code when another file's decisions change)."""
+  arg = facts.parent(name)
+  call = facts.parent(arg) if isinstance(arg, cst.Arg) else None
+  return isinstance(call, cst.Call) and call.args[0] is arg and arg.keyword is None \
+      and facts.has_name(call.func, TO_LINEN_NAMES)
 
 
 def _isinstance_test(facts: FileFacts, name: cst.CSTNode) -> cst.Call | None:
@@ -327,13 +338,6 @@ def _isinstance_subject(facts: FileFacts, node: cst.CSTNode) -> bool:
 def _builtin_isinstance(facts: FileFacts, call: cst.CSTNode | None) -> bool:
   return isinstance(call, cst.Call) and len(call.args) == 2 and not any(a.keyword or a.star for a in call.args) \
       and facts.has_name(call.func, {'builtins.isinstance'})
-
-
-def _none_test(use: cst.CSTNode, attribute: cst.Attribute) -> bool:
-  """Whether `use` is `<attribute> is None` / `is not None`."""
-  return isinstance(use, cst.Comparison) and use.left is attribute and len(use.comparisons) == 1 \
-      and isinstance(use.comparisons[0].operator, (cst.Is, cst.IsNot)) \
-      and isinstance(use.comparisons[0].comparator, cst.Name) and use.comparisons[0].comparator.value == 'None'
 
 
 def _read_blocker(facts: FileFacts, plan: ClassRewrite, attr: str, read: cst.Attribute) -> str | None:
@@ -383,14 +387,28 @@ def _self_extended(statement: cst.SimpleStatementLine) -> str | None:
 
 
 def _local_calls(facts: FileFacts, statement: cst.SimpleStatementLine | None, call: cst.Call) -> list[cst.Call] | None:
-  """The calls of a local bound once to the construction `call` (`local = Block(...)`), when they are all its
-  reads; else None."""
+  """The calls of a local bound to the construction `call` (`local = Block(...)`), when they are all its reads; else
+  None. The local may also be bound to None, then tested for it (jax-md's `rad_func = None`, `if ...: rad_func =
+  RadialMLP(...)`, `if rad_func is not None: ... rad_func(x_edge)`): the bridge is no None either."""
   if statement is None or assigned_name(statement) is None or statement.body[0].value is not call:
     return None
-  reads = _reads(facts, statement.body[0].targets[0].target)
+  local = statement.body[0].targets[0].target
+  reads = _reads(facts, local)
+  if reads is None and _otherwise_none(facts, local):
+    reads = [n for n in _arm_reads(facts, local) if not is_none_test(facts.parent(n), n)]
   if not reads or not all(isinstance(facts.parent(n), cst.Call) and facts.parent(n).func is n for n in reads):
     return None
   return [facts.parent(n) for n in reads]
+
+
+def _otherwise_none(facts: FileFacts, local: cst.Name) -> bool:
+  """Whether every other binding of the function local `local` is a plain `local = None`."""
+  scope = facts.scope(local)
+  others = [a.node for a in scope.assignments[local.value] if a.node is not local] \
+      if isinstance(scope, cst.metadata.FunctionScope) else []
+  return bool(others) and all(isinstance(assign := facts.parent(facts.parent(n)), cst.Assign)
+                              and len(assign.targets) == 1 and assign.targets[0].target is n
+                              and isinstance(assign.value, cst.Name) and assign.value.value == 'None' for n in others)
 
 
 def _listed_as(facts: FileFacts, setup: cst.FunctionDef, call: cst.Call) -> str | None:

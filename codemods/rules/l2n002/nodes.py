@@ -441,3 +441,10 @@ def _plain_number(setup: cst.FunctionDef, name: cst.Name) -> bool:
       isinstance(b.iter, cst.Call) and isinstance(b.iter.func, cst.Name) and b.iter.func.value == 'range'
       if isinstance(b, cst.For) else not any(isinstance(c, cst.Call) for c in (b.value, *descendants(b.value)))
       for b in bindings)
+
+
+def is_none_test(use: cst.CSTNode | None, name: cst.CSTNode) -> bool:
+  """Whether `use` is `<name> is None` / `is not None`."""
+  return isinstance(use, cst.Comparison) and use.left is name and len(use.comparisons) == 1 \
+      and isinstance(use.comparisons[0].operator, (cst.Is, cst.IsNot)) \
+      and isinstance(use.comparisons[0].comparator, cst.Name) and use.comparisons[0].comparator.value == 'None'

@@ -18,6 +18,7 @@ from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.nodes import (
   Replace,
   has_scope_call,
+  is_none_test,
   is_self_attr,
   last_axis_array,
   nnx_counterpart,
@@ -483,6 +484,8 @@ def local_uses(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call, kind:
       calls.append(parent)
     elif isinstance(parent, cst.Attribute) and parent.value is use:
       names.append(use)
+    elif len(assignments) != 1 and is_none_test(parent, use):  # `if rad_func is not None:`, the local stays
+      continue
     else:
       raise Unsupported(use, f'the {kind} {local} used other than by calling it or one of its methods')
   if len(assignments) == 1:
@@ -498,7 +501,8 @@ def arm_values(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call) -> li
   """What the local a `name = <ctor>` statement binds is bound to in each arm of its `if` chain (`local_uses`
   accepted the bindings)."""
   target = bound_local(ctx, method, ctor)
-  return [assign.value for assign, _, _ in _arm_bindings_of(ctx, list(ctx.facts.scope(target).assignments[target.value]))]
+  assignments = list(ctx.facts.scope(target).assignments[target.value])
+  return [assign.value for assign, _, _ in _arm_bindings_of(ctx, [a for a in assignments if _none_binding(ctx, a) is None])]
 
 
 def _bound_once_per_arm(ctx: ClassContext, method: cst.FunctionDef, assignments: list[tp.Any]) -> bool:
@@ -506,15 +510,37 @@ def _bound_once_per_arm(ctx: ClassContext, method: cst.FunctionDef, assignments:
   `if self.noise_std_type == 'scalar': std_module = Param(...)`, `else: std_module = LogParam(...)`), or `name =
   self.<attribute>` (flax's wmt example: `if self.shared_embedding is None: input_embed = nn.Embed(...)`, `else:
   input_embed = self.shared_embedding`), and the local is read only after the chain: one of them runs, its layer
-  built in __init__ under the arm's condition, or the module the attribute holds."""
-  bindings = _arm_bindings_of(ctx, assignments)
-  if bindings is None:
+  built in __init__ under the arm's condition, or the module the attribute holds. A `name = None` before the chain
+  may stand for an arm that binds nothing (`_none_binding`)."""
+  nones = [line for a in assignments if (line := _none_binding(ctx, a)) is not None]
+  bindings = _arm_bindings_of(ctx, [a for a in assignments if _none_binding(ctx, a) is None])
+  if bindings is None or len(nones) > 1 or nones and not _before_chain(ctx, nones[0], bindings[0][2]):
     return False
   chain = set(descendants(bindings[0][2]))
   built = lambda value: isinstance(value, cst.Call) and bound_local(ctx, method, value) is not None
   held = lambda value: isinstance(value, cst.Attribute) and is_self_attr(value)
   return all(built(assign.value) or held(assign.value) for assign, _, _ in bindings) \
       and not any(r.node in chain for a in assignments for r in a.references)
+
+
+def _none_binding(ctx: ClassContext, assignment: tp.Any) -> cst.SimpleStatementLine | None:
+  """The line of a binding `name = None` alone on it (jax-md's `rad_func = None`, before `if not
+  self.internal_weights: rad_func = RadialMLP(...)`); None for other bindings."""
+  target = ctx.facts.parent(assignment.node) if isinstance(assignment, cst.metadata.Assignment) else None
+  assign = ctx.facts.parent(target) if isinstance(target, cst.AssignTarget) else None
+  line = ctx.facts.parent(assign) if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+  if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and isinstance(assign.value, cst.Name) \
+      and assign.value.value == 'None':
+    return line
+  return None
+
+
+def _before_chain(ctx: ClassContext, line: cst.SimpleStatementLine, chain: cst.If) -> bool:
+  """Whether `line` comes before the `if` chain `chain`, in the same block: the local is None unless an arm binds
+  it, and __init__ builds the arm's layer under the same condition."""
+  block = ctx.facts.parent(line)
+  return block is ctx.facts.parent(chain) and isinstance(block, cst.IndentedBlock) \
+      and block.body.index(line) < block.body.index(chain)
 
 
 def shared_local(ctx: ClassContext, method: cst.FunctionDef, ctor: cst.Call) -> tuple[list[cst.Call], list[cst.Name]]:

@@ -45,6 +45,7 @@ class ConvertModuleDefinitionsRule(MigrationRule):
                                         self.kept_classes, self.unbridged_classes, imported))
     decisions = decide_classes(facts)
     self.facts, self.file, self.left = decisions.facts, decisions.file, decisions.left
+    self.report_awaited(facts.awaited)
     for bridge in decisions.bridges:
       self.bridges.setdefault(bridge.user, []).append(bridge)
       self.file.exprs[bridge.call] = bridge.code

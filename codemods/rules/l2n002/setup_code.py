@@ -98,13 +98,16 @@ def _names_linen_class(facts: FileFacts, node: cst.Name | cst.Attribute) -> bool
 
 def kept_class_of_another_file(facts: FileFacts, call: cst.Call) -> str | None:
   """Why `call`, which builds no module the planner knows (`constructions.constructed` is None), keeps its class
-  Linen: it builds a Linen class another file of the run keeps Linen (its record never came: jax-md's `act =
-  GateActivation(...)` in a compact body); None for other calls."""
+  Linen: it builds a Linen class of another file of the run whose fate the file was not told (jax-md's `act =
+  GateActivation(...)` in a compact body): the class is `FileFacts.awaited`, and the engine migrates the file again
+  with its record, or telling it the class stays Linen (then wrapped with nnx_bridge.from_linen); None for other
+  calls."""
   func = call.func
   if not (isinstance(func, (cst.Name, cst.Attribute)) and _names_linen_class(facts, func) and _of_another_file(facts, func)):
     return None
-  return (f'{facts.code(func)}, a Linen module class of another file, stays Linen there (see its TODO); L2N002 wraps '
-          'only Linen classes of the same file with nnx_bridge.from_linen: convert it first, or move it into this file')
+  facts.awaited.update(found for q in facts.qualified_names(func) if (found := facts.hierarchy.resolve(q.name)))
+  return f'{facts.code(func)}, a Linen module class of another file, stays Linen there (see its TODO)'
+
 
 
 def _of_another_file(facts: FileFacts, node: cst.Name | cst.Attribute) -> bool:

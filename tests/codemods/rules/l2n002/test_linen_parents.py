@@ -732,11 +732,17 @@ class UMABlock(nn.Module):
     (None, None, True),
     ('    x = edgewise(x, deterministic=deterministic)\n', '    x = edgewise(x, deterministic)\n', False),
     ('    return x + x_res\n', '    edgewise = nn.Dense(8)\n    return edgewise(x) + x_res\n', False),
-], ids=['called', 'mode-by-position', 'rebound'])
+    ("    edgewise = Edgewise(hidden_channels=self.hidden_channels, name='edge_wise')\n"
+     '    x = edgewise(x, deterministic=deterministic)\n',
+     '    edgewise = None\n    if self.hidden_channels > 4:\n'
+     "      edgewise = Edgewise(hidden_channels=self.hidden_channels, name='edge_wise')\n"
+     '    if edgewise is not None:\n      x = edgewise(x, deterministic=deterministic)\n', True),
+], ids=['called', 'mode-by-position', 'rebound', 'none-or-layer'])
 def test_a_named_layer_a_linen_body_binds_to_a_local_and_calls_is_bridged_there(old, new, converted):
   """The UMA block stays Linen; the layer it binds to a local and only calls converts and is built through to_linen
   there, the block running as before on its own variables. A call passing the switch by position, or a local bound
-  twice, keeps the layer Linen."""
+  twice, keeps the layer Linen; a local first bound to None and tested for it (jax-md's `rad_func = None`) does
+  not."""
   source = COMPACT_LOCAL if old is None else COMPACT_LOCAL.replace(old, new)
   migrated, _ = _migrate(source)
   assert 'class UMABlock(nn.Module):' in migrated

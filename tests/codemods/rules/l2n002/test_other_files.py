@@ -584,26 +584,63 @@ def test_a_linen_class_wraps_a_class_whose_loop_layers_linen_counts_across_itera
   assert not jnp.allclose(linen.Head().apply({'params': params}, x), ported.Head().apply({'params': swapped}, x))
 
 
-def test_a_class_building_a_linen_class_another_file_keeps_says_so_at_the_construction(tmp_path, monkeypatch):
-  """dopamine's SAC network builds `continuous_networks.ActorCriticNetwork(...)` as `self.<attr> = ...` in setup();
-  that class stays Linen in its file, so the network does too, and its TODO says why rather than that the
-  construction has another shape."""
-  package = tmp_path / 'agents'
-  package.mkdir()
-  (package / '__init__.py').write_text('')
-  (package / 'base.py').write_text(
-      'import flax.linen as nn\n\n\nclass Actor(nn.Module):\n  features: int = 4\n\n  @nn.compact\n'
-      '  def __call__(self, x, *args):\n    return nn.Dense(self.features)(x)\n')
-  (package / 'nets.py').write_text(
-      'import flax.linen as nn\n\nfrom agents import base\n\n\nclass Net(nn.Module):\n  features: int = 4\n\n'
-      '  def setup(self):\n    self.actor = base.Actor(self.features)\n\n  def __call__(self, x):\n'
-      '    return self.actor(x)\n')
-  monkeypatch.chdir(tmp_path)
-  result = migrate(['agents'], rules=registry.ALL_RULES, write=False, jobs=1)
+ACTORS = {
+    'agents/__init__.py': '',
+    'agents/base.py': textwrap.dedent('''\
+        """An actor that stays Linen: its __call__ takes *args."""
+        import flax.linen as nn
+
+
+        class Actor(nn.Module):
+          features: int = 4
+
+          @nn.compact
+          def __call__(self, x, *args):
+            return nn.Dense(self.features)(x)
+        '''),
+    'agents/nets.py': textwrap.dedent('''\
+        """dopamine's SAC network style: a class of another file built as `self.<attr> = ...` in setup()."""
+        import flax.linen as nn
+
+        from agents import base
+
+
+        class Net(nn.Module):
+          features: int = 4
+
+          def setup(self):
+            self.actor = base.Actor(self.features)
+            self.head = nn.Dense(2)
+
+          def __call__(self, x):
+            return self.head(nn.tanh(self.actor(x)))
+        '''),
+}
+
+
+def test_a_class_building_a_linen_class_another_file_keeps_wraps_it_with_from_linen(tmp_path, monkeypatch):
+  """`base.Actor` stays Linen in its file; once the run has settled that, `Net` converts around it, the actor
+  wrapped with nnx_bridge.from_linen (its example inputs a constructor argument), and runs as the Linen `Net` on
+  its variables: forward and gradients."""
+  result, linen, ported = _two_trees(tmp_path, monkeypatch, ACTORS, 'agents.nets')
+  assert {c.linen_name for o in result.files for c in o.classes} == {'Net'}
+  code = (tmp_path / 'nnx' / 'agents' / 'nets.py').read_text()
+  assert 'self.actor = nnx_bridge.from_linen(base.Actor(self.features), *actor_example_inputs, rngs=rngs)' in code, code
   todos = {e.message for o in result.files for e in o.entries if e.kind == 'todo'}
-  assert 'class Net left as Linen: base.Actor, a Linen module class of another file, stays Linen there (see its ' \
-         'TODO); L2N002 wraps only Linen classes of the same file with nnx_bridge.from_linen: convert it first, or ' \
-         'move it into this file' in todos, todos
+  assert any(m.startswith('self.actor: base.Actor stays Linen (it stays Linen in its own file') for m in todos), todos
+  x = jax.random.normal(jax.random.key(1), (2, 3))
+  model = ported.Net(actor_example_inputs=(x,), head_in_features=4, rngs=nnx.Rngs(0))
+  report = nnx_bridge.compare(linen.Net(), linen.Net().init(jax.random.key(0), x), model, x, train=False)
+  assert report.ok, report
+
+
+def test_the_comparison_of_a_class_wrapping_another_files_linen_class_rejects_a_wrong_port(tmp_path, monkeypatch):
+  """The check above fails when the converted class computes something else (relu for tanh)."""
+  _, linen, ported = _two_trees(tmp_path, monkeypatch, ACTORS, 'agents.nets',
+                                ('agents/nets.py', lambda code: code.replace('nnx.tanh(', 'nnx.relu(')))
+  x = jax.random.normal(jax.random.key(1), (2, 3))
+  model = ported.Net(actor_example_inputs=(x,), head_in_features=4, rngs=nnx.Rngs(0))
+  assert not nnx_bridge.compare(linen.Net(), linen.Net().init(jax.random.key(0), x), model, x, train=False).ok
 
 
 def test_a_class_imported_under_another_name_is_wrapped_under_the_name_linen_gives_its_class(tmp_path, monkeypatch):
