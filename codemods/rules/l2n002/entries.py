@@ -77,7 +77,8 @@ def constructor_arguments(plan: ClassRewrite) -> list[ConstructorArgument]:
   fields = [ConstructorArgument(name, FIELD, param) for name, param in zip(plan.field_names, plan.params)]
   examples = [ConstructorArgument(f'{c.attr}_example_inputs', EXAMPLE_INPUTS,
                                   f'example inputs of self.{c.attr}, the Linen {linen_class(c)} wrapped by '
-                                  'nnx_bridge.from_linen', c.attr) for c in plan.children if c.bridged]
+                                  'nnx_bridge.from_linen', c.attr)
+              for c in {c.attr: c for c in reversed(plan.children) if c.bridged}.values()]  # once for all its arms
   examples += [ConstructorArgument(f'{c.attr}_{name}', EXAMPLE_INPUTS, f'{name} of self.{c.attr} ({c.sibling.name})',
                                    c.attr, child_argument=name)
                for c in plan.children if c.sibling is not None for name in c.sibling.example_params]

@@ -24,7 +24,9 @@ def ctor_text(ctx: ClassContext, child: Child) -> str:
   if child.bridged:
     eval_mode = child.mode_defaults.get('eval_mode')
     mode = f', eval_mode={eval_mode}' if isinstance(eval_mode, str) else ', eval_mode=True' if eval_mode else ''
-    return f'nnx_bridge.from_linen({text(child.ctor)}, *{child.attr}_example_inputs, rngs=rngs{mode})'
+    # a copy, which `exprs` does not replace: where `act = Gate(...)` was, the call now reads `self.act`
+    linen = child.ctor.with_changes() if child.ctor in ctx.plan.exprs else child.ctor
+    return f'nnx_bridge.from_linen({text(linen)}, *{child.attr}_example_inputs, rngs=rngs{mode})'
   if child.wrapper is not None:
     wrapper = child.wrapper
     child.cell.sizes = child.sizes

@@ -215,6 +215,9 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.C
     listed = first.ctor in ctx.loops.sites or child.ctor in ctx.loops.sites
     signature = lambda c: (c.sibling.call_params, [m[:2] for m in c.sibling.mode_params]) if c.sibling is not None \
         else _layer_signature(c) if c.spec is not None else c
+    both_bridged = child.bridged and first.bridged  # Linen classes each arm wraps: one call passes through either
+    if both_bridged and not listed:
+      continue
     if child.bridged or first.bridged or (child.sibling is None) != (first.sibling is None) \
         or signature(child) != signature(first) and not _fits_its_arms(ctx, plan, child, calls) \
         or listed and child.sibling is not first.sibling and child.ctor is not first.ctor:
@@ -310,7 +313,7 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
       allowed.add(annotation)
   bridged = {child.ctor for child in plan.children if child.bridged}  # stays Linen code
   plan.linen_nodes = [*allowed, *children.convert_linen_refs(ctx, node, allowed | bridged)]
-  plan.example_params = [f'{child.attr}_example_inputs' for child in plan.children if child.bridged]
+  plan.example_params = list(dict.fromkeys(f'{child.attr}_example_inputs' for child in plan.children if child.bridged))
   plan.example_params += [f'{child.attr}_{name}' for child in plan.children if child.sibling is not None
                           for name in child.sibling.example_params]  # a converted child's bridged children
   plan.params = [queries.code(ctx, f.body[0]).strip() for f in fields]

@@ -142,3 +142,57 @@ y = model.apply(variables, jnp.ones((2, 5)))
   result = transform_source(source, registry.select_rules(['L2N003']))
   todos = [e.message for e in result.entries if e.kind == 'todo' and e.code == 'L2N003']
   assert any('map_variables_block_example_inputs' in m and 'not derived from its inputs' in m for m in todos), todos
+
+
+ACTIVATIONS = '''import flax.linen as nn
+
+
+@nn.jit
+class GateActivation(nn.Module):
+  @nn.compact
+  def __call__(self, gating, x):
+    return x * nn.sigmoid(nn.Dense(x.shape[-1], name='gate')(gating))
+
+
+@nn.jit
+class SeparableActivation(nn.Module):
+  @nn.compact
+  def __call__(self, scalars, x):
+    return x + nn.silu(nn.Dense(x.shape[-1], name='scalars')(scalars))
+
+
+class Edgewise(nn.Module):
+  hidden: int = 4
+  act_type: str = 'gate'
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(self.hidden, name='so2_conv')(x)
+    if self.act_type == 'gate':
+      act = GateActivation(name='act')
+    else:
+      act = SeparableActivation(name='act')
+    return act(h, h)
+'''
+
+
+def test_two_linen_classes_an_if_binds_to_one_local_are_each_wrapped_in_their_arm():
+  """jax-md's Edgewise: `act = GateActivation(...)` or `act = SeparableS2Activation(...)` by a field, both Linen;
+  one call serves either wrapper, whose example inputs are one constructor argument, and each arm runs as Linen."""
+  result = transform_source(ACTIVATIONS, registry.select_rules(['L2N002']))
+  assert 'class Edgewise(nnx.Module)' in result.source, result.source
+  assert ", *, so2_conv_in_features: int, act_example_inputs: tuple, rngs: nnx.Rngs):" in result.source
+  assert "nnx_bridge.from_linen(SeparableActivation(name='act'), *act_example_inputs, rngs=rngs)" in result.source
+  linen, converted, wrong = {}, {}, {}
+  exec(compile(ACTIVATIONS, 'linen', 'exec'), linen)
+  exec(compile(result.source, 'nnx', 'exec'), converted)
+  exec(compile(result.source.replace('return act(h, h)', 'return act(h, -h)'), 'wrong', 'exec'), wrong)
+  x = jax.random.normal(jax.random.key(1), (2, 3))
+  h = jnp.ones((2, 4))
+  for act_type in ('gate', 'separable'):
+    linen_module = linen['Edgewise'](act_type=act_type)
+    variables = linen_module.init(jax.random.key(0), x)
+    for namespace, same in ((converted, True), (wrong, False)):
+      model = namespace['Edgewise'](act_type=act_type, so2_conv_in_features=3, act_example_inputs=(h, h),
+                                    rngs=nnx.Rngs(0))
+      assert nnx_bridge.compare(linen_module, variables, model, x, train=False).ok == same, act_type
