@@ -21,7 +21,8 @@ L2N002 = ROOT / 'codemods' / 'rules' / 'l2n002'
 # What L2N002's planning passes share: facts, the plan, and reads over the class (queries, the size interpreter,
 # what a construction builds, a child's __init__ code). These modules import no pass.
 L2N002_SHARED = frozenset({'context', 'plan', 'nodes', 'facts', 'factory_fields', 'queries', 'dims', 'sizes',
-                           'constructions', 'init_code', 'conditions', 'loop_headers', 'bridge_names'})
+                           'constructions', 'init_code', 'conditions', 'loop_headers', 'bridge_names',
+                           'call_values'})
 L2N002_ORCHESTRATION = frozenset({'__init__', 'planner', 'decide', 'rule', 'emit', 'entries'})
 
 

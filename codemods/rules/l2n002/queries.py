@@ -14,6 +14,7 @@ import libcst as cst
 
 from codemods.nodes import children
 from codemods.nodes import descendants
+from codemods.rules.l2n002.call_values import call_value_param
 from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.nodes import (
   Replace,
@@ -143,6 +144,9 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
     check_hoistable(ctx, assign.value, skip)
   except Unsupported as e:
     what = _call_only(ctx, e)
+    param = call_value_param(ctx, name, assign.value)  # `token_size = x.shape[0]`: a constructor argument
+    if param is not None:
+      return param
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, whose value reads {what}, which '
                             'only the call knows: make it a field, or a constructor argument') from None
   return assign.value
