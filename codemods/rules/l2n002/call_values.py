@@ -10,10 +10,14 @@ this one passes it on as one of its own (`sizes.size_param`), and `model.init` c
 
 from __future__ import annotations
 
+import re
+import typing as tp
+
 import libcst as cst
 
 from codemods.report import UNDETERMINED, ConstructorArgument
 from codemods.rules.l2n002.context import ClassContext
+from codemods.rules.l2n002.plan import ClassRewrite
 
 _SIZE_ATTRIBUTES = frozenset({'ndim', 'size'})
 _SIZE_FUNCTIONS = frozenset({'len', 'int', 'max', 'min'})
@@ -59,3 +63,18 @@ def call_value_param(ctx: ClassContext, local: cst.Name, value: cst.BaseExpressi
   plan.size_arguments.append(ConstructorArgument(name, UNDETERMINED, detail))
   plan.pending.append((local, f'new constructor argument {name}: {detail}'))
   return name
+
+
+def drop_unread(plan: ClassRewrite, init_code: tp.Iterable[str]) -> None:
+  """Drops the arguments `call_value_param` added that no code of `__init__` reads: a pass may have asked about a
+  local only to try another way (the size walk's reshapes), and an argument nobody reads is noise at every call."""
+  code = '\n'.join(init_code)
+  unread = {a.name for a in plan.size_arguments if a.child is None and a.origin == UNDETERMINED
+            and (a.name, None) in plan.size_params and re.search(rf'\b{re.escape(a.name)}\b', code) is None}
+  if not unread:
+    return
+  plan.size_params[:] = [p for p in plan.size_params if not (p[0] in unread and p[1] is None)]
+  plan.size_arguments[:] = [a for a in plan.size_arguments if a.name not in unread or a.child is not None]
+  plan.pending[:] = [(node, message) for node, message in plan.pending
+                     if not any(message.startswith(f'new constructor argument {name}: the value of the local ')
+                                for name in unread)]

@@ -12,6 +12,7 @@ import typing as tp
 import libcst as cst
 
 from codemods.nodes import descendants
+from codemods.report import used_message
 from codemods.rules.l2n002 import (
   choices,
   children,
@@ -27,6 +28,7 @@ from codemods.rules.l2n002 import (
   scope,
   sizes,
 )
+from codemods.rules.l2n002.call_values import drop_unread
 from codemods.rules.l2n002.conditions import (
   arm_path,
   built_under,
@@ -215,9 +217,8 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.C
     listed = first.ctor in ctx.loops.sites or child.ctor in ctx.loops.sites
     signature = lambda c: (c.sibling.call_params, [m[:2] for m in c.sibling.mode_params]) if c.sibling is not None \
         else _layer_signature(c) if c.spec is not None else c
-    both_bridged = child.bridged and first.bridged  # Linen classes each arm wraps: one call passes through either
-    if both_bridged and not listed:
-      continue
+    if child.bridged and first.bridged and not listed and not _kept_for(ctx, plan, (child, first)):
+      continue  # Linen classes each arm wraps (jax-md's Edgewise act): one call passes through either
     if child.bridged or first.bridged or (child.sibling is None) != (first.sibling is None) \
         or signature(child) != signature(first) and not _fits_its_arms(ctx, plan, child, calls) \
         or listed and child.sibling is not first.sibling and child.ctor is not first.ctor:
@@ -225,6 +226,12 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.C
                                     'call arguments')
     if listed and child.ctor is not first.ctor:
       child.sizes, child.size_codes, child.done = dict(first.sizes), dict(first.size_codes), first.done
+
+
+def _kept_for(ctx: ClassContext, plan: ClassRewrite, arms: tp.Iterable[Child]) -> bool:
+  """Whether one of the Linen classes `arms` build is kept Linen because `plan`'s class, left as Linen, uses it: it
+  would convert with the class, and a class converted around it would leave that reason standing."""
+  return any(used_message(plan.name, '') in c.bridged for c in arms)  # `bridged`: why the class stays Linen
 
 
 def _fits_its_arms(ctx: ClassContext, plan: ClassRewrite, child: Child, calls: dict[cst.Call, Child]) -> bool:
@@ -333,6 +340,7 @@ def _finish(ctx: ClassContext, node: cst.ClassDef, fields: list[cst.SimpleStatem
       ctx.plan.exprs[child.ctor] = child.text
   sized = {ref: text for child in plan.children for ref, text in child.size_codes.items()}
   plan.init_lines += [line for line in queries.function_lines(ctx, sized) if line not in plan.init_lines]
+  drop_unread(plan, [*(c.text for c in plan.children), *plan.init_lines, *plan.cache_lines])
   plan.mode_params = [(i, name, MODE_PARAMS[name]) for i, name in mode.items()]
   if mode or method is call:
     ctx.plan.methods[call] = set(mode.values())

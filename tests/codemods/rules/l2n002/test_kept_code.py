@@ -77,8 +77,8 @@ def __call__(self, x):
     ('class M(nn.Module):', '''
      @nn.compact
      def __call__(self, x):
-       width = x.shape[0] * 2
-       return nn.Dense(width)(x)
+       width = x.shape
+       return nn.Dense(width[0] * 2)(x)
      ''', '', r'^9:21 .*the local width, whose value reads x, which only the call knows'),
     ('class M(nn.Module):', '''
      @nn.compact
