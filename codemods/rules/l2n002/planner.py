@@ -219,6 +219,8 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.C
         else _layer_signature(c) if c.spec is not None else c
     if child.bridged and first.bridged and not listed and not _kept_for(ctx, plan, (child, first)):
       continue  # Linen classes each arm wraps (jax-md's Edgewise act): one call passes through either
+    if (child.bridged or first.bridged) and not listed and _one_arm_each(ctx, child, calls):
+      continue  # dopamine's experts: `self.net(x, size)` under `if self.noisy:`, the wrapped noisy layer's arm
     if child.bridged or first.bridged or (child.sibling is None) != (first.sibling is None) \
         or signature(child) != signature(first) and not _fits_its_arms(ctx, plan, child, calls) \
         or listed and child.sibling is not first.sibling and child.ctor is not first.ctor:
@@ -226,6 +228,16 @@ def _check_alternatives(ctx: ClassContext, plan: ClassRewrite, calls: dict[cst.C
                                     'call arguments')
     if listed and child.ctor is not first.ctor:
       child.sizes, child.size_codes, child.done = dict(first.sizes), dict(first.size_codes), first.done
+
+
+def _one_arm_each(ctx: ClassContext, child: Child, calls: dict[cst.Call, Child]) -> bool:
+  """Whether every call of `child`'s attribute runs with one arm's module only (`conditions.may_meet`): each is
+  called as its own code says, whatever the other arms build."""
+  arms = [c for c in ctx.plan.children if same_place(child, c)]
+  for call, called in calls.items():
+    if same_place(child, called) and sum(may_meet(built_under(ctx, c), arm_path(ctx, call)) for c in arms) != 1:
+      return False
+  return True
 
 
 def _kept_for(ctx: ClassContext, plan: ClassRewrite, arms: tp.Iterable[Child]) -> bool:

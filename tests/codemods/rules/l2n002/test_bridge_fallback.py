@@ -196,3 +196,54 @@ def test_two_linen_classes_an_if_binds_to_one_local_are_each_wrapped_in_their_ar
       model = namespace['Edgewise'](act_type=act_type, so2_conv_in_features=3, act_example_inputs=(h, h),
                                     rngs=nnx.Rngs(0))
       assert nnx_bridge.compare(linen_module, variables, model, x, train=False).ok == same, act_type
+
+
+EXPERTS = '''import flax.linen as nn
+import jax.numpy as jnp
+
+
+class NoisyNetwork(nn.Module):
+  @nn.compact
+  def __call__(self, x, features):
+    self.put_variable('stats', 'last', jnp.mean(x))
+    return nn.Dense(features, name='noisy')(x)
+
+
+class ExpertModel(nn.Module):
+  expert_hidden_size: int = 6
+  noisy: bool = False
+
+  def setup(self):
+    if self.noisy:
+      self.net = NoisyNetwork()
+    else:
+      self.net = nn.Dense(features=self.expert_hidden_size)
+
+  @nn.compact
+  def __call__(self, x):
+    if self.noisy:
+      x = self.net(x, self.expert_hidden_size)
+    else:
+      x = self.net(x)
+    return nn.Dense(2)(nn.relu(x))
+'''
+
+
+def test_a_wrapped_linen_arm_and_a_layer_arm_each_called_under_its_own_test_convert():
+  """dopamine's MoE experts: `self.net` is the noisy network (Linen, wrapped) or an nn.Dense by a field, and
+  `__call__` calls each under the same test with its own arguments; the Dense is sized at its own call."""
+  result = transform_source(EXPERTS, registry.select_rules(['L2N002']))
+  assert 'class ExpertModel(nnx.Module)' in result.source, result.source
+  assert 'self.net = nnx.Linear(in_features=net_in_features, out_features=self.expert_hidden_size' in result.source
+  linen, converted, wrong = {}, {}, {}
+  exec(compile(EXPERTS, 'linen', 'exec'), linen)
+  exec(compile(result.source, 'nnx', 'exec'), converted)
+  exec(compile(result.source.replace('nnx.relu(', 'nnx.tanh('), 'wrong', 'exec'), wrong)
+  x = jax.random.normal(jax.random.key(1), (2, 3))
+  for noisy in (False, True):
+    linen_module = linen['ExpertModel'](noisy=noisy)
+    variables = linen_module.init(jax.random.key(0), x)
+    for namespace, same in ((converted, True), (wrong, False)):
+      model = namespace['ExpertModel'](noisy=noisy, net_in_features=3, linear_in_features=6,
+                                       net_example_inputs=(x, 6), rngs=nnx.Rngs(0))
+      assert nnx_bridge.compare(linen_module, variables, model, x, train=False).ok == same, noisy
