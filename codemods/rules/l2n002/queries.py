@@ -111,7 +111,7 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
   if any(isinstance(a.node, (cst.FunctionDef, cst.ClassDef)) for a in assignments):
     raise Unsupported(name, f'a constructor argument uses {name.value}, defined in the method: define it at module '
                             'level or as a method, reading only fields and constants, and pass it in')
-  assign = _single_assign(ctx, assignments)
+  assign = _single_assign(ctx, assignments) or _arm_local(ctx, name, assignments)
   arms = _arm_values(ctx, name, assignments) if assign is None else None
   if arms is not None:  # `num_embeddings = 201` or `= 101` by a test on fields: the same choice in __init__
     branches, otherwise = arms
@@ -252,6 +252,12 @@ def _rebound_value(ctx: ClassContext, name: cst.Name, assignments: list[cst.meta
   steps = []
   for assignment in assignments:
     target = ctx.facts.parent(assignment.node) if isinstance(assignment, cst.metadata.Assignment) else None
+    if isinstance(target, cst.AugAssign):  # `for m in ...: total += ...`, folded as a sum
+      loop = _summed_in_loop(ctx, target, assignment.scope.node)
+      if loop is None:
+        return None
+      steps.append((ctx.facts.position(target).line, loop, target.value))
+      continue
     assign = ctx.facts.parent(target) if isinstance(target, cst.AssignTarget) else None
     if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and target.target is assignment.node):
       return None
@@ -270,6 +276,9 @@ def _rebound_value(ctx: ClassContext, name: cst.Name, assignments: list[cst.meta
     return None
   value = None
   for _, test, new in steps:
+    if isinstance(test, cst.For):
+      value = f'({paren(value)} + {_loop_sum(ctx, name, test, new)})'
+      continue
     reads = {n: paren(value) for n in descendants(new) if isinstance(n, cst.Name) and n.value == name.value
              and value is not None}
     try:
@@ -284,6 +293,57 @@ def _rebound_value(ctx: ClassContext, name: cst.Name, assignments: list[cst.meta
   return value
 
 
+def _summed_in_loop(ctx: ClassContext, step: cst.AugAssign, function: cst.FunctionDef) -> cst.For | None:
+  """The for loop directly in `function`'s body whose body adds to a local once, `total += <value>` (jax-md's
+  `num_channels_rad += num_coeffs * self.sphere_channels` per order m), alone on its line; else None."""
+  line = ctx.facts.parent(step)
+  block = ctx.facts.parent(line) if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+  loop = ctx.facts.parent(block) if isinstance(block, cst.IndentedBlock) else None
+  if isinstance(step.operator, cst.AddAssign) and isinstance(loop, cst.For) and loop.orelse is None \
+      and loop in function.body.body and isinstance(loop.target, (cst.Name, cst.Tuple)):
+    return loop
+  return None
+
+
+def _loop_sum(ctx: ClassContext, name: cst.Name, loop: cst.For, added: cst.BaseExpression) -> str:
+  """`sum(<added> for <target> in <iterator>)`, as __init__ code: the loop's locals bound once in its body before the
+  addition (`num_coeffs = self.lmax - m + 1`) written in; raises Unsupported when it reads what only the call knows."""
+  targets = {n for n in (loop.target, *descendants(loop.target)) if isinstance(n, cst.Name)}
+  bound = _loop_body_locals(ctx, loop)
+  replaced: dict[cst.CSTNode, str] = {}
+  def expand(value: cst.BaseExpression) -> set[cst.CSTNode]:
+    skip = set()
+    for sub in descendants(value):
+      if isinstance(sub, cst.Name) and any(sub.value == t.value for t in targets):
+        skip.add(sub)
+      elif isinstance(sub, cst.Name) and sub.value in bound and bound[sub.value] is not value:
+        skip |= expand(bound[sub.value])
+        replaced[sub] = paren(code(ctx, bound[sub.value], replaced))
+        skip.add(sub)
+    return skip
+  try:
+    check_hoistable(ctx, added, skip=expand(added))
+    check_hoistable(ctx, loop.iter)
+  except Unsupported as e:
+    what = _call_only(ctx, e)
+    raise Unsupported(name, f'a constructor argument uses the local {name.value}, summed in a loop over code that '
+                            f'reads {what}, which only the call knows: make it a field, or a constructor argument') from None
+  return f'sum({code(ctx, added, replaced)} for {ctx.facts.code(loop.target)} in {code(ctx, loop.iter)})'
+
+
+def _loop_body_locals(ctx: ClassContext, loop: cst.For) -> dict[str, cst.BaseExpression]:
+  """The locals `local = value` the loop's body binds on their own lines, each bound nowhere else."""
+  found = {}
+  for line in loop.body.body:
+    if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and isinstance(line.body[0], cst.Assign) \
+        and len(line.body[0].targets) == 1 and isinstance(line.body[0].targets[0].target, cst.Name):
+      local = line.body[0].targets[0].target
+      scope = ctx.facts.scope(local)
+      if scope is not None and len(list(scope.assignments[local.value])) == 1:
+        found[local.value] = line.body[0].value
+  return found
+
+
 def _single_assign(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignment]) -> cst.Assign | None:
   """The `local = value` statement that alone binds a local, directly in its function's body, else None."""
   if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
@@ -296,6 +356,24 @@ def _single_assign(ctx: ClassContext, assignments: list[cst.metadata.BaseAssignm
   body = ctx.facts.parent(line)
   function = ctx.facts.parent(body) if isinstance(body, cst.IndentedBlock) else None
   return assign if isinstance(function, cst.FunctionDef) and assignments[0].scope.node is function else None
+
+
+def _arm_local(ctx: ClassContext, name: cst.Name, assignments: list[cst.metadata.BaseAssignment]) -> cst.Assign | None:
+  """The `local = value` statement that alone binds a local inside an arm of an `if`, when the read `name` comes
+  after it in the same arm (jax-md's `if not self.internal_weights: edge_channels = ...`, then `RadialMLP(
+  channels_list=edge_channels)`): __init__ evaluates it where the construction goes, under the same test; else None."""
+  if len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment):
+    return None
+  target = ctx.facts.parent(assignments[0].node)
+  assign = ctx.facts.parent(target) if isinstance(target, cst.AssignTarget) else None
+  line = ctx.facts.parent(assign) if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+  block = ctx.facts.parent(line) if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+  if not (isinstance(block, cst.IndentedBlock) and isinstance(ctx.facts.parent(block), (cst.If, cst.Else))
+          and target.target is assignments[0].node and ctx.facts.inside(name, block)):
+    return None
+  after = ctx.facts.position(name).line > ctx.facts.position(line).line
+  return assign if after and not any(ctx.facts.inside(name, s) for s in block.body[:block.body.index(line) + 1]) \
+      else None
 
 
 def _builds_module(ctx: ClassContext, value: cst.CSTNode) -> bool:
