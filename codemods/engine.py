@@ -331,7 +331,8 @@ def _no_rule_applies(path: str, data: bytes, hierarchy: LinenHierarchy) -> bool:
 
 def _migrate_task(task: Task, rules: tp.Sequence[type[MigrationRule]], options: MigrationOptions,
                   hierarchy: LinenHierarchy) -> FileOutcome:
-  """`migrate_file` of a worker task: a path, the classes of it the run keeps Linen, the records it imports."""
+  """`migrate_file` of a worker task: a path, the classes of it the run keeps Linen, the records it imports, the
+  classes of other files it is told stay Linen."""
   path, kept, imported, settled = task
   return migrate_file(path, rules, options, hierarchy, kept, imported, settled)
 

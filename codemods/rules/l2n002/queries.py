@@ -300,7 +300,8 @@ def _summed_in_loop(ctx: ClassContext, step: cst.AugAssign, function: cst.Functi
   block = ctx.facts.parent(line) if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
   loop = ctx.facts.parent(block) if isinstance(block, cst.IndentedBlock) else None
   if isinstance(step.operator, cst.AddAssign) and isinstance(loop, cst.For) and loop.orelse is None \
-      and loop in function.body.body and isinstance(loop.target, (cst.Name, cst.Tuple)):
+      and loop in function.body.body and isinstance(loop.target, (cst.Name, cst.Tuple)) \
+      and not any(isinstance(sub, (cst.Break, cst.Continue)) for sub in descendants(loop.body)):  # every pass adds
     return loop
   return None
 

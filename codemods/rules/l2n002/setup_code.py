@@ -109,7 +109,6 @@ def kept_class_of_another_file(facts: FileFacts, call: cst.Call) -> str | None:
   return f'{facts.code(func)}, a Linen module class of another file, stays Linen there (see its TODO)'
 
 
-
 def _of_another_file(facts: FileFacts, node: cst.Name | cst.Attribute) -> bool:
   """Whether `node` names a Linen class another file of the run defines (and none of this file)."""
   return not any(q.source is QualifiedNameSource.LOCAL and q.name in facts.linen_classes
