@@ -170,7 +170,7 @@ class MigrationResult:
         'converted': sum(len(outcome.classes) for outcome in self.files),
         'kept_linen': len(reasons),
         'kept_because': dict(collections.Counter(reasons).most_common()),
-        'bridged': sum(1 for e in entries if 'wrapped with nnx_bridge.' in e.message),
+        'bridged': sum(1 for e in entries if 'wrapped with nnx_bridge.' in e.message and not _KEPT.match(e.message)),
         'todos': sum(outcome.todos for outcome in self.files),
         'unsafe_fixes': sum(1 for e in entries if e.kind == 'todo' and e.message.startswith(UNSAFE_FIX)),
     }
