@@ -144,6 +144,14 @@ y = model.apply(variables, jnp.ones((2, 5)))
   assert any('map_variables_block_example_inputs' in m and 'not derived from its inputs' in m for m in todos), todos
 
 
+def _namespaces(linen_source: str, port: str, wrong: tuple[str, str]) -> tuple[dict, dict, dict]:
+  """The Linen module, its port and the port with `wrong[0]` replaced by `wrong[1]`, each run as a module."""
+  spaces = ({}, {}, {})
+  for namespace, source in zip(spaces, (linen_source, port, port.replace(*wrong))):
+    exec(compile(source, 'module', 'exec'), namespace)
+  return spaces
+
+
 ACTIVATIONS = '''import flax.linen as nn
 
 
@@ -183,10 +191,7 @@ def test_two_linen_classes_an_if_binds_to_one_local_are_each_wrapped_in_their_ar
   assert 'class Edgewise(nnx.Module)' in result.source, result.source
   assert ", *, so2_conv_in_features: int, act_example_inputs: tuple, rngs: nnx.Rngs):" in result.source
   assert "nnx_bridge.from_linen(SeparableActivation(name='act'), *act_example_inputs, rngs=rngs)" in result.source
-  linen, converted, wrong = {}, {}, {}
-  exec(compile(ACTIVATIONS, 'linen', 'exec'), linen)
-  exec(compile(result.source, 'nnx', 'exec'), converted)
-  exec(compile(result.source.replace('return act(h, h)', 'return act(h, -h)'), 'wrong', 'exec'), wrong)
+  linen, converted, wrong = _namespaces(ACTIVATIONS, result.source, ('return act(h, h)', 'return act(h, -h)'))
   x = jax.random.normal(jax.random.key(1), (2, 3))
   h = jnp.ones((2, 4))
   for act_type in ('gate', 'separable'):
@@ -235,10 +240,7 @@ def test_a_wrapped_linen_arm_and_a_layer_arm_each_called_under_its_own_test_conv
   result = transform_source(EXPERTS, registry.select_rules(['L2N002']))
   assert 'class ExpertModel(nnx.Module)' in result.source, result.source
   assert 'self.net = nnx.Linear(in_features=net_in_features, out_features=self.expert_hidden_size' in result.source
-  linen, converted, wrong = {}, {}, {}
-  exec(compile(EXPERTS, 'linen', 'exec'), linen)
-  exec(compile(result.source, 'nnx', 'exec'), converted)
-  exec(compile(result.source.replace('nnx.relu(', 'nnx.tanh('), 'wrong', 'exec'), wrong)
+  linen, converted, wrong = _namespaces(EXPERTS, result.source, ('nnx.relu(', 'nnx.tanh('))
   x = jax.random.normal(jax.random.key(1), (2, 3))
   for noisy in (False, True):
     linen_module = linen['ExpertModel'](noisy=noisy)
