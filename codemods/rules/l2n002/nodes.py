@@ -161,6 +161,12 @@ def assigned_names(node: cst.CSTNode, parent_of: tp.Callable[[cst.CSTNode], cst.
   return {name.value for name in targets}
 
 
+def init_draw(stream: str) -> str:
+  """The code that draws a key of `stream` from __init__'s `rngs` (from its `default` stream when the Rngs have no
+  such stream)."""
+  return f'rngs.{stream}()' if stream.isidentifier() and not keyword.iskeyword(stream) else f'rngs[{stream!r}]()'
+
+
 def has_scope_call(node: cst.CSTNode) -> bool:
   return any(isinstance(sub, cst.Call) and scope_api(sub) for sub in (node, *descendants(node)))
 

@@ -19,11 +19,13 @@ from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.nodes import (
   Replace,
   has_scope_call,
+  init_draw,
   is_none_test,
   is_self_attr,
   last_axis_array,
   nnx_counterpart,
   paren,
+  scope_api,
   size_local_of,
 )
 from codemods.rules.l2n002.plan import Unsupported
@@ -137,6 +139,12 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, the output of a submodule\'s call, '
                             'which only the call knows: give it to the call of the submodule that takes it (a '
                             '__call__ argument) rather than to its constructor')
+  if isinstance(assign.value, cst.Call) and scope_api(assign.value) == 'make_rng' and len(assign.value.args) == 1 \
+      and isinstance(assign.value.args[0].value, cst.SimpleString) and assign.value.args[0].keyword is None:
+    draw = init_draw(assign.value.args[0].value.evaluated_value)  # `key = self.make_rng('s')`: __init__ draws it
+    ctx.plan.pending.append((name, f'{name.value} = {ctx.facts.code(assign.value)}, read by code that moves to '
+                                   f'__init__: {draw} there'))
+    return draw
   if has_scope_call(assign.value) or _builds_module(ctx, assign.value):
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, bound to a submodule or a variable: '
                             'pass the submodule or variable itself')

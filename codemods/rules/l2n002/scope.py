@@ -26,6 +26,7 @@ from codemods.rules.l2n002.nodes import (
   SCOPE_LEADS,
   init_only,
   is_self_attr,
+  init_draw,
   literal_identifier,
   scope_api,
   scope_arguments,
@@ -84,12 +85,19 @@ def plan_scope_calls(ctx: ClassContext, node: cst.ClassDef, plan: ClassRewrite, 
   """self.make_rng / self.sow / self.is_initializing / self.is_mutable_collection; any other scope API keeps the
   class Linen."""
   handled = {c.ctor for c in plan.children if c.api is not None} | ctx.plan.cache_uses
+  variable_args = {n for c in plan.children if c.api in ('param', 'variable') for n in descendants(c.ctor)}
   in_setup = set(descendants(setup)) if setup is not None else set()
   for sub in descendants(node):
     if not (isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in SCOPE_APIS):
       continue
     api, call = sub.attr.value, ctx.facts.parent(sub)
     if call in handled:
+      continue
+    if api == 'make_rng' and call in variable_args:  # `self.variable('s', 'u', init, self.make_rng('s'), shape)`
+      stream = _stream(call)
+      ctx.plan.exprs[call] = init_draw(stream)
+      ctx.plan.pending.append((call, f'self.make_rng({stream!r}) -> {init_draw(stream)}: the key the variable\'s '
+                                     'init draws, in __init__'))
       continue
     if sub in in_setup or api not in CONVERTED_APIS - {'param', 'variable'}:
       raise Unsupported(sub, f'self.{api} has no automatic NNX conversion{" in setup()" if sub in in_setup else ""}'
@@ -106,10 +114,15 @@ def plan_scope_calls(ctx: ClassContext, node: cst.ClassDef, plan: ClassRewrite, 
       _is_initializing(ctx, call)
 
 
-def _make_rng(ctx: ClassContext, plan: ClassRewrite, call: cst.Call, taken: set[str]) -> None:
+def _stream(call: cst.Call) -> str:
+  """The stream `self.make_rng(<literal>)` draws from."""
   if len(call.args) != 1 or call.args[0].keyword is not None or not isinstance(call.args[0].value, cst.SimpleString):
     raise Unsupported(call, 'self.make_rng with a stream name that is not a literal string')
-  stream = call.args[0].value.evaluated_value
+  return call.args[0].value.evaluated_value
+
+
+def _make_rng(ctx: ClassContext, plan: ClassRewrite, call: cst.Call, taken: set[str]) -> None:
+  stream = _stream(call)
   if stream not in plan.streams:
     base = f'{stream}_rngs' if stream.isidentifier() else 'rngs_stream'
     attr = base

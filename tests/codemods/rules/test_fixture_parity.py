@@ -13,6 +13,8 @@ parameter's gradient and the updated state, in eval and in train mode. Keys of a
 - `inputs`: `"float32[2,5]"` normal draws, `"int32[3,6]:10"` integers below 10 (as `linen2nnx verify --input`
   writes them); any other JSON value is that array.
 - `mode`: the train/eval keyword arguments Linen's init needs; with them, no check may be skipped.
+- `rng_streams`: the other rng streams the Linen model draws from in a call (`self.make_rng('sing_vec')`), given
+  to `compare`, which gives each a key.
 - `nnx_args`: `"linen fields"` builds the NNX class with every field of the Linen module, defaults included,
   positionally: the port keeps Linen's field order.
 - `atol` (compare's tolerance), `perturb` (Linen variables shifted by random amounts first, standing in for
@@ -44,7 +46,7 @@ from flax import nnx
 import nnx_bridge
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[3] / 'fixtures'
-_KEYS = {'class', 'fields', 'sizes', 'inputs', 'mode', 'nnx_args', 'atol', 'perturb', 'gradients', 'same_param_count',
+_KEYS = {'class', 'fields', 'sizes', 'inputs', 'mode', 'rng_streams', 'nnx_args', 'atol', 'perturb', 'gradients', 'same_param_count',
          'linen_children', 'same_shapes', 'layer_pairs', 'id', 'note', 'decode_caches'}
 _DRAWN = re.compile(r'^(?P<dtype>\w+)\[(?P<shape>[\d,]*)\](?::(?P<max>\d+))?$')
 
@@ -166,6 +168,7 @@ def test_port_matches_linen(case, entry):
         linen_leaf = linen_leaf[key]
       assert flat[rule.nnx][...].shape == linen_leaf.shape, rule
   report = nnx_bridge.compare(linen_module, variables, nnx_model, *xs, mapping=mapping,
+                              rng_streams=entry.get('rng_streams', ()),
                               **({'atol': entry['atol']} if 'atol' in entry else {}))
   assert report.ok, report.to_text()
   assert {'output', 'gradient'} <= {d.check for d in report.differences}
