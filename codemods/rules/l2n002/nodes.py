@@ -164,7 +164,7 @@ def assigned_names(node: cst.CSTNode, parent_of: tp.Callable[[cst.CSTNode], cst.
 def init_draw(stream: str) -> str:
   """The code that draws a key of `stream` from __init__'s `rngs` (from its `default` stream when the Rngs have no
   such stream)."""
-  return f'rngs.{stream}()' if stream.isidentifier() and not keyword.iskeyword(stream) else f'rngs[{stream!r}]()'
+  return f'rngs{stream_access(stream)}()'
 
 
 def has_scope_call(node: cst.CSTNode) -> bool:

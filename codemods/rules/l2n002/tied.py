@@ -7,17 +7,28 @@ fill the class's plan.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import typing as tp
 
 import libcst as cst
 
 from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
-from codemods.rules.l2n002.nodes import is_self_attr, literal_dict, value_else_none
+from codemods.rules.l2n002.nodes import int_tuple, is_self_attr, literal_dict, literal_ints, paren, value_else_none
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
 
 if tp.TYPE_CHECKING:
   from codemods.rules.l2n002.context import ClassContext
+
+_CONV = 'flax.linen.Conv'
+_CONV_KWARGS = frozenset({'features', 'kernel_size', 'strides', 'padding', 'feature_group_count', 'use_bias', 'dtype',
+                          'param_dtype', 'precision', 'kernel_init', 'bias_init'})
+"""The options of an `nn.Conv` run with given params that `_conv_apply` converts (the inits and param_dtype only
+matter to params Linen never creates for it)."""
+_PADDINGS = frozenset({'SAME', 'VALID'})
+_ATOMIC = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Tuple, cst.List, cst.Integer, cst.Float, cst.SimpleString)
+"""Expressions that need no parentheses where an attribute read was."""
 
 
 def tied_uses(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, cst.FunctionDef],
@@ -56,18 +67,19 @@ def tied_uses(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, cst.Func
       call = ctx.facts.parent(parent)
       if isinstance(parent, cst.Attribute) and parent.value is sub and parent.attr.value == 'apply' \
           and isinstance(call, cst.Call) and call.func is parent:
-        _tied_apply(ctx, call, child)
+        _tied_apply(ctx, call, child, {c.attr for c in plan.children if c.api == 'param'})
         tied.append(sub)
         arms.append(_arm(ctx, call, call_method, given=True))
       elif sub not in handled:
         arms.append(_arm(ctx, sub, call_method, given=False))
     handled.update(tied)
     if tied and len(tied) == len(subs):  # only run with given variables: Linen creates none for it
+      _setup_reads(ctx, setup, child)
       plan.children.remove(child)
       ctx.plan.removed.add(ctx.facts.parent(ctx.facts.parent(child.ctor)))
       ctx.plan.lifted.add(child.ctor)
-      ctx.plan.pending.append((child.ctor, f'self.{attr} is only run through .apply with a shared kernel, so Linen '
-                                        f'creates no params for it: not created in __init__'))
+      ctx.plan.pending.append((child.ctor, f'self.{attr} is only run through .apply with given params, so Linen '
+                                        f'creates none for it: not created in __init__'))
     elif tied:  # `if shared is not None: <tied> else: self.decoder(h)`: it exists when called without
       params = {a for a in arms if a is not None}
       if None in arms or len(params) != 1:
@@ -89,6 +101,38 @@ def tied_uses(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, cst.Func
     if child.sibling is not None and child.sibling.tie_flags:
       _pass_flags(ctx, plan, child, methods, setup)
   return handled
+
+
+def _setup_reads(ctx: ClassContext, setup: cst.FunctionDef | None, child: Child) -> None:
+  """`self.conv.features` in setup() of a layer that goes (only run through .apply): the value its constructor call
+  gives that option, or Linen's default for it."""
+  for sub in descendants(setup) if setup is not None else ():
+    if not (isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value == child.attr):
+      continue
+    read = ctx.facts.parent(sub)
+    if isinstance(read, cst.AssignTarget):
+      continue  # `self.conv = nn.Conv(...)` itself
+    name = read.attr.value if isinstance(read, cst.Attribute) and read.value is sub else None
+    value = child.kwargs.get(name) if name is not None else None
+    text = queries.code(ctx, value) if value is not None else _linen_default(child, name) if name is not None else None
+    if text is None:
+      raise Unsupported(sub, f'self.{child.attr}, a layer only run through .apply (which NNX does not create), is '
+                             'read in setup() other than as an option its constructor call sets or Linen defaults')
+    atomic = isinstance(value, _ATOMIC) if value is not None else isinstance(cst.parse_expression(text), _ATOMIC)
+    ctx.plan.exprs[read] = text if atomic else paren(text)
+    ctx.plan.pending.append((read, f'{ctx.facts.code(read)} -> {ctx.plan.exprs[read]}: the option of the layer, which '
+                                   'is not created'))
+
+
+def _linen_default(child: Child, name: str) -> str | None:
+  """The code of Linen's default for option `name` of the child's layer, when it is a plain value."""
+  if child.spec is None:
+    return None
+  module, _, cls = child.spec.linen.rpartition('.')
+  field = next((f for f in dataclasses.fields(getattr(importlib.import_module(module), cls)) if f.name == name), None)
+  if field is None or not isinstance(field.default, (int, float, str, bool, tuple, type(None))):
+    return None
+  return repr(field.default)
 
 
 def _arm(ctx: ClassContext, node: cst.CSTNode, method: cst.FunctionDef | None, given: bool) -> str | None:
@@ -208,18 +252,24 @@ def _given(ctx: ClassContext, value: cst.BaseExpression | None, plan: ClassRewri
                                       '<array> else: x = None`)')
 
 
-def _tied_apply(ctx: ClassContext, call: cst.Call, child: Child) -> None:
+def _tied_apply(ctx: ClassContext, call: cst.Call, child: Child, params_of_class: set[str]) -> None:
+  """`<layer>.apply({'params': {...}}, x)`: the computation the layer runs with the given arrays, in its place."""
+  operand = lambda node: _operand_code(ctx, node, params_of_class)
   code = ctx.facts.code(call)
   spec = child.spec
   args = call.args
-  kernel = None
+  params = None
   if len(args) == 2 and all(a.keyword is None and not a.star for a in args):
     variables = literal_dict(args[0].value)
     params = literal_dict(variables['params']) if variables is not None and set(variables) == {'params'} else None
-    kernel = params['kernel'] if params is not None and set(params) == {'kernel'} else None
+  if spec is not None and spec.linen == _CONV and params is not None and 'kernel' in params \
+      and set(params) <= {'kernel', 'bias'}:
+    _conv_apply(ctx, call, child, params, args[1].value, operand)
+    return
+  kernel = params['kernel'] if params is not None and set(params) == {'kernel'} else None
   if spec is None or not spec.tied_kwargs or kernel is None:
     raise Unsupported(call, f'{code}: only `<nn.Dense>.apply({{"params": {{"kernel": k}}}}, x)` (a tied output '
-                            'projection) is converted')
+                            'projection) and `<nn.Conv>.apply({"params": {"kernel": k, "bias": b}}, x)` are converted')
   use_bias = child.kwargs.get('use_bias')
   if not (isinstance(use_bias, cst.Name) and use_bias.value == 'False') or set(child.kwargs) - spec.tied_kwargs:
     raise Unsupported(call, f'{code}: the Dense has a bias or options other than {", ".join(sorted(spec.tied_kwargs))} '
@@ -227,7 +277,7 @@ def _tied_apply(ctx: ClassContext, call: cst.Call, child: Child) -> None:
   inputs = args[1].value
   if any(isinstance(n, cst.Call) for n in (inputs, kernel, *descendants(inputs), *descendants(kernel))):
     raise Unsupported(call, f'{code}: a tied apply of calls (bind its input and kernel to locals first)')
-  left, right = queries.code(ctx, inputs), queries.code(ctx, kernel)
+  left, right = operand(inputs), operand(kernel)
   if 'dtype' in child.kwargs:  # Dense casts its input and kernel to its dtype (None: their common type)
     dtype = queries.code(ctx, child.kwargs['dtype'])
     left, right = f'jnp.asarray({left}, {dtype})', f'jnp.asarray({right}, {dtype})'
@@ -243,6 +293,57 @@ def _tied_apply(ctx: ClassContext, call: cst.Call, child: Child) -> None:
     ctx.plan.imports.append(('jax.numpy', None, 'jnp'))
   ctx.plan.exprs[call] = text
   ctx.plan.pending.append((call, f'{code} -> {text}: the tied projection the Dense computes with the given kernel'))
+
+
+def _operand_code(ctx: ClassContext, node: cst.BaseExpression, params_of_class: set[str]) -> str:
+  """The code of an operand of a tied apply, the class's own params read as their values (`self.bias` ->
+  `self.bias[...]`)."""
+  reads = {sub: f'self.{sub.attr.value}[...]' for sub in (node, *descendants(node))
+           if isinstance(sub, cst.Attribute) and is_self_attr(sub) and sub.attr.value in params_of_class}
+  return queries.code(ctx, node, reads)
+
+
+def _conv_apply(ctx: ClassContext, call: cst.Call, child: Child, params: dict[str, cst.BaseExpression],
+                inputs: cst.BaseExpression, operand: tp.Callable[[cst.BaseExpression], str]) -> None:
+  """`self.conv.apply({'params': {'kernel': k, 'bias': b}}, x)` of an `nn.Conv` (transformers' weight-normed
+  convolution, its kernel computed in the call) -> the convolution Linen's Conv runs with those arrays:
+  `jax.lax.conv_general_dilated` over the input and kernel cast to the layer's dtype, plus the bias."""
+  code = ctx.facts.code(call)
+  kwargs = child.kwargs
+  size = kwargs.get('kernel_size')
+  rank = len(size.elements) if isinstance(size, (cst.Tuple, cst.List)) else 1 if isinstance(size, cst.Integer) else 0
+  strides = literal_ints(kwargs['strides']) if 'strides' in kwargs else [1]
+  padding = kwargs.get('padding')
+  use_bias = kwargs.get('use_bias')
+  biased = not (isinstance(use_bias, cst.Name) and use_bias.value == 'False')
+  if set(kwargs) - _CONV_KWARGS or not 1 <= rank <= 3 or strides is None or len(strides) not in (1, rank) \
+      or not (padding is None or isinstance(padding, cst.SimpleString) and padding.evaluated_value in _PADDINGS) \
+      or 'dtype' not in kwargs or ('bias' in params) != biased or (use_bias is not None and not biased and
+                                                                   not isinstance(use_bias, cst.Name)):
+    raise Unsupported(call, f'{code}: a Conv run with given params is converted when it has a literal kernel_size '
+                            'tuple, literal int strides, padding "SAME" or "VALID", a dtype, and a bias given exactly '
+                            f'when it uses one (options: {", ".join(sorted(_CONV_KWARGS))})')
+  for name, module in (('jax', 'jax'), ('jnp', 'jax.numpy')):
+    bound = ctx.facts.names_of(call, name)
+    if bound - {module}:
+      raise Unsupported(call, f'{code}: the name {name} is bound to something other than {module} here')
+    if not bound:
+      ctx.plan.imports.append((module, None, None if name == 'jax' else name))
+  dtype = queries.code(ctx, kwargs['dtype'])
+  cast = lambda node: f'jnp.asarray({operand(node)}, {dtype})'
+  spatial = 'DHW'[-rank:]
+  options = [f"dimension_numbers=('N{spatial}C', '{spatial}IO', 'N{spatial}C')"]
+  options += [f'{k}={queries.code(ctx, kwargs[k])}' for k in ('feature_group_count', 'precision') if k in kwargs]
+  window = int_tuple(strides * rank if len(strides) == 1 else strides)
+  text = (f'jax.lax.conv_general_dilated({cast(inputs)}, {cast(params["kernel"])}, {window}, '
+          f'{queries.code(ctx, padding) if padding is not None else repr("SAME")}, {", ".join(options)})')
+  if 'bias' in params:
+    text += f' + {cast(params["bias"])}'
+  if not isinstance(ctx.facts.parent(call), (cst.Assign, cst.Return, cst.Arg, cst.AugAssign)):
+    text = f'({text})'
+  ctx.plan.exprs[call] = text
+  ctx.plan.pending.append((call, f'{code} -> jax.lax.conv_general_dilated(...): the convolution the Conv computes '
+                                 'with the given params'))
 
 
 def _variables_read(ctx: ClassContext, variables: cst.Attribute, child: Child) -> None:
