@@ -13,7 +13,8 @@ work as written:
   code out of sight (a base class, a library) that builds it with Linen's arguments and runs it with
   `.init` / `.apply`.
 - `MISSING_ARGUMENTS`: code outside Linen classes calls an NNX class without an argument its
-  `__init__` requires (`rngs`, a layer size the conversion added).
+  `__init__` requires (`rngs`, a layer size the conversion added), or with a keyword it does not take (a field
+  the class now takes at its call).
 - `LINEN_API_ON_NNX`: `.init` / `.apply` / `.init_with_output` / `.bind` / `.tabulate` on an NNX
   instance (built in the same expression, or bound to a name of the same function).
 - `LOOKUP_BY_NAME`: `getattr(models, config.model)` on a module of the run that defines NNX classes
@@ -99,6 +100,7 @@ class _Signature:
   positional: tuple[str, ...]  # required, in order
   keyword_only: tuple[str, ...]  # required
   open: bool  # *args or **kwargs: what is required is unknown
+  accepted: frozenset[str] = frozenset()  # every parameter's name
 
 
 def find_seams(sources: tp.Mapping[str, str], roots: tp.Sequence[str] = ()) -> list[Seam]:
@@ -222,7 +224,8 @@ def _signature(found: _Class, by_name: tp.Mapping[str, _Class]) -> _Signature | 
       positional = [*args.posonlyargs, *args.args][1:]
       required = positional[:len(positional) - len(args.defaults)]
       keyword_only = [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is None]
-      return _Signature(tuple(a.arg for a in required), tuple(keyword_only), bool(args.vararg or args.kwarg))
+      return _Signature(tuple(a.arg for a in required), tuple(keyword_only), bool(args.vararg or args.kwarg),
+                        frozenset(a.arg for a in (*positional, *args.kwonlyargs)))
     found = next((by_name[b] for b in found.bases if b in by_name), None)
   return None
 
@@ -396,6 +399,10 @@ class _Walk(ast.NodeVisitor):
     given = {k.arg for k in call.keywords} | partial.keywords
     missing = [name for name in signature.positional[len(call.args) + partial.positional:] if name not in given]
     missing += [name for name in signature.keyword_only if name not in given]
+    unexpected = [k.arg for k in call.keywords if k.arg not in signature.accepted]
+    if unexpected and not missing:
+      self._add(call, MISSING_ARGUMENTS, target, f'{target.node.name} is now an NNX module whose constructor takes no '
+                f'{", ".join(unexpected)}: see its report entries (a field it now takes at its call: pass it there)')
     if missing:
       called = (_dotted(call.func, self.aliases) or '').rpartition('.')[2]
       name = target.node.name if called in ('', target.node.name) else f'{called} ({target.node.name})'

@@ -60,6 +60,12 @@ def build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr:
   if name is not None and listed is None and not _element(ctx, ctor, attr) and not _named_right(name, attr):
     raise Unsupported(ctor, 'name= is not a literal identifier')
   cell = _cell(ctx, ctor, wrapper, kwargs.pop(wrapper.cell_kwarg, None), counts) if wrapper is not None else None
+  at_call = {f: kwargs.pop(f) for f in (sibling.call_fields if sibling is not None else ()) if f in kwargs}
+  outer = ctx.facts.parent(ctor)
+  if at_call and (attr is not None or not (isinstance(outer, cst.Call) and outer.func is ctor)
+                  or not all(isinstance(v, cst.Name) for v in at_call.values())):
+    raise Unsupported(ctor, f'{short} takes {", ".join(at_call)} at its call in NNX: build it where it is called, '
+                            f'giving {"it" if len(at_call) == 1 else "them"} a local (`{short}(...)(x)`)')
   refs = queries.size_refs(ctx, kwargs.values())
   for value in kwargs.values():
     queries.check_hoistable(ctx, value, skip=set(refs))
@@ -68,7 +74,7 @@ def build_child(ctx: ClassContext, ctor: cst.Call, counts: dict[str, int], attr:
     counts[short] = counts.get(short, -1) + 1  # Linen numbers auto-named children per class
   child = Child(listed or attr or explicit or '', explicit or f'{short}_{counts[short]}', ctor, spec, sibling, kwargs,
                  wrapper=wrapper, cell=cell, scan=ctx.plan.scans.get(ctor), remat=ctx.plan.remats.get(ctor), stacked=stacked,
-                 shape_refs=refs)
+                 shape_refs=refs, call_values=at_call)
   return child
 
 
@@ -120,6 +126,10 @@ def inline_calls(ctx: ClassContext, plan: ClassRewrite, inline: dict[cst.Call, c
       ctx.plan.exprs[child.ctor] = f'self.{child.attr}'
     ctx.plan.calls[call] = (None if child.ctor in ctx.plan.arm_bound else child.attr, set())
     _lifted_call(ctx, call, child)
+    if child.call_values:  # `Decoder(init_state=state)(x)` -> `self.decoder(x, init_state=state)` (`call_fields.py`)
+      ctx.plan.keywords[call] = ', '.join(f'{k}={v.value}' for k, v in child.call_values.items())
+      ctx.plan.pending.append((call, f'{", ".join(child.call_values)} given to the call of self.{child.attr}, which '
+                                     f'takes {"it" if len(child.call_values) == 1 else "them"} there in NNX'))
   return calls
 
 

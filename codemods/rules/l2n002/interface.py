@@ -49,6 +49,7 @@ class ClassInterface:
   setup_locals: tuple[tuple[str, str], ...] = ()  # `<local> = <code>` bound once by setup(), fields only
   bridge_facts: LinenBridgeFacts | None = None  # what a Linen class wraps it with (nnx_bridge.to_linen)
   merged_switches: tuple[str, ...] = ()  # switches its call merges with the field of their name
+  call_fields: tuple[tuple[str, str | None], ...] = ()  # fields taken at its call (`call_fields.py`)
 
 
 def interface_of(plan: ClassRewrite, bindings: tuple[dict[str, str], dict[str, str]],
@@ -62,7 +63,7 @@ def interface_of(plan: ClassRewrite, bindings: tuple[dict[str, str], dict[str, s
       tuple(plan.mode_fields.items()), tuple(plan.switch_defaults.items()), tuple(plan.size_params), plan.output,
       plan.carry_output, plan.first_output, plan.last_output, plan.output_shape, tuple(plan.example_params),
       tuple(plan.tie_flags.items()), plan.cache_input, draws_rngs(plan), tuple(attributes.items()), tuple(bound.items()),
-      bridge, tuple(plan.merged_switches))
+      bridge, tuple(plan.merged_switches), tuple(plan.call_fields.items()))
 
 
 def sibling_plan(interface: ClassInterface, origin: str) -> ClassRewrite:
@@ -78,7 +79,8 @@ def sibling_plan(interface: ClassInterface, origin: str) -> ClassRewrite:
       example_params=list(interface.example_params), tie_flags=dict(interface.tie_flags),
       cache_input=interface.cache_input, draws=interface.draws_rngs, origin=origin,
       setup_bindings=(dict(interface.setup_attributes), dict(interface.setup_locals)),
-      bridge_facts=interface.bridge_facts, merged_switches=dict.fromkeys(interface.merged_switches))
+      bridge_facts=interface.bridge_facts, merged_switches=dict.fromkeys(interface.merged_switches),
+      call_fields=dict(interface.call_fields))
 
 
 def _self_contained(code: str) -> bool:

@@ -112,6 +112,9 @@ def bridge_facts(facts: FileFacts, plan: ClassRewrite) -> LinenBridgeFacts:
     return LinenBridgeFacts(names)
   if _method(facts.class_defs[plan.name], '__call__') is None:
     return LinenBridgeFacts(f'{plan.name} has no __call__ for the wrapper to run')
+  if plan.call_fields:
+    return LinenBridgeFacts(f'{plan.name} takes {", ".join(plan.call_fields)} at its call in NNX (what its builders\' '
+                            'calls compute), where nnx_bridge.to_linen would give it to its constructor')
   sizes, traced, reason = _input_sizes(facts, plan)
   run = tuple((a.name, found) for a in plan.size_arguments if (found := _run_size(plan, a.name)) is not None)
   return LinenBridgeFacts(reason, tuple(names.items()), tuple(sizes.items()), tuple(traced.items()),

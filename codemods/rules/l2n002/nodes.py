@@ -71,9 +71,14 @@ class Replace(cst.CSTTransformer):
 
 
 def with_keyword(call: cst.Call, code: str) -> cst.Call:
-  """`call` with the keyword argument `code` (`eager_sharding=False`) added last, laid out as the arguments before
-  it: on the line of the last one, or on a line of its own after a trailing comma."""
-  added = tp.cast(cst.Call, cst.parse_expression(f'f({code})')).args[0]
+  """`call` with the keyword arguments `code` (`eager_sharding=False`, `a=x, b=y`) added last, each laid out as the
+  arguments before it: on the line of the last one, or on a line of its own after a trailing comma."""
+  for added in tp.cast(cst.Call, cst.parse_expression(f'f({code})')).args:
+    call = _with_argument(call, added.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+  return call
+
+
+def _with_argument(call: cst.Call, added: cst.Arg) -> cst.Call:
   if not call.args:
     return call.with_changes(args=[added])
   *before, last = call.args

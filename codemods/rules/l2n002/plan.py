@@ -68,6 +68,8 @@ class Child:
   size_codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)  # ... -> code in __init__
   ref_dims: dict[cst.CSTNode, Dim] = dataclasses.field(default_factory=dict)  # ... -> what the code said of it
   cache: bool = False  # a decode-cache variable: None in __init__, created by init_cache
+  call_values: dict[str, cst.BaseExpression] = dataclasses.field(default_factory=dict)  # a class's call
+  # fields given to its construction -> passed to its call instead
   cache_text: str = ''  # its creation in init_cache
   wrapper: WrapperSpec | None = None  # a table wrapper (nn.RNN) around `cell`
   cell: Child | None = None  # the table layer the wrapper runs, built in its constructor call
@@ -179,6 +181,8 @@ class ClassRewrite:
   functions: list[cst.FunctionDef] = dataclasses.field(default_factory=list)  # functions of a method a constructor
   # argument names, copied into __init__ (`init_lines`) once the sizes they read are known
   tie_flags: dict[str, str] = dataclasses.field(default_factory=dict)  # __call__ argument tying a layer -> its flag
+  call_fields: dict[str, str | None] = dataclasses.field(default_factory=dict)  # fields its builders fill with
+  # what their call computes -> the default of the keyword-only __call__ argument they become (`call_fields.py`)
   origin: str = ''  # a class another file converted, built here from its record (`interface.py`): that file
   draws: bool = False  # for such a class: whether its call draws random numbers (its own children are not here)
   setup_bindings: tuple[dict[str, str], dict[str, str]] | None = None  # for such a class: `sizes.setup_bindings`
@@ -193,6 +197,8 @@ class ClassRewrite:
   calls: dict[cst.Call, Call] = dataclasses.field(default_factory=dict)
   eval_views: set[cst.Call] = dataclasses.field(default_factory=set)  # a class's call without its switches: eval mode
   methods: dict[cst.FunctionDef, set[str]] = dataclasses.field(default_factory=dict)  # -> parameters dropped
+  added_params: dict[cst.FunctionDef, list[str]] = dataclasses.field(default_factory=dict)  # -> keyword-only
+  # parameters added, as code
   scan_calls: dict[cst.Call, Child] = dataclasses.field(default_factory=dict)  # run by nnx.scan over a cell
   scan_names: dict[cst.Name, Child] = dataclasses.field(default_factory=dict)  # `rnn` of `rnn.initial_state(...)`
   remat_calls: dict[cst.Call, Child] = dataclasses.field(default_factory=dict)  # run by nnx.remat / nnx.jit
@@ -249,6 +255,7 @@ class FileRewrite:
   calls: dict[cst.Call, Call] = dataclasses.field(default_factory=dict)
   eval_views: set[cst.Call] = dataclasses.field(default_factory=set)
   methods: dict[cst.FunctionDef, set[str]] = dataclasses.field(default_factory=dict)
+  added_params: dict[cst.FunctionDef, list[str]] = dataclasses.field(default_factory=dict)
   scan_calls: dict[cst.Call, Child] = dataclasses.field(default_factory=dict)
   scan_names: dict[cst.Name, Child] = dataclasses.field(default_factory=dict)
   remat_calls: dict[cst.Call, Child] = dataclasses.field(default_factory=dict)
@@ -266,6 +273,7 @@ class FileRewrite:
     self.calls.update(plan.calls)
     self.eval_views |= plan.eval_views
     self.methods.update(plan.methods)
+    self.added_params.update(plan.added_params)
     self.scan_calls.update(plan.scan_calls)
     self.scan_names.update(plan.scan_names)
     self.remat_calls.update(plan.remat_calls)

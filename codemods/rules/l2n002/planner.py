@@ -14,6 +14,7 @@ import libcst as cst
 from codemods.nodes import descendants
 from codemods.report import used_message
 from codemods.rules.l2n002 import (
+  call_fields,
   choices,
   children,
   constructions,
@@ -132,6 +133,9 @@ def _run(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
   mode = _mode_params(ctx, call)
   if method is not None and method is not call and any(p.name.value in MODE_PARAMS for p in method.params.params):
     raise Unsupported(method, 'train/eval arguments of an @nn.compact method other than __call__')
+  at_call = call_fields.call_fields(ctx, node, fields, field_names, call)  # `Decoder(init_state=<a call's output>)`
+  fields = [f for f, name in zip(fields, field_names) if name not in at_call]
+  field_names = [name for name in field_names if name not in at_call]
   params = [ctx.facts.code(f.body[0]).strip() for f in fields]
   call_params = [p.name.value for p in (*call.params.params[1:], *call.params.kwonly_params)]
   plan = ctx.plan
@@ -140,6 +144,8 @@ def _run(ctx: ClassContext, node: cst.ClassDef) -> ClassRewrite:
   plan.call_kwargs = '' if star is None else 'read' if any(
       isinstance(n, cst.Name) and n.value == star.name.value for n in descendants(call.body)) else 'unread'
   plan.linen_fields, plan.mode_fields = linen_field_names, mode_fields
+  if at_call:
+    call_fields.plan_call_fields(ctx, node, plan, at_call, call)
   if base is not None:  # a subclass of a project base class keeps it (converted in its own file)
     plan.base = ctx.facts.code(ctx.facts.linen_base(node).value)
   ctx.plan.switches = {name: MODE_PARAMS[name] for name in mode.values()}

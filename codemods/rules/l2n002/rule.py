@@ -119,13 +119,17 @@ class ConvertModuleDefinitionsRule(MigrationRule):
     return updated_node
 
   def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
-    if original_node not in self.file.methods:
+    if original_node not in self.file.methods and original_node not in self.file.added_params:
       return updated_node
-    dropped = self.file.methods[original_node]
+    dropped = self.file.methods.get(original_node, set())
     parameters = updated_node.params
     params = [p for p in parameters.params if p.name.value not in dropped]
     keyword_only = [p for p in parameters.kwonly_params if p.name.value not in dropped]
-    star = parameters.star_arg if keyword_only or not isinstance(parameters.star_arg, cst.ParamStar) \
+    added = [cst.ensure_type(cst.parse_statement(f'def f(*, {code}): pass'), cst.FunctionDef).params.kwonly_params[0]
+             for code in self.file.added_params.get(original_node, ())]  # `call_fields.py`
+    keyword_only += added
+    star = cst.ParamStar() if added and isinstance(parameters.star_arg, cst.MaybeSentinel) else parameters.star_arg
+    star = star if keyword_only or not isinstance(star, cst.ParamStar) \
         else cst.MaybeSentinel.DEFAULT  # `*, train` with train gone: no bare `*`
     last = keyword_only or ([] if parameters.star_kwarg or isinstance(star, cst.Param) else params)
     if last and not parameters.star_kwarg:
