@@ -7,6 +7,8 @@ of the arms it is in hold (None otherwise), and the call site keeps its conditio
 
 from __future__ import annotations
 
+import typing as tp
+
 import libcst as cst
 
 from codemods.nodes import descendants
@@ -48,6 +50,33 @@ def construction_conditions(ctx: ClassContext, statement: cst.If, built: set[cst
   return conditions
 
 
+def exits_early(statement: cst.CSTNode) -> bool:
+  """`if <test>: ...; return ...` (or `raise`) without an else: the code after it runs only where the test fails."""
+  if not isinstance(statement, cst.If) or statement.orelse is not None or not statement.body.body:
+    return False
+  last = statement.body.body[-1]
+  return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))
+
+
+def exit_path(ctx: ClassContext, statement: cst.If, later: list[cst.CSTNode], built: set[cst.Call],
+              path: Tests) -> Tests:
+  """The tests that hold after `statement`, which `exits_early`: `path` and its test failing, when the test reads
+  fields only and a statement `later` than it builds a layer with variables (flax-style heads: `if self.pooled:
+  return nn.Dense(2)(x.mean(1))`, then the other layers, which Linen builds only where the test fails); else
+  `path`: after a return on what the call gives (`if x.shape[0] == 0: return x`), the layers are built as Linen's
+  init builds them, on inputs that go on."""
+  if not any(sub in built and not _stateless(ctx, sub) for node in later for sub in descendants(node)):
+    return path
+  test = statement.test
+  if any(isinstance(n, cst.Name) and n.value in ctx.plan.switches for n in (test, *descendants(test))):
+    return path
+  try:
+    queries.check_hoistable(ctx, test)
+  except Unsupported:
+    return path
+  return (*path, (queries.negated_code(ctx, test), True))  # `not` binds tighter than `and`
+
+
 def _stateless(ctx: ClassContext, ctor: cst.Call) -> bool:
   """Whether `ctor` builds a table layer that holds no variables (`layer_signatures.STATELESS`: a dropout), which
   changes no state where it exists while Linen would not build it: `__init__` builds it whatever the test."""
@@ -57,9 +86,15 @@ def _stateless(ctx: ClassContext, ctor: cst.Call) -> bool:
 
 def arm_conditions(ctx: ClassContext, arm: cst.BaseSuite, built: set[cst.Call], path: Tests) -> dict[cst.Call, str]:
   """The constructions of one arm of a conditional, each with the tests `path` leads to it through."""
+  return statement_conditions(ctx, arm.body, built, path)
+
+
+def statement_conditions(ctx: ClassContext, statements: tp.Sequence[cst.CSTNode], built: set[cst.Call],
+                         path: Tests) -> dict[cst.Call, str]:
+  """The constructions of `statements`, each with the tests `path` (not empty) leads to it through."""
   condition = path[0][0] if len(path) == 1 else ' and '.join(code if atomic else f'({code})' for code, atomic in path)
   conditions = {}
-  for statement in arm.body:
+  for statement in statements:
     if isinstance(statement, cst.If):  # the arms of a plain if hold simple statements and ifs (`is_plain_if`)
       conditions.update(construction_conditions(ctx, statement, built, path))
     else:

@@ -31,11 +31,15 @@ from codemods.rules.l2n002 import (
 )
 from codemods.rules.l2n002.call_values import drop_unread
 from codemods.rules.l2n002.conditions import (
+  Tests,
   arm_path,
   built_under,
   construction_conditions,
+  exit_path,
+  exits_early,
   may_meet,
   same_place,
+  statement_conditions,
   test_key,
 )
 from codemods.rules.l2n002.context import ClassContext
@@ -681,19 +685,27 @@ def _plain_branches(ctx: ClassContext, plan: ClassRewrite, methods: dict[str, cs
 def _straight_line(ctx: ClassContext, body: cst.BaseSuite, built: set[cst.Call]) -> None:
   """Simple statements, and conditionals of plain code: no loops, and a construction (`built`) only in an
   `if <test>: ... else: ...` of simple statements whose test __init__ can evaluate (see _conditions)."""
-  for statement in body.body:
+  exits: Tests = ()  # after `if <test>: return ...`, what follows runs where the test fails (conditions.exit_path)
+  for i, statement in enumerate(body.body):
     plain_if = isinstance(statement, cst.If) and is_plain_if(statement)  # walked arm by arm, building or not
     if is_straight_statement(statement) or not plain_if and _plain_block(ctx, statement, built):
+      if exits:
+        ctx.plan.conditions.update(statement_conditions(ctx, [statement], built, exits))
       continue
     if isinstance(statement, cst.For):  # layers built in a loop: nnx.List attributes (loops.py)
+      if exits and any(s in built for s in descendants(statement)):
+        raise Unsupported(statement, 'a loop building submodules after a return under a condition on fields: '
+                                     'put the rest of the method in an else')
       ctx.loops.plan(ctx, statement, built)
       continue
     branches = [statement, *(s for s in descendants(statement) if isinstance(s, cst.If))]
     if not plain_if:
       raise Unsupported(statement, 'the @nn.compact body has loops, conditionals or nested blocks')
     if any(s in built for s in descendants(statement)):
-      ctx.plan.conditions.update(construction_conditions(ctx, statement, built))
+      ctx.plan.conditions.update(construction_conditions(ctx, statement, built, exits))
     ctx.plan.branches.update(branches)
+    if exits_early(statement):
+      exits = exit_path(ctx, statement, body.body[i + 1:], built, exits)
 
 
 def _plain_block(ctx: ClassContext, statement: cst.BaseStatement, built: set[cst.Call]) -> bool:
