@@ -417,14 +417,22 @@ def nnx_name_for(ctx: ClassContext, node: cst.CSTNode) -> str | None:
   """
   names = {q.name for q in ctx.facts.qualified_names(node)}
   linen = {n for n in names if (n == 'flax.linen' or n.startswith('flax.linen.')) and not _kept(n)}
-  if not (isinstance(node, (cst.Name, cst.Attribute)) and linen):
-    return None
+  if not (isinstance(node, (cst.Name, cst.Attribute)) and linen) or _annotation(ctx, node):
+    return None  # a type in an annotation (`precision: PrecisionLike = None`) is plain Python: it stays
   if linen == names and len(linen) == 1 and (twin := NNX_CALL_TWINS.get(next(iter(linen)).rpartition('.')[2])):
     return _call_twin(ctx, node, *twin)
   targets = {nnx_counterpart(n) for n in linen}
   if len(targets) != 1 or None in targets or linen != names:
     raise Unsupported(node, f'{ctx.facts.code(node)} has no automatic NNX conversion here')
   return targets.pop()
+
+
+def _annotation(ctx: ClassContext, node: cst.CSTNode) -> bool:
+  """Whether `node` is part of a type annotation."""
+  while (node := ctx.facts.parent(node)) is not None and not isinstance(node, (cst.BaseStatement, cst.Param)):
+    if isinstance(node, cst.Annotation):
+      return True
+  return False
 
 
 def _call_twin(ctx: ClassContext, node: cst.CSTNode, name: str, positional: tuple[str, ...],

@@ -117,3 +117,26 @@ def test_plain_blocks_stay_but_a_block_calling_a_method_of_the_class_is_refused(
   assert not todos and 'while x.sum() > 10:\n      x = x / 2' in source and 'class M(nnx.Module)' in source
   source, todos = _migrate(plain.format(step='self.halve(x)'))  # a method may build layers in every iteration
   assert 'class M(nn.Module)' in source and len(todos) == 1 and re.search(r'^13:5 .*nested blocks', todos[0]), todos
+
+
+def test_a_linen_type_in_an_annotation_stays_as_written():
+  """`precision: PrecisionLike = None` (flax's linen_design_test): a type in an annotation is plain Python, not
+  Linen's module API; it stays, and so does its import, while the class converts. A Linen name NNX has no
+  counterpart of used as a value still keeps the class Linen."""
+  body = '''
+  features: int
+  precision: PrecisionLike = None
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    return nn.Dense(self.features, precision=self.precision)(x)
+  '''
+  prelude = 'from flax.linen.linear import PrecisionLike\nfrom flax.linen.linear import Array\n'
+  migrated, todos = _migrate(body, prelude=prelude)
+  assert not todos, todos
+  assert 'class M(nnx.Module):' in migrated and 'precision: PrecisionLike = None, *' in migrated
+  assert 'def __call__(self, x: Array) -> Array:' in migrated
+  assert 'from flax.linen.linear import PrecisionLike\n' in migrated
+  migrated, todos = _migrate(body.replace('precision=self.precision', 'precision=PrecisionLike'), prelude=prelude)
+  assert 'class M(nn.Module):' in migrated and any('PrecisionLike has no automatic NNX conversion here' in t
+                                                    for t in todos), todos
