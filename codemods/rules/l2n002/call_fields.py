@@ -3,7 +3,7 @@
 Linen builds submodules during the call, so a field may hold such an array; NNX builds them in `__init__`, before
 any call. Such a field becomes a keyword-only argument of the class's `__call__`, with the field's default, its
 reads there (`self.init_state`) the argument; each builder passes it there instead of to the constructor
-(`self.decoder(inputs, init_state=init_decoder_state)`, `children.call_keywords`).
+(`self.decoder(inputs, init_state=init_decoder_state)`, `children.inline_calls`).
 
 A field qualifies when a construction of the class in its file gives it a local bound to the output of a
 submodule's call, every reference to the class in the file is a construction called where it is built, in a

@@ -24,9 +24,9 @@ from codemods.rules.l2n002.context import ClassContext
 from codemods.rules.l2n002.nodes import (
   HAS_VARIABLE_HINT,
   SCOPE_LEADS,
+  init_draw,
   init_only,
   is_self_attr,
-  init_draw,
   literal_identifier,
   scope_api,
   scope_arguments,
