@@ -51,11 +51,12 @@ def construction_conditions(ctx: ClassContext, statement: cst.If, built: set[cst
 
 
 def exits_early(statement: cst.CSTNode) -> bool:
-  """`if <test>: ...; return ...` (or `raise`) without an else: the code after it runs only where the test fails."""
+  """`if <test>: ...; return ...` without an else: the code after it runs only where the test fails. (After an
+  `if <test>: raise ...` guard it runs wherever the module runs at all: the layers it builds need no condition.)"""
   if not isinstance(statement, cst.If) or statement.orelse is not None or not statement.body.body:
     return False
   last = statement.body.body[-1]
-  return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))
+  return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], cst.Return)
 
 
 def exit_path(ctx: ClassContext, statement: cst.If, later: list[cst.CSTNode], built: set[cst.Call],
