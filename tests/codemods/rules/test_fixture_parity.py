@@ -62,6 +62,15 @@ def spec(case: str, name: str | None = None, entry_id: str | None = None) -> dic
   return entry
 
 
+def wrong_port(case: str, old: str, new: str, folder: pathlib.Path) -> dict[str, tp.Any]:
+  """The globals of `case`'s `.out.py` with `old` replaced by `new` (a port wrong on purpose), written to and run
+  from `folder`; fails when `old` is not in it."""
+  text = (FIXTURES / f'{case}.out.py').read_text()
+  assert old in text, old
+  (folder / 'port.py').write_text(text.replace(old, new))
+  return runpy.run_path(str(folder / 'port.py'))
+
+
 @functools.cache
 def _namespace(path: pathlib.Path) -> dict[str, tp.Any]:
   """The globals of a fixture file, run once per test process."""

@@ -3,14 +3,12 @@
 port (tests/codemods/rules/test_fixture_parity.py); here, that a port ignoring the field is caught, and that the
 field stays a field, or the class Linen, where a builder could not pass it at the call."""
 
-import runpy
-
 from flax import nnx
 
 import nnx_bridge
 from codemods import rules as registry
 from codemods.transform import transform_source
-from tests.codemods.rules.test_fixture_parity import FIXTURES, models, spec
+from tests.codemods.rules.test_fixture_parity import FIXTURES, models, spec, wrong_port
 
 CASE = 'L2N002/seq2seq_call_fields'
 
@@ -23,12 +21,9 @@ def _migrated(source: str) -> tuple[str, list[str]]:
 def test_a_port_that_ignores_the_state_given_at_the_call_is_caught(tmp_path):
   entry = spec(CASE, 'Seq2seq', 'gated')
   linen_module, variables, _, xs = models(CASE, entry)
-  text = (FIXTURES / f'{CASE}.out.py').read_text()
-  wrong = text.replace('state = jnp.broadcast_to(init_state[:, None, :]',
-                       'state = jnp.broadcast_to(0.0 * init_state[:, None, :]')
-  assert wrong != text
-  (tmp_path / 'port.py').write_text(wrong)
-  port = runpy.run_path(str(tmp_path / 'port.py'))['Seq2seq'](**entry['sizes'], rngs=nnx.Rngs(0))
+  scope = wrong_port(CASE, 'state = jnp.broadcast_to(init_state[:, None, :]',
+                     'state = jnp.broadcast_to(0.0 * init_state[:, None, :]', tmp_path)
+  port = scope['Seq2seq'](**entry['sizes'], rngs=nnx.Rngs(0))
   assert not nnx_bridge.compare(linen_module, variables, port, *xs).ok
 
 

@@ -3,14 +3,12 @@ the parity of `fixtures/L2N002/early_return_heads.*` proves the port (tests/code
 which counts the parameters on both sides); here, that the port building them unconditionally, as the conversion
 did before, has parameters Linen does not, and that a return on what the call gives leaves them unconditional."""
 
-import runpy
-
 import jax
 from flax import nnx
 
 from codemods import rules as registry
 from codemods.transform import transform_source
-from tests.codemods.rules.test_fixture_parity import FIXTURES, models, spec
+from tests.codemods.rules.test_fixture_parity import models, spec, wrong_port
 
 CASE = 'L2N002/early_return_heads'
 
@@ -23,11 +21,8 @@ def test_layers_built_whatever_the_return_are_parameters_linen_does_not_have(tmp
   entry = spec(CASE, 'Head', 'pooled')
   _, variables, port, _ = models(CASE, entry)
   assert _param_count(port) == len(jax.tree.leaves(variables['params'])) == 2
-  text = (FIXTURES / f'{CASE}.out.py').read_text()
-  wrong = text.replace(' if not self.pooled else None', '')
-  assert wrong != text
-  (tmp_path / 'port.py').write_text(wrong)
-  unconditional = runpy.run_path(str(tmp_path / 'port.py'))['Head'](**entry['sizes'], rngs=nnx.Rngs(0))
+  scope = wrong_port(CASE, ' if not self.pooled else None', '', tmp_path)
+  unconditional = scope['Head'](**entry['sizes'], rngs=nnx.Rngs(0))
   assert _param_count(unconditional) == 6
 
 
