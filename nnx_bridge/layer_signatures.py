@@ -217,6 +217,13 @@ def installed_linen_fields(linen_name: str) -> tuple[str, ...]:
   return tuple(p for p in inspect.signature(_class_of(linen_name)).parameters if p not in ('parent', 'name'))
 
 
+def installed_linen_default(linen_name: str, field: str) -> tp.Any:
+  """The default of a Linen layer's constructor field, read off the installed class; `inspect.Parameter.empty` when
+  it has none (or no such field)."""
+  parameter = inspect.signature(_class_of(linen_name)).parameters.get(field)
+  return parameter.default if parameter is not None else inspect.Parameter.empty
+
+
 def installed_nnx_arguments(nnx_name: str) -> frozenset[str]:
   """The argument names an NNX layer's constructor accepts, read off the installed class."""
   return frozenset(inspect.signature(_class_of(nnx_name).__init__).parameters)

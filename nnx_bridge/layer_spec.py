@@ -311,9 +311,10 @@ class LayerSpec:
   `inexact` (for an inexact row) what differs, in one sentence the codemod's TODO quotes.
   `draws_dropout` says when a call draws from the 'dropout' rng stream: 'always', or the kwarg
   (`dropout_rate`) whose being set turns it on; None: never.
-  `tied_kwargs`: for a layer whose weight may be tied (`dense.apply({'params': {'kernel': w}}, x)`, Linen's
-  output projection through an embedding), the constructor kwargs such a layer may have for the call to be
-  `x @ w` (its bias off); empty: the codemod converts no such call.
+  `tied_kwargs`: for a layer the codemod converts when it is run with given params (`.apply({'params': ...}, x)`:
+  a Dense as Linen's output projection through an embedding, `x @ w` with its bias off; a Conv with a kernel
+  computed in the call, the convolution it runs), the constructor kwargs such a layer may have; empty: the codemod
+  converts no such call.
   """
 
   linen: str

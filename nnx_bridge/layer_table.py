@@ -159,6 +159,8 @@ LAYERS: tuple[LayerSpec, ...] = (
             (('features', 3), ('kernel_size', (3, 3)), ('strides', (2, 1))),
             (ExampleArray((2, 5, 5, 2)),),
         ),
+        tied_kwargs=frozenset({'features', 'kernel_size', 'strides', 'padding', 'feature_group_count', 'use_bias',
+                               'dtype', 'param_dtype', 'precision', 'kernel_init', 'bias_init'}),
     ),
     LayerSpec(
         'flax.linen.ConvTranspose',

@@ -21,6 +21,7 @@ import libcst as cst
 
 from codemods.nodes import descendants
 from codemods.rules.l2n002.context import ClassContext
+from codemods.rules.l2n002.loop_headers import enclosing
 from codemods.rules.l2n002.nodes import is_self_attr, is_written
 from codemods.rules.l2n002.plan import ClassRewrite
 from codemods.vocabulary import COMPACT_NAMES
@@ -76,19 +77,12 @@ def _constructions(ctx: ClassContext, name: str) -> list[cst.Call]:
     if isinstance(parent, cst.ClassDef) and parent.name is sub:
       continue
     outer = ctx.facts.parent(parent)
-    method, owner = _enclosing(ctx, sub, cst.FunctionDef), _enclosing(ctx, sub, cst.ClassDef)
+    method, owner = enclosing(ctx, sub, cst.FunctionDef), enclosing(ctx, sub, cst.ClassDef)
     if not (isinstance(parent, cst.Call) and parent.func is sub and isinstance(outer, cst.Call) and outer.func is parent
             and method is not None and owner is not None and owner.name.value in ctx.facts.linen_classes):
       return []
     sites.append(parent)
   return sites
-
-
-def _enclosing(ctx: ClassContext, node: cst.CSTNode, kind: type) -> cst.CSTNode | None:
-  """The nearest node of type `kind` above `node`."""
-  while (node := ctx.facts.parent(node)) is not None and not isinstance(node, kind):
-    pass
-  return node
 
 
 def _keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:

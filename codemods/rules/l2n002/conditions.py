@@ -32,13 +32,12 @@ def construction_conditions(ctx: ClassContext, statement: cst.If, built: set[cst
   test = statement.test
   if all(_stateless(ctx, sub) for sub in descendants(statement) if sub in built):  # jax-md's `if not deterministic
     return {}  # and self.dropout_rate > 0: x = nn.Dropout(...)(x, deterministic=False)`: it exists in both modes
-  if any(isinstance(n, cst.Name) and n.value in ctx.plan.switches for n in (test, *descendants(test))):
+  reads = _call_read(ctx, test)
+  if reads == 'switch':
     raise Unsupported(test, 'a submodule created under a train/eval switch (in NNX it exists in both modes)')
-  try:
-    queries.check_hoistable(ctx, test)
-  except Unsupported:
+  if reads == 'call':
     raise Unsupported(test, 'a submodule created under a condition on the call (its inputs or locals): NNX '
-                             'creates submodules in __init__') from None
+                             'creates submodules in __init__')
   code = queries.code(ctx, test)
   atomic = isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
   conditions = arm_conditions(ctx, statement.body, built, (*path, (code, atomic)))
@@ -68,14 +67,21 @@ def exit_path(ctx: ClassContext, statement: cst.If, later: list[cst.CSTNode], bu
   init builds them, on inputs that go on."""
   if not any(sub in built and not _stateless(ctx, sub) for node in later for sub in descendants(node)):
     return path
-  test = statement.test
-  if any(isinstance(n, cst.Name) and n.value in ctx.plan.switches for n in (test, *descendants(test))):
+  if _call_read(ctx, statement.test) is not None:
     return path
+  return (*path, (queries.negated_code(ctx, statement.test), True))  # `not` binds tighter than `and`
+
+
+def _call_read(ctx: ClassContext, test: cst.BaseExpression) -> str | None:
+  """What of the call a test reads: 'switch' (a train/eval switch), 'call' (an input or a local), or None: only what
+  __init__ knows (fields, config, constants)."""
+  if any(isinstance(n, cst.Name) and n.value in ctx.plan.switches for n in (test, *descendants(test))):
+    return 'switch'
   try:
     queries.check_hoistable(ctx, test)
   except Unsupported:
-    return path
-  return (*path, (queries.negated_code(ctx, test), True))  # `not` binds tighter than `and`
+    return 'call'
+  return None
 
 
 def _stateless(ctx: ClassContext, ctor: cst.Call) -> bool:

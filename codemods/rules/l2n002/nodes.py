@@ -166,6 +166,14 @@ def assigned_names(node: cst.CSTNode, parent_of: tp.Callable[[cst.CSTNode], cst.
   return {name.value for name in targets}
 
 
+def make_rng_stream(node: cst.CSTNode) -> str | None:
+  """The stream of `self.make_rng('<literal>')`; None for any other node."""
+  if not (isinstance(node, cst.Call) and scope_api(node) == 'make_rng' and len(node.args) == 1
+          and node.args[0].keyword is None and isinstance(node.args[0].value, cst.SimpleString)):
+    return None
+  return node.args[0].value.evaluated_value
+
+
 def init_draw(stream: str) -> str:
   """The code that draws a key of `stream` from __init__'s `rngs` (from its `default` stream when the Rngs have no
   such stream)."""

@@ -23,9 +23,9 @@ from codemods.rules.l2n002.nodes import (
   is_none_test,
   is_self_attr,
   last_axis_array,
+  make_rng_stream,
   nnx_counterpart,
   paren,
-  scope_api,
   size_local_of,
 )
 from codemods.rules.l2n002.plan import Unsupported
@@ -139,9 +139,8 @@ def _value_alias(ctx: ClassContext, name: cst.Name, assignments: list[cst.metada
     raise Unsupported(name, f'a constructor argument uses the local {name.value}, the output of a submodule\'s call, '
                             'which only the call knows: give it to the call of the submodule that takes it (a '
                             '__call__ argument) rather than to its constructor')
-  if isinstance(assign.value, cst.Call) and scope_api(assign.value) == 'make_rng' and len(assign.value.args) == 1 \
-      and isinstance(assign.value.args[0].value, cst.SimpleString) and assign.value.args[0].keyword is None:
-    draw = init_draw(assign.value.args[0].value.evaluated_value)  # `key = self.make_rng('s')`: __init__ draws it
+  if (stream := make_rng_stream(assign.value)) is not None:  # `key = self.make_rng('s')`: __init__ draws it
+    draw = init_draw(stream)
     ctx.plan.pending.append((name, f'{name.value} = {ctx.facts.code(assign.value)}, read by code that moves to '
                                    f'__init__: {draw} there'))
     return draw

@@ -28,6 +28,7 @@ from codemods.rules.l2n002.nodes import (
   init_only,
   is_self_attr,
   literal_identifier,
+  make_rng_stream,
   scope_api,
   scope_arguments,
 )
@@ -116,9 +117,10 @@ def plan_scope_calls(ctx: ClassContext, node: cst.ClassDef, plan: ClassRewrite, 
 
 def _stream(call: cst.Call) -> str:
   """The stream `self.make_rng(<literal>)` draws from."""
-  if len(call.args) != 1 or call.args[0].keyword is not None or not isinstance(call.args[0].value, cst.SimpleString):
+  stream = make_rng_stream(call)
+  if stream is None:
     raise Unsupported(call, 'self.make_rng with a stream name that is not a literal string')
-  return call.args[0].value.evaluated_value
+  return stream
 
 
 def _make_rng(ctx: ClassContext, plan: ClassRewrite, call: cst.Call, taken: set[str]) -> None:

@@ -7,8 +7,6 @@ fill the class's plan.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import typing as tp
 
 import libcst as cst
@@ -17,15 +15,12 @@ from codemods.nodes import descendants
 from codemods.rules.l2n002 import queries
 from codemods.rules.l2n002.nodes import int_tuple, is_self_attr, literal_dict, literal_ints, paren, value_else_none
 from codemods.rules.l2n002.plan import Child, ClassRewrite, Unsupported
+from nnx_bridge.layer_signatures import installed_linen_default
 
 if tp.TYPE_CHECKING:
   from codemods.rules.l2n002.context import ClassContext
 
 _CONV = 'flax.linen.Conv'
-_CONV_KWARGS = frozenset({'features', 'kernel_size', 'strides', 'padding', 'feature_group_count', 'use_bias', 'dtype',
-                          'param_dtype', 'precision', 'kernel_init', 'bias_init'})
-"""The options of an `nn.Conv` run with given params that `_conv_apply` converts (the inits and param_dtype only
-matter to params Linen never creates for it)."""
 _PADDINGS = frozenset({'SAME', 'VALID'})
 _ATOMIC = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Tuple, cst.List, cst.Integer, cst.Float, cst.SimpleString)
 """Expressions that need no parentheses where an attribute read was."""
@@ -126,13 +121,8 @@ def _setup_reads(ctx: ClassContext, setup: cst.FunctionDef | None, child: Child)
 
 def _linen_default(child: Child, name: str) -> str | None:
   """The code of Linen's default for option `name` of the child's layer, when it is a plain value."""
-  if child.spec is None:
-    return None
-  module, _, cls = child.spec.linen.rpartition('.')
-  field = next((f for f in dataclasses.fields(getattr(importlib.import_module(module), cls)) if f.name == name), None)
-  if field is None or not isinstance(field.default, (int, float, str, bool, tuple, type(None))):
-    return None
-  return repr(field.default)
+  default = installed_linen_default(child.spec.linen, name) if child.spec is not None else None
+  return repr(default) if isinstance(default, (int, float, str, bool, tuple, type(None))) else None
 
 
 def _arm(ctx: ClassContext, node: cst.CSTNode, method: cst.FunctionDef | None, given: bool) -> str | None:
@@ -316,13 +306,13 @@ def _conv_apply(ctx: ClassContext, call: cst.Call, child: Child, params: dict[st
   padding = kwargs.get('padding')
   use_bias = kwargs.get('use_bias')
   biased = not (isinstance(use_bias, cst.Name) and use_bias.value == 'False')
-  if set(kwargs) - _CONV_KWARGS or not 1 <= rank <= 3 or strides is None or len(strides) not in (1, rank) \
+  if set(kwargs) - child.spec.tied_kwargs or not 1 <= rank <= 3 or strides is None or len(strides) not in (1, rank) \
       or not (padding is None or isinstance(padding, cst.SimpleString) and padding.evaluated_value in _PADDINGS) \
       or 'dtype' not in kwargs or ('bias' in params) != biased or (use_bias is not None and not biased and
                                                                    not isinstance(use_bias, cst.Name)):
     raise Unsupported(call, f'{code}: a Conv run with given params is converted when it has a literal kernel_size '
                             'tuple, literal int strides, padding "SAME" or "VALID", a dtype, and a bias given exactly '
-                            f'when it uses one (options: {", ".join(sorted(_CONV_KWARGS))})')
+                            f'when it uses one (options: {", ".join(sorted(child.spec.tied_kwargs))})')
   for name, module in (('jax', 'jax'), ('jnp', 'jax.numpy')):
     bound = ctx.facts.names_of(call, name)
     if bound - {module}:
